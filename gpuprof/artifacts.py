@@ -1,0 +1,202 @@
+"""Where captures live, what produced them, and the fallback to the course's reference captures.
+
+Two folders, one per chapter inside each:
+
+* ``artifacts/<chapter>/`` holds the **reference captures** committed with the course:
+  small exports made on a named GPU by ``make capture``, each described in that
+  folder's ``provenance.json`` (GPU, driver, CUDA, tool versions, exact command, date).
+* the **output folder** (``captures/`` by default, or ``GPUPROF_OUTPUT_DIR``) holds what
+  the reader's own machine captured. ``make capture`` points it at ``artifacts/`` to
+  regenerate the references.
+
+:func:`find_capture` prefers this machine's capture and falls back to the reference,
+and its :meth:`FoundCapture.describe` says which one the reader is looking at.
+Writes are atomic (temporary file, then rename) and never silently replace an
+earlier capture: pass ``overwrite=True`` or set ``GPUPROF_OVERWRITE=1``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from .backend import describe_machine
+from .errors import CaptureExists, GpuprofError, ReferenceMissing
+
+__all__ = [
+    "REPO_ROOT", "reference_dir", "output_dir", "chapter_output", "overwrite_allowed", "atomic_write_bytes",
+    "save_json", "record_file", "load_provenance", "find_capture", "FoundCapture", "git_commit",
+]
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PROVENANCE_FILE = "provenance.json"
+
+
+def reference_dir() -> Path:
+    """The committed reference captures (``GPUPROF_ARTIFACTS`` overrides, for tests)."""
+    return Path(os.environ.get("GPUPROF_ARTIFACTS", REPO_ROOT / "artifacts"))
+
+
+def output_dir() -> Path:
+    """Where this machine's captures go (``GPUPROF_OUTPUT_DIR``, default ``captures/``)."""
+    return Path(os.environ.get("GPUPROF_OUTPUT_DIR", REPO_ROOT / "captures"))
+
+
+def chapter_output(chapter: str) -> Path:
+    """This machine's capture folder for one chapter, created on demand."""
+    path = output_dir() / chapter
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def overwrite_allowed(overwrite: bool = False) -> bool:
+    return overwrite or os.environ.get("GPUPROF_OVERWRITE", "") == "1"
+
+
+def git_commit() -> str | None:
+    """The commit the capture was made from (``GPUPROF_GIT_COMMIT`` wins: the GPU
+    machine receives a copy of the tree without ``.git``)."""
+    if os.environ.get("GPUPROF_GIT_COMMIT"):
+        return os.environ["GPUPROF_GIT_COMMIT"]
+    try:
+        out = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short=12", "HEAD"],
+                             capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def atomic_write_bytes(path: Path, data: bytes, *, overwrite: bool = False) -> Path:
+    """Write ``data`` to ``path`` through a temporary file and a rename.
+
+    A crash or a full disk leaves the earlier file intact; an existing file is kept
+    unless overwriting was asked for.
+    """
+    if path.exists() and not overwrite_allowed(overwrite):
+        raise CaptureExists(f"{path} already exists and would be overwritten.",
+                            "Pass overwrite=True (or set GPUPROF_OVERWRITE=1), or move the earlier capture away.")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def record_file(chapter: str, filename: str, command: Sequence[str] | str,
+                tools: dict[str, str] | None = None) -> dict[str, Any]:
+    """Add (or refresh) one file's entry in the chapter's ``provenance.json``.
+
+    The machine description and tool versions are written with every entry, so a
+    folder whose files came from two runs says so instead of mixing them silently.
+    """
+    folder = chapter_output(chapter)
+    prov_path = folder / PROVENANCE_FILE
+    prov: dict[str, Any] = json.loads(prov_path.read_text()) if prov_path.exists() else {"chapter": chapter, "files": {}}
+    entry = {
+        "captured_at": _now(),
+        "command": list(command) if not isinstance(command, str) else command,
+        "machine": describe_machine().as_dict(),
+        "tools": dict(tools or {}),
+        "git_commit": git_commit(),
+    }
+    target = folder / filename
+    if target.exists():
+        entry["bytes"] = target.stat().st_size
+    prov["files"][filename] = entry
+    atomic_write_bytes(prov_path, (json.dumps(prov, indent=2, sort_keys=True) + "\n").encode(), overwrite=True)
+    return entry
+
+
+def save_json(chapter: str, filename: str, data: Any, *, command: Sequence[str] | str,
+              tools: dict[str, str] | None = None, overwrite: bool = False) -> Path:
+    """Save a result as JSON in this machine's chapter folder, with its provenance."""
+    path = chapter_output(chapter) / filename
+    atomic_write_bytes(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode(), overwrite=overwrite)
+    record_file(chapter, filename, command, tools)
+    return path
+
+
+def load_provenance(folder: Path) -> dict[str, Any]:
+    """Read a chapter folder's ``provenance.json``; a broken one is an error, not an empty dict."""
+    path = folder / PROVENANCE_FILE
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ReferenceMissing(f"{path} is missing, so the captures beside it have no provenance.",
+                               "Regenerate the folder with `make capture` on a GPU machine.") from None
+    except json.JSONDecodeError as exc:
+        raise GpuprofError(f"{path} is not valid JSON ({exc}).", "Restore it with `git checkout -- artifacts/`.") from None
+
+
+@dataclass(frozen=True)
+class FoundCapture:
+    """A capture file plus where it came from."""
+
+    path: Path
+    source: str  # "this machine" or "reference"
+    provenance: dict[str, Any]
+
+    @property
+    def machine(self) -> dict[str, Any]:
+        return self.provenance.get("machine", {})
+
+    def describe(self) -> str:
+        """A sentence for the reader: whose numbers these are."""
+        m = self.machine
+        where = m.get("gpu_name") or "a CPU-only machine"
+        if m.get("driver_version"):
+            where += f", driver {m['driver_version']}"
+        date = str(self.provenance.get("captured_at", "?"))[:10]
+        rel = _relative(self.path)
+        if self.source == "reference":
+            return f"Using the course's reference capture {rel}, made on {where} on {date}."
+        return f"Using this machine's capture {rel}, made on {where} on {date}."
+
+
+def _relative(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)
+
+
+def find_capture(chapter: str, filename: str, *, prefer: str = "this machine") -> FoundCapture:
+    """Find ``filename`` for ``chapter``: this machine's capture first, else the reference.
+
+    ``prefer="reference"`` skips this machine's captures (used where the book must
+    show the committed numbers whatever the reader has captured).
+    """
+    candidates: list[tuple[str, Path]] = [("reference", reference_dir() / chapter)]
+    live = output_dir() / chapter
+    if prefer == "this machine" and live.resolve() != candidates[0][1].resolve():
+        candidates.insert(0, ("this machine", live))
+    elif prefer == "this machine":
+        candidates = [("this machine", live)]
+    for source, folder in candidates:
+        path = folder / filename
+        if path.exists():
+            entry = load_provenance(folder).get("files", {}).get(filename)
+            if entry is None:
+                raise GpuprofError(f"{path} exists but {folder / PROVENANCE_FILE} does not describe it.",
+                                   "Regenerate it with `make capture`, which records every file it writes.")
+            return FoundCapture(path, source, entry)
+    raise ReferenceMissing(f"No capture named {filename} for {chapter}: neither this machine's "
+                           f"({live}) nor the course's reference ({reference_dir() / chapter}).",
+                           "Restore the reference with `git checkout -- artifacts/`, or capture it on a GPU machine.")

@@ -1,0 +1,270 @@
+"""Which array library runs the course's GPU work here, and what machine this is.
+
+Every chapter must run on a reader's GPU box and on a CPU-only laptop or CI runner.
+:func:`choose_backend` picks, in order, PyTorch on a CUDA GPU, CuPy on a CUDA GPU,
+then the CPU (PyTorch's CPU build when it is installed, else NumPy). The choice is
+said out loud by :func:`describe_machine`, whose one-line summary opens every
+notebook, so that every number in the book sits next to the hardware that made it.
+
+``GPUPROF_BACKEND`` (``torch``, ``cupy``, ``cpu``) forces a choice, e.g. to compare
+the CuPy path on a machine that also has PyTorch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from .errors import GpuprofError
+
+__all__ = ["Backend", "MachineInfo", "choose_backend", "describe_machine", "gpu_available"]
+
+BACKEND_ENV = "GPUPROF_BACKEND"
+_CHOICES = ("torch", "cupy", "cpu")
+
+
+@dataclass(frozen=True)
+class Backend:
+    """An array library bound to a device.
+
+    ``name`` is ``torch``, ``cupy`` or ``numpy``; ``device`` is ``cuda`` or ``cpu``.
+    ``xp`` is the module itself, so code can say ``backend.xp.ones(...)`` where the
+    libraries agree, and branch on ``name`` where they do not.
+    """
+
+    name: str
+    device: str
+    xp: ModuleType = field(repr=False, compare=False)
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.device == "cuda"
+
+    def synchronize(self) -> None:
+        """Wait for all queued GPU work; a no-op on the CPU.
+
+        GPU launches return before the work is done, so any host-side clock read
+        without this first measures the launch, not the work.
+        """
+        if not self.is_gpu:
+            return
+        if self.name == "torch":
+            self.xp.cuda.synchronize()
+        else:
+            self.xp.cuda.runtime.deviceSynchronize()
+
+    def __str__(self) -> str:
+        return f"{self.name} on {self.device}"
+
+
+def _try_import(name: str) -> ModuleType | None:
+    try:
+        return importlib.import_module(name)
+    except Exception:  # ImportError, or a broken CUDA install raising on import
+        return None
+
+
+def _torch_cuda() -> Backend | None:
+    torch = _try_import("torch")
+    if torch is None:
+        return None
+    try:
+        if torch.cuda.is_available() and torch.cuda.device_count() > 0:
+            return Backend("torch", "cuda", torch)
+    except Exception:
+        return None
+    return None
+
+
+def _cupy_cuda() -> Backend | None:
+    cupy = _try_import("cupy")
+    if cupy is None:
+        return None
+    try:
+        if cupy.cuda.is_available():
+            cupy.cuda.runtime.getDeviceCount()
+            return Backend("cupy", "cuda", cupy)
+    except Exception:  # e.g. CUDARuntimeError: insufficient driver
+        return None
+    return None
+
+
+def _cpu() -> Backend:
+    torch = _try_import("torch")
+    if torch is not None:
+        return Backend("torch", "cpu", torch)
+    import numpy
+
+    return Backend("numpy", "cpu", numpy)
+
+
+def choose_backend(prefer: str | None = None) -> Backend:
+    """Return the best available backend: torch CUDA, then CuPy, then the CPU.
+
+    ``prefer`` (or the ``GPUPROF_BACKEND`` variable) forces ``torch``, ``cupy`` or
+    ``cpu``; a forced GPU backend that is not usable here is an error, not a silent
+    fallback, because the reader asked for it by name.
+    """
+    prefer = (prefer or os.environ.get(BACKEND_ENV) or "").strip().lower() or None
+    if prefer is not None and prefer not in _CHOICES:
+        raise GpuprofError(
+            f"Unknown backend {prefer!r}.", f"Choose one of {', '.join(_CHOICES)} (or unset {BACKEND_ENV})."
+        )
+    if prefer == "cpu":
+        return _cpu()
+    if prefer == "torch":
+        found = _torch_cuda()
+        if found is None:
+            raise GpuprofError(
+                "PyTorch with a usable CUDA GPU was asked for, but not found.",
+                "Check `nvidia-smi` and `python -c 'import torch; print(torch.cuda.is_available())'`.",
+            )
+        return found
+    if prefer == "cupy":
+        found = _cupy_cuda()
+        if found is None:
+            raise GpuprofError(
+                "CuPy with a usable CUDA GPU was asked for, but not found.",
+                "Install the cupy-cudaXXx wheel that matches your driver's CUDA version.",
+            )
+        return found
+    return _torch_cuda() or _cupy_cuda() or _cpu()
+
+
+def gpu_available() -> bool:
+    """True when torch or CuPy can use a CUDA GPU here."""
+    return choose_backend().is_gpu
+
+
+@dataclass
+class MachineInfo:
+    """What produced a number: the provenance every chapter prints first."""
+
+    backend: str
+    device: str
+    gpu_name: str | None = None
+    driver_version: str | None = None
+    cuda_runtime: str | None = None
+    compute_capability: str | None = None
+    gpu_memory_gib: float | None = None
+    sm_count: int | None = None
+    cpu_model: str = ""
+    cpu_count: int = 0
+    python: str = ""
+    libraries: dict[str, str] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        """One line: the GPU and its driver, or plainly that this is a CPU-only run."""
+        libs = ", ".join(f"{k} {v}" for k, v in self.libraries.items())
+        if self.device != "cuda":
+            return (
+                f"CPU only (no CUDA GPU visible): {self.cpu_model or 'unknown CPU'}, "
+                f"{self.cpu_count} cores; backend {self.backend}; {libs}"
+            )
+        parts = [self.gpu_name or "unknown GPU"]
+        if self.driver_version:
+            parts.append(f"driver {self.driver_version}")
+        if self.cuda_runtime:
+            parts.append(f"CUDA runtime {self.cuda_runtime}")
+        if self.gpu_memory_gib is not None:
+            parts.append(f"{self.gpu_memory_gib:.1f} GiB")
+        if self.sm_count:
+            parts.append(f"{self.sm_count} SMs")
+        if self.compute_capability:
+            parts.append(f"sm_{self.compute_capability.replace('.', '')}")
+        return " | ".join(parts) + f"; backend {self.backend}; {libs}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return re.sub(r"\s+", " ", line.split(":", 1)[1]).strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def driver_version() -> str | None:
+    """The NVIDIA kernel driver's version (e.g. ``580.159.04``), or None without one.
+
+    Read from ``/proc/driver/nvidia/version`` when the kernel module exposes it,
+    else from ``nvidia-smi``; the CUDA runtime cannot tell it.
+    """
+    try:
+        text = Path("/proc/driver/nvidia/version").read_text()
+        m = re.search(r"Kernel Module\s+(?:for\s+\S+\s+)?(\d+\.\d+(?:\.\d+)?)", text)
+        if m:
+            return m.group(1)
+    except OSError:
+        pass
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run(
+                [smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=20, check=False,
+            ).stdout.strip().splitlines()
+            if out:
+                return out[0].strip()
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return None
+
+
+def _versions() -> dict[str, str]:
+    out: dict[str, str] = {}
+    for name in ("torch", "cupy", "numpy"):
+        mod = sys.modules.get(name) or _try_import(name)
+        if mod is not None:
+            out[name] = str(getattr(mod, "__version__", "?"))
+    return out
+
+
+@lru_cache(maxsize=1)
+def describe_machine() -> MachineInfo:
+    """Describe this machine and the backend the course will use on it (cached)."""
+    backend = choose_backend()
+    info = MachineInfo(
+        backend=backend.name,
+        device=backend.device,
+        cpu_model=_cpu_model(),
+        cpu_count=os.cpu_count() or 0,
+        python=platform.python_version(),
+        libraries=_versions(),
+    )
+    if not backend.is_gpu:
+        return info
+    info.driver_version = driver_version()
+    if backend.name == "torch":
+        torch = backend.xp
+        props = torch.cuda.get_device_properties(0)
+        info.gpu_name = props.name
+        info.gpu_memory_gib = props.total_memory / 2**30
+        info.sm_count = props.multi_processor_count
+        info.compute_capability = f"{props.major}.{props.minor}"
+        info.cuda_runtime = torch.version.cuda
+    else:
+        cupy = backend.xp
+        props = cupy.cuda.runtime.getDeviceProperties(0)
+        name = props["name"]
+        info.gpu_name = name.decode() if isinstance(name, bytes) else str(name)
+        info.gpu_memory_gib = props["totalGlobalMem"] / 2**30
+        info.sm_count = int(props["multiProcessorCount"])
+        info.compute_capability = f"{props['major']}.{props['minor']}"
+        v = cupy.cuda.runtime.runtimeGetVersion()
+        info.cuda_runtime = f"{v // 1000}.{(v % 1000) // 10}"
+    return info

@@ -1,0 +1,164 @@
+"""Read Nsight Systems sqlite exports into pandas tables, trusting the file's schema, not our memory of it.
+
+``nsys export --type sqlite`` writes one table per kind of event. Names and columns
+move between nsys versions (NVTX text inline in ``text`` or as an id in ``textId``;
+kernel names as ids into ``StringIds``), and a capture that recorded no kernel has
+no kernel table at all. Every reader here looks at what the file holds and says
+clearly what is missing and why it usually is.
+
+Times are integer nanoseconds on the capture's clock, as nsys stores them.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+
+import pandas as pd
+
+from .errors import GpuprofError
+
+__all__ = ["NoKernelRows", "open_export", "table_names", "kernels", "nvtx_ranges", "runtime_calls",
+           "attribute_to_ranges"]
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
+RUNTIME_TABLE = "CUPTI_ACTIVITY_KIND_RUNTIME"
+NVTX_RANGE_TYPES = (59, 60)  # NvtxPushPopRange, NvtxStartEndRange
+
+
+class NoKernelRows(GpuprofError):
+    """The capture holds no GPU kernel rows."""
+
+
+def open_export(path: str | Path) -> sqlite3.Connection:
+    """Open an nsys sqlite export read-only, with a clear message for the usual wrong files."""
+    path = Path(path)
+    if not path.exists():
+        raise GpuprofError(f"{path} does not exist.", "Check the path, or export the report first.")
+    with path.open("rb") as fh:
+        head = fh.read(16)
+    if head != _SQLITE_MAGIC:
+        if path.suffix in (".nsys-rep", ".qdrep"):
+            raise GpuprofError(f"{path} is an Nsight Systems report, not its sqlite export.",
+                               f"Export it with `nsys export --type sqlite -o {path.with_suffix('.sqlite')} {path}`.")
+        raise GpuprofError(f"{path} is not an SQLite file (it may be truncated or another format).",
+                           "Re-export it with `nsys export --type sqlite`.")
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.DatabaseError as exc:
+        conn.close()
+        raise GpuprofError(f"{path} is damaged: {exc}.", "Re-export it with `nsys export --type sqlite`.") from None
+    return conn
+
+
+def table_names(conn: sqlite3.Connection) -> set[str]:
+    return {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
+
+
+def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
+    return {r[1] for r in conn.execute(f"PRAGMA table_info('{table}')")}
+
+
+def _strings(conn: sqlite3.Connection) -> dict[int, str]:
+    if "StringIds" not in table_names(conn):
+        return {}
+    return dict(conn.execute("SELECT id, value FROM StringIds").fetchall())
+
+
+def kernels(path: str | Path) -> pd.DataFrame:
+    """One row per kernel: start, end, duration_ns, name, stream, device, correlation id."""
+    with closing(open_export(path)) as conn:
+        if KERNEL_TABLE not in table_names(conn):
+            raise NoKernelRows(
+                f"{Path(path).name} holds no kernel table: nsys recorded no GPU kernel.",
+                "Usual reasons: the program ran on the CPU (no GPU, or a CPU build of PyTorch); "
+                "--trace did not include cuda; the capture range ended before the kernels ran "
+                "(synchronise inside the range); or the program exited before nsys flushed its buffers.",
+            )
+        cols = _columns(conn, KERNEL_TABLE)
+        name_col = next((c for c in ("shortName", "demangledName", "mangledName") if c in cols), None)
+        wanted = [c for c in ("start", "end", "deviceId", "streamId", "correlationId", "gridX", "blockX") if c in cols]
+        df = pd.read_sql_query(f"SELECT {', '.join(wanted + ([name_col] if name_col else []))} FROM {KERNEL_TABLE}", conn)
+        strings = _strings(conn)
+    if name_col:
+        df["name"] = df.pop(name_col).map(lambda v: strings.get(v, str(v)) if isinstance(v, (int,)) else v)
+    else:
+        df["name"] = "?"
+    df["duration_ns"] = df["end"] - df["start"]
+    return df.sort_values("start", ignore_index=True)
+
+
+def runtime_calls(path: str | Path) -> pd.DataFrame:
+    """CUDA runtime API calls (launches, copies, syncs): start, end, name, correlation id, thread."""
+    with closing(open_export(path)) as conn:
+        if RUNTIME_TABLE not in table_names(conn):
+            return pd.DataFrame(columns=["start", "end", "name", "correlationId", "globalTid"])
+        df = pd.read_sql_query(f"SELECT start, end, nameId, correlationId, globalTid FROM {RUNTIME_TABLE}", conn)
+        strings = _strings(conn)
+    df["name"] = df.pop("nameId").map(lambda v: strings.get(v, str(v)))
+    return df.sort_values("start", ignore_index=True)
+
+
+def nvtx_ranges(path: str | Path) -> pd.DataFrame:
+    """NVTX push/pop and start/end ranges: start, end, duration_ns, text, domain, thread, depth.
+
+    ``depth`` is the nesting level on its thread (0 = outermost), computed from the
+    intervals, because the export does not store it.
+    """
+    with closing(open_export(path)) as conn:
+        names = table_names(conn)
+        table = next((t for t in ("NVTX_EVENTS", "NVTX_EVENTS_V2") if t in names), None)
+        if table is None:
+            return pd.DataFrame(columns=["start", "end", "duration_ns", "text", "domain", "globalTid", "depth"])
+        cols = _columns(conn, table)
+        text_expr = "text" if "text" in cols else "NULL AS text"
+        textid_expr = "textId" if "textId" in cols else "NULL AS textId"
+        domain_expr = "domainId" if "domainId" in cols else "0 AS domainId"
+        df = pd.read_sql_query(
+            f"SELECT start, end, eventType, {text_expr}, {textid_expr}, {domain_expr}, globalTid FROM {table}", conn)
+        strings = _strings(conn)
+    domains = {int(r.domainId): r.text for r in df[df["eventType"] == 75].itertuples() if r.text}
+    df = df[df["eventType"].isin(NVTX_RANGE_TYPES) & df["end"].notna()].copy()
+    df["text"] = [t if isinstance(t, str) else strings.get(int(i), "?") if pd.notna(i) else "?"
+                  for t, i in zip(df["text"], df["textId"])]
+    df["domain"] = df["domainId"].map(lambda d: domains.get(int(d), "default") if pd.notna(d) else "default")
+    df["end"] = df["end"].astype("int64")
+    df["duration_ns"] = df["end"] - df["start"]
+    df = df.drop(columns=["eventType", "textId", "domainId"]).sort_values(["globalTid", "start"], ignore_index=True)
+    depth: list[int] = []
+    for _, group in df.groupby("globalTid", sort=False):
+        open_ends: list[int] = []
+        for end, start in zip(group["end"], group["start"]):
+            while open_ends and open_ends[-1] <= start:
+                open_ends.pop()
+            depth.append(len(open_ends))
+            open_ends.append(end)
+    df["depth"] = depth
+    return df
+
+
+def attribute_to_ranges(path: str | Path, range_text: str) -> pd.DataFrame:
+    """Kernels whose *launch* happened inside an NVTX range named ``range_text``.
+
+    A kernel runs after the CPU launches it, often after the range closed; so we
+    follow the runtime API call that launched it (same ``correlationId``) and ask
+    whether that call lay inside the range on the same thread. Adds a column
+    ``range_index`` (which occurrence of the range).
+    """
+    k = kernels(path)
+    rt = runtime_calls(path)
+    ranges = nvtx_ranges(path)
+    ranges = ranges[ranges["text"] == range_text].reset_index(drop=True)
+    if ranges.empty or rt.empty:
+        return k.iloc[0:0].assign(range_index=pd.Series(dtype="int64"))
+    launches = k.merge(rt[["correlationId", "start", "globalTid"]].rename(columns={"start": "launch_start"}),
+                       on="correlationId", how="inner")
+    out = []
+    for idx, r in ranges.iterrows():
+        inside = launches[(launches["globalTid"] == r["globalTid"]) & (launches["launch_start"] >= r["start"])
+                          & (launches["launch_start"] <= r["end"])]
+        out.append(inside.assign(range_index=idx))
+    return pd.concat(out, ignore_index=True) if out else launches.iloc[0:0]

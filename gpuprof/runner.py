@@ -1,0 +1,140 @@
+"""Run a profiler over a script: argument lists only, atomic outputs, nothing overwritten silently.
+
+A profiler run is a subprocess whose command is a list (never a shell string, so a
+path with a space or a ``;`` cannot change what runs). It writes into a private
+temporary folder beside the destination; only when it succeeds are its files moved
+into place, so a crash, a timeout or a permission error never leaves a half-written
+report where the last good one was. Existing captures are refused up front, before
+minutes of profiling are spent, unless overwriting was asked for.
+
+Use ``{output}`` in the profiler arguments where the tool expects its output path
+prefix (``nsys profile -o {output}``, ``ncu -o {output}``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from .artifacts import overwrite_allowed
+from .errors import CaptureExists, GpuprofError
+from .tools import COUNTER_PERMISSION_HINT, Tool
+
+__all__ = ["Capture", "ProfilerFailed", "run_profiler", "python_target"]
+
+OUTPUT = "{output}"
+
+
+class ProfilerFailed(GpuprofError):
+    """The profiler (or the program under it) exited with an error."""
+
+
+@dataclass
+class Capture:
+    """What a profiler run produced."""
+
+    command: list[str]
+    files: list[Path]
+    seconds: float
+    log: Path
+    returncode: int = 0
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def file(self, suffix: str) -> Path:
+        """The produced file ending in ``suffix`` (e.g. ``.nsys-rep``)."""
+        for f in self.files:
+            if f.name.endswith(suffix):
+                return f
+        raise GpuprofError(f"The profiler produced no {suffix} file (it wrote: {', '.join(f.name for f in self.files) or 'nothing'}).",
+                           f"See its log in {self.log}.")
+
+
+def python_target(script: str | Path, *args: str) -> list[str]:
+    """The argument list that runs ``script`` with this interpreter (not whatever 'python' is on PATH)."""
+    return [sys.executable, str(script), *map(str, args)]
+
+
+def _explain_failure(text: str) -> str:
+    if "ERR_NVGPUCTRPERM" in text:
+        return "The GPU's performance counters are restricted to administrators (ERR_NVGPUCTRPERM). " + COUNTER_PERMISSION_HINT
+    if "No kernels were profiled" in text:
+        return "No kernel matched the filter, or the program launched none (check --kernel-name and that it ran on the GPU)."
+    if "Permission denied" in text and "/tmp" in text:
+        return "The profiler could not write to /tmp; set TMPDIR to a writable folder."
+    return "See the log for the profiler's own message."
+
+
+def run_profiler(
+    tool: Tool,
+    args: Sequence[str],
+    target: Sequence[str] = (),
+    *,
+    out_dir: Path,
+    name: str,
+    stdout_file: str | None = None,
+    overwrite: bool = False,
+    timeout: float = 540,
+    env: dict[str, str] | None = None,
+) -> Capture:
+    """Run ``tool args target`` and move what it wrote into ``out_dir``.
+
+    ``target`` is the program to profile as an argument list (see :func:`python_target`);
+    it is empty for subcommands that read a report (``nsys export``, ``ncu --import``).
+
+    ``args`` may contain ``{output}``, replaced by a path prefix inside the temporary
+    folder (the tool adds its own suffix). ``stdout_file`` saves the tool's standard
+    output under that name (for ``--csv`` reports). The combined log is kept as
+    ``<name>.log`` whatever happens.
+    """
+    if not name or "/" in name or name.startswith("."):
+        raise GpuprofError(f"Invalid capture name {name!r}.", "Use a plain file name such as 'smoke'.")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    clobber = overwrite_allowed(overwrite)
+    existing = sorted(p.name for p in out_dir.glob(f"{name}.*") if not p.name.endswith(".log"))
+    if existing and not clobber:
+        raise CaptureExists(f"{out_dir} already holds a capture named {name!r} ({', '.join(existing)}).",
+                            "Choose another name, pass overwrite=True (GPUPROF_OVERWRITE=1), or move it away.")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".partial", dir=out_dir))
+    command = [str(tool.path)] + [a.replace(OUTPUT, str(tmp / name)) for a in args] + [str(t) for t in target]
+    shown = [str(tool.path)] + [a.replace(OUTPUT, str(out_dir / name)) for a in args] + [str(t) for t in target]
+    log_path = out_dir / f"{name}.log"
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False,
+                              env={**os.environ, **(env or {})})
+    except subprocess.TimeoutExpired as exc:
+        log_path.write_text(f"$ {' '.join(shown)}\n{exc.stdout or ''}{exc.stderr or ''}\n(timed out after {timeout:.0f} s)\n")
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ProfilerFailed(f"{tool.name} did not finish within {timeout:.0f} s; nothing was kept.",
+                             f"See {log_path}; profile a shorter run (--duration, a capture range) or raise the timeout.") from None
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ProfilerFailed(f"Could not start {tool.path}: {exc}.", "Check the tool's installation.") from None
+    seconds = time.perf_counter() - t0
+    text = proc.stdout + proc.stderr
+    log_path.write_text(f"$ {' '.join(shown)}\n# exit status {proc.returncode}, {seconds:.1f} s\n{text}")
+    if proc.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ProfilerFailed(f"{tool.name} exited with status {proc.returncode}; earlier captures are untouched. "
+                             + _explain_failure(text), f"Full output: {log_path}.")
+    if stdout_file:
+        (tmp / stdout_file).write_text(proc.stdout)
+    produced = sorted(p for p in tmp.iterdir() if p.is_file())
+    moved: list[Path] = []
+    for p in produced:
+        dest = out_dir / p.name
+        if dest.exists() and not clobber:  # appeared while we ran
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise CaptureExists(f"{dest} appeared while the profiler ran; it was kept, the new capture was not.")
+        os.replace(p, dest)
+        moved.append(dest)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return Capture(command=shown, files=moved, seconds=seconds, log=log_path, returncode=proc.returncode)

@@ -1,0 +1,256 @@
+"""Chapter 0's checks: is this machine ready for the course, and do the profilers really work here?
+
+Each check gives a short result and, when something is missing, the one thing to do
+about it. The two smoke captures go further than ``--version``: they profile a tiny
+example with nsys and read one hardware counter with ncu, because a profiler that
+starts but cannot trace or read counters is the usual first-day surprise.
+
+Without a GPU or a tool, the smoke steps fall back to the course's reference
+captures in ``artifacts/ch00`` and say so.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from .artifacts import REPO_ROOT, FoundCapture, chapter_output, find_capture, record_file
+from .backend import describe_machine
+from .errors import GpuprofError, ToolNotFound
+from .runner import ProfilerFailed, python_target, run_profiler
+from .tools import Tool, find_tool, profiling_restricted, tool_version
+
+__all__ = ["Check", "run_checks", "checks_table", "nsys_smoke", "ncu_smoke", "portable_command",
+           "TINY_KERNELS", "SAXPY", "NSYS_SMOKE_ARGS", "NCU_SMOKE_ARGS"]
+
+CHAPTER = "ch00"
+TINY_KERNELS = REPO_ROOT / "examples" / "nsys" / "tiny_kernels.py"
+SAXPY = REPO_ROOT / "examples" / "nsight_compute" / "saxpy.py"
+TINY_STEPS, TINY_KERNELS_PER_STEP = 5, 200
+TINY_ARGS = ["--steps", str(TINY_STEPS), "--kernels", str(TINY_KERNELS_PER_STEP)]
+SAXPY_N = 1 << 26  # 67M floats: 805 MB moved per launch, far beyond the L2 cache
+# Trace CUDA and NVTX only; CPU sampling and context switches are what make captures
+# huge and slow, and this smoke test does not need them.
+NSYS_SMOKE_ARGS = ["profile", "--trace=cuda,nvtx", "--sample=none", "--cpuctxsw=none", "-o", "{output}"]
+NCU_SMOKE_ARGS = ["--clock-control", "none", "--section", "SpeedOfLight", "--kernel-name", "regex:saxpy|elementwise",
+                  "--launch-count", "1", "-o", "{output}"]
+
+
+@dataclass(frozen=True)
+class Check:
+    item: str
+    result: str
+    ok: bool
+    todo: str = ""
+
+
+def portable_command(cmd: list[str]) -> list[str]:
+    """A recorded command a reader can retype: tools by name, this Python as ``python``,
+    paths inside the repository made relative."""
+    out = []
+    for i, part in enumerate(cmd):
+        if i == 0 and Path(part).name in ("nsys", "ncu"):
+            out.append(Path(part).name)
+        elif part == sys.executable:
+            out.append("python")
+        elif part.startswith(str(REPO_ROOT) + os.sep):
+            out.append(os.path.relpath(part, REPO_ROOT))
+        else:
+            out.append(part)
+    return out
+
+
+def _dist_version(module: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(module)
+    except PackageNotFoundError:
+        return "installed (version unknown)"
+
+
+def _tool_check(name: str) -> tuple[Check, Tool | None, str | None]:
+    try:
+        tool = find_tool(name)
+        version = tool_version(tool)
+    except (ToolNotFound, GpuprofError) as exc:
+        return Check(name, "not usable", False, str(exc)), None, None
+    return Check(name, f"{version} ({tool.found_via})", True), tool, version
+
+
+def run_checks() -> list[Check]:
+    """GPU and driver, nsys, ncu, the driver's counter setting, and the Python packages."""
+    m = describe_machine()
+    checks: list[Check] = []
+    if m.device == "cuda":
+        checks.append(Check("GPU", f"{m.gpu_name}, driver {m.driver_version or '?'}, CUDA runtime {m.cuda_runtime}", True))
+    else:
+        checks.append(Check("GPU", "none visible", False,
+                            "Live captures need an NVIDIA GPU with its driver (check `nvidia-smi`) and a CUDA build "
+                            "of PyTorch or CuPy; until then each chapter shows the course's reference captures."))
+    for name in ("nsys", "ncu"):
+        checks.append(_tool_check(name)[0])
+    restricted = profiling_restricted()
+    if m.device != "cuda":
+        checks.append(Check("counter permission", "not applicable (no GPU)", True))
+    elif restricted is None:
+        checks.append(Check("counter permission", "unknown: the driver does not publish its setting", True,
+                            "The ncu smoke test below settles it."))
+    elif restricted:
+        checks.append(Check("counter permission", "restricted to administrators (RmProfilingAdminOnly=1)", False,
+                            "ncu will fail with ERR_NVGPUCTRPERM; see the troubleshooting page."))
+    else:
+        checks.append(Check("counter permission", "allowed for this user (or running as root)", True))
+    for pkg in ("nvtx", "cupy", "torch"):
+        try:
+            mod = importlib.import_module(pkg)
+            version = getattr(mod, "__version__", None) or _dist_version(pkg)
+            checks.append(Check(f"python: {pkg}", version, True))
+        except Exception:
+            hint = {"nvtx": "`pip install nvtx` for coloured ranges and domains (the course falls back to torch.cuda.nvtx).",
+                    "cupy": "Optional: the course uses PyTorch first, CuPy second.",
+                    "torch": "`pip install torch` (a CUDA build on a GPU machine)."}[pkg]
+            checks.append(Check(f"python: {pkg}", "not installed", pkg != "torch", hint))
+    return checks
+
+
+def checks_table(checks: list[Check]) -> pd.DataFrame:
+    return pd.DataFrame([{"check": c.item, "result": c.result, "ok": "yes" if c.ok else "NO",
+                          "what to do": c.todo} for c in checks]).set_index("check")
+
+
+def _live_tool(name: str) -> tuple[Tool, str] | str:
+    """The tool and its version when a live capture is possible, else the reason it is not."""
+    if describe_machine().device != "cuda":
+        return "there is no GPU on this machine"
+    try:
+        tool = find_tool(name)
+        return tool, tool_version(tool)
+    except GpuprofError as exc:
+        return str(exc)
+
+
+def nsys_smoke(*, overwrite: bool = True) -> FoundCapture:
+    """Profile ``tiny_kernels.py`` with nsys and export sqlite; fall back to the reference.
+
+    Prints what it ran (or why it did not) and returns the sqlite capture to analyse.
+    """
+    live = _live_tool("nsys")
+    if isinstance(live, str):
+        print(f"No live nsys capture: {live}.")
+        return find_capture(CHAPTER, "tiny_kernels.sqlite", prefer="reference")
+    nsys, version = live
+    out = chapter_output(CHAPTER)
+    try:
+        cap = run_profiler(nsys, NSYS_SMOKE_ARGS, python_target(TINY_KERNELS, *TINY_ARGS),
+                           out_dir=out, name="tiny_kernels", overwrite=overwrite)
+        rep = cap.file(".nsys-rep")
+        export = run_profiler(nsys, ["export", "--type", "sqlite", "-o", "{output}.sqlite", str(rep)],
+                              out_dir=out, name="tiny_kernels", overwrite=True)
+    except ProfilerFailed as exc:
+        print(f"The nsys capture failed: {exc}")
+        print("Falling back to the course's reference capture.")
+        return find_capture(CHAPTER, "tiny_kernels.sqlite", prefer="reference")
+    export.file(".sqlite")
+    commands = [" ".join(portable_command(c.command)) for c in (cap, export)]
+    print("$ " + "\n$ ".join(commands) + f"\n  ({cap.seconds:.1f} s + {export.seconds:.1f} s, nsys {version})")
+    record_file(CHAPTER, "tiny_kernels.sqlite", " && ".join(commands), {"nsys": version})
+    return find_capture(CHAPTER, "tiny_kernels.sqlite")
+
+
+def ncu_smoke(*, overwrite: bool = True) -> FoundCapture:
+    """Read the Speed Of Light section of one saxpy launch with ncu; fall back to the reference.
+
+    A denied counter permission is reported in plain words (with what to do) and
+    falls back too, so the chapter still shows what the section looks like.
+    """
+    live = _live_tool("ncu")
+    if isinstance(live, str):
+        print(f"No live ncu capture: {live}.")
+        return find_capture(CHAPTER, "saxpy_sol.csv", prefer="reference")
+    ncu, version = live
+    out = chapter_output(CHAPTER)
+    try:
+        cap = run_profiler(ncu, NCU_SMOKE_ARGS, python_target(SAXPY, "--n", str(SAXPY_N), "--repeats", "2"),
+                           out_dir=out, name="saxpy_sol", overwrite=overwrite)
+        rep = cap.file(".ncu-rep")
+        run_profiler(ncu, ["--import", str(rep), "--csv", "--page", "details"], out_dir=out, name="saxpy_sol",
+                     stdout_file="saxpy_sol.csv", overwrite=True)
+    except ProfilerFailed as exc:
+        print(f"The ncu capture failed: {exc}")
+        print("Falling back to the course's reference capture.")
+        return find_capture(CHAPTER, "saxpy_sol.csv", prefer="reference")
+    export = ["ncu", "--import", os.path.relpath(rep, REPO_ROOT), "--csv", "--page", "details", ">", "saxpy_sol.csv"]
+    print(f"$ {' '.join(portable_command(cap.command))}\n  ({cap.seconds:.1f} s, ncu {version}): counters readable")
+    record_file(CHAPTER, "saxpy_sol.csv", " ".join(portable_command(cap.command)) + " && " + " ".join(export),
+                {"ncu": version})
+    return find_capture(CHAPTER, "saxpy_sol.csv")
+
+
+def tiny_kernels_steps(sqlite_path: Path) -> pd.DataFrame:
+    """Per measured step of ``tiny_kernels.py``: kernels, their time, and the launch gaps.
+
+    Kernels are attributed to a ``step_N`` range through the runtime call that
+    launched them. ``median_interval_us`` is the median time from one kernel's start
+    to the next one's: when kernels are far shorter than that, the GPU waits on the
+    CPU's launches, and the interval *is* the per-launch cost.
+    """
+    from .nsys_sqlite import attribute_to_ranges, nvtx_ranges
+
+    ranges = nvtx_ranges(sqlite_path)
+    steps = sorted({t for t in ranges["text"] if t.startswith("step_")}, key=lambda t: int(t.split("_")[1]))
+    rows = []
+    for step in steps:
+        k = attribute_to_ranges(sqlite_path, step)
+        r = ranges[ranges["text"] == step].iloc[0]
+        starts = k["start"].sort_values()
+        busy = float(k["duration_ns"].sum())
+        rows.append({
+            "step": step,
+            "kernels": len(k),
+            "range_us": r["duration_ns"] / 1e3,
+            "median_kernel_us": float(k["duration_ns"].median()) / 1e3 if len(k) else float("nan"),
+            "median_interval_us": float(starts.diff().median()) / 1e3 if len(k) > 1 else float("nan"),
+            "gpu_busy_pct": 100 * busy / r["duration_ns"] if r["duration_ns"] else float("nan"),
+        })
+    return pd.DataFrame(rows)
+
+
+def format_steps(df: pd.DataFrame) -> str:
+    """The step table as fixed-width text (stable across pandas versions)."""
+    lines = [f"{'step':<8}{'kernels':>8}{'range':>12}{'kernel':>12}{'launch gap':>13}{'GPU busy':>10}"]
+    for r in df.itertuples():
+        lines.append(f"{r.step:<8}{r.kernels:>8d}{r.range_us:>9.0f} us{r.median_kernel_us:>9.2f} us"
+                     f"{r.median_interval_us:>10.2f} us{r.gpu_busy_pct:>9.1f}%")
+    return "\n".join(lines)
+
+
+SOL_METRICS = ["Duration", "Memory Throughput", "DRAM Throughput", "Compute (SM) Throughput",
+               "L1/TEX Cache Throughput", "L2 Cache Throughput", "Elapsed Cycles", "SM Frequency", "DRAM Frequency"]
+
+
+def saxpy_sol(csv_path: Path) -> pd.DataFrame:
+    """The Speed Of Light rows of the profiled saxpy launch: metric, unit, value."""
+    from .ncu_csv import read_details
+
+    df = read_details(csv_path)
+    sol = df[df["Section Name"] == "GPU Speed Of Light Throughput"]
+    if sol.empty:
+        raise GpuprofError(f"{csv_path} has no 'GPU Speed Of Light Throughput' section.",
+                           "Profile with `--section SpeedOfLight`.")
+    first = sol[sol["ID"] == sol["ID"].iloc[0]]
+    rows = first[first["Metric Name"].isin(SOL_METRICS)][["Kernel Name", "Metric Name", "Metric Unit", "value"]]
+    return rows.reset_index(drop=True)
+
+
+def format_sol(rows: pd.DataFrame) -> str:
+    kernel = rows["Kernel Name"].iloc[0] if len(rows) else "?"
+    lines = [f"kernel: {kernel}"]
+    for r in rows.itertuples():
+        lines.append(f"  {r._2:<26}{r.value:>12,.2f} {r._3}")
+    return "\n".join(lines)

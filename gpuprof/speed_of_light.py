@@ -1,0 +1,219 @@
+"""This machine's ceilings: copy bandwidths, matrix-multiply rates and launch overhead.
+
+Every later chapter judges a capture against these numbers ("the weight copies ran
+at 93% of the pinned H2D peak measured on this GPU"), so they are measured once, in
+chapter 0, on the reader's own GPU, and saved with their provenance. A CPU-only run
+measures the host's equivalents (memcpy, NumPy matmul, tiny-op overhead) so the
+reader sees the method work, but those are never saved as GPU figures.
+
+Units: bandwidths in GB/s (1 GB = 10**9 bytes, as vendors quote them); the device
+copy counts bytes read plus bytes written; matmul rates are 2*n**3 flops per product.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+from .artifacts import FoundCapture, find_capture, save_json
+from .backend import Backend, choose_backend, describe_machine
+from .errors import GpuprofError
+from .timing import Timing, time_call
+
+__all__ = ["Figure", "measure", "save", "load", "GPU_DEFAULTS", "CPU_DEFAULTS", "CHAPTER", "FILENAME"]
+
+CHAPTER = "ch00"
+FILENAME = "speed_of_light.json"
+GPU_DEFAULTS = {"copy_bytes": 1 << 30, "matmul_n": 8192, "repeats": 10, "launches": 2000}
+CPU_DEFAULTS = {"copy_bytes": 64 << 20, "matmul_n": 1024, "repeats": 5, "launches": 2000}
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One measured ceiling."""
+
+    key: str
+    label: str
+    value: float
+    unit: str
+    how: str
+    spread: float  # relative interquartile range of the samples
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Figure":
+        return cls(**{k: d[k] for k in ("key", "label", "value", "unit", "how", "spread")})
+
+
+def _gbps(nbytes: float, t: Timing) -> float:
+    return nbytes / t.median / 1e9
+
+
+def _tflops(n: int, t: Timing) -> float:
+    return 2 * n**3 / t.median / 1e12
+
+
+def _launch_cost(launch: Callable[[], object], backend: Backend, launches: int, repeats: int) -> Timing:
+    """Host time per launch of a tiny op, amortising one final synchronisation.
+
+    This is what the CPU pays per eager op when the GPU work is shorter than the
+    launch itself: the regime of many small kernels.
+    """
+    for _ in range(launches // 10):
+        launch()
+    backend.synchronize()
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(launches):
+            launch()
+        backend.synchronize()
+        samples.append((time.perf_counter() - t0) / launches)
+    return Timing(tuple(samples), "perf_counter + synchronize", launches // 10)
+
+
+def _torch_plan(backend: Backend, copy_bytes: int, n: int) -> list[tuple[str, str, str, Callable[[], object], float]]:
+    torch = backend.xp
+    pinned = torch.ones(copy_bytes, dtype=torch.uint8, pin_memory=True)
+    pageable = torch.ones(copy_bytes, dtype=torch.uint8)
+    dev = torch.empty(copy_bytes, dtype=torch.uint8, device="cuda")
+    dev2 = torch.empty_like(dev)
+    a16 = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b16 = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    a32, b32 = a16.float(), b16.float()
+    torch.backends.cuda.matmul.allow_tf32 = False  # plain fp32: say what we measure
+    return [
+        ("h2d_pinned", "H2D copy, pinned host memory", "GB/s", lambda: dev.copy_(pinned, non_blocking=True), copy_bytes),
+        ("h2d_pageable", "H2D copy, pageable host memory", "GB/s", lambda: dev.copy_(pageable), copy_bytes),
+        ("d2h_pinned", "D2H copy, pinned host memory", "GB/s", lambda: pinned.copy_(dev, non_blocking=True), copy_bytes),
+        ("d2h_pageable", "D2H copy, pageable host memory", "GB/s", lambda: pageable.copy_(dev), copy_bytes),
+        ("d2d", "Device-to-device copy (read + write)", "GB/s", lambda: dev2.copy_(dev), 2 * copy_bytes),
+        ("matmul_bf16", f"bf16 matmul {n}^3", "TFLOP/s", lambda: a16 @ b16, n),
+        ("matmul_fp32", f"fp32 matmul {n}^3 (TF32 off)", "TFLOP/s", lambda: a32 @ b32, n),
+    ]
+
+
+def _cupy_plan(backend: Backend, copy_bytes: int, n: int) -> list[tuple[str, str, str, Callable[[], object], float]]:
+    import cupyx  # ships with CuPy
+
+    cp = backend.xp
+    rt = cp.cuda.runtime
+    pinned = cupyx.empty_pinned((copy_bytes,), dtype="uint8")
+    pinned.fill(1)
+    import numpy as np
+
+    pageable = np.ones(copy_bytes, dtype=np.uint8)
+    dev = cp.empty(copy_bytes, dtype=cp.uint8)
+    dev2 = cp.empty_like(dev)
+    a32 = cp.random.standard_normal((n, n), dtype=cp.float32)
+    b32 = cp.random.standard_normal((n, n), dtype=cp.float32)
+
+    def h2d(src: Any) -> Callable[[], object]:
+        return lambda: rt.memcpy(dev.data.ptr, src.ctypes.data, copy_bytes, rt.memcpyHostToDevice)
+
+    def d2h(dst: Any) -> Callable[[], object]:
+        return lambda: rt.memcpy(dst.ctypes.data, dev.data.ptr, copy_bytes, rt.memcpyDeviceToHost)
+
+    return [
+        ("h2d_pinned", "H2D copy, pinned host memory", "GB/s", h2d(pinned), copy_bytes),
+        ("h2d_pageable", "H2D copy, pageable host memory", "GB/s", h2d(pageable), copy_bytes),
+        ("d2h_pinned", "D2H copy, pinned host memory", "GB/s", d2h(pinned), copy_bytes),
+        ("d2h_pageable", "D2H copy, pageable host memory", "GB/s", d2h(pageable), copy_bytes),
+        ("d2d", "Device-to-device copy (read + write)", "GB/s", lambda: cp.copyto(dev2, dev), 2 * copy_bytes),
+        ("matmul_fp32", f"fp32 matmul {n}^3 (CuPy, no bf16)", "TFLOP/s", lambda: a32 @ b32, n),
+    ]
+
+
+def _cpu_plan(copy_bytes: int, n: int) -> list[tuple[str, str, str, Callable[[], object], float]]:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    src = np.ones(copy_bytes, dtype=np.uint8)
+    dst = np.empty_like(src)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    return [
+        ("host_memcpy", "Host memory copy (read + write, NumPy)", "GB/s", lambda: np.copyto(dst, src), 2 * copy_bytes),
+        ("matmul_fp32", f"fp32 matmul {n}^3 (NumPy BLAS)", "TFLOP/s", lambda: a @ b, n),
+    ]
+
+
+def measure(backend: Backend | None = None, *, copy_bytes: int | None = None, matmul_n: int | None = None,
+            repeats: int | None = None, launches: int | None = None,
+            progress: Callable[[str], None] | None = print) -> list[Figure]:
+    """Measure this machine's ceilings with ``backend`` (default: the best available).
+
+    Sizes default to :data:`GPU_DEFAULTS` on a GPU (1 GiB copies, 8192^3 products:
+    large enough to leave launch and cache effects far behind) and to the small
+    :data:`CPU_DEFAULTS` elsewhere, so a CPU-only run takes seconds.
+    """
+    backend = backend or choose_backend()
+    d = GPU_DEFAULTS if backend.is_gpu else CPU_DEFAULTS
+    copy_bytes = int(copy_bytes or d["copy_bytes"])
+    n = int(matmul_n or d["matmul_n"])
+    repeats = int(repeats or d["repeats"])
+    launches = int(launches or d["launches"])
+    if copy_bytes <= 0 or n <= 0 or repeats <= 0 or launches <= 0:
+        raise GpuprofError("Sizes, repeats and launches must be positive.",
+                           f"Got copy_bytes={copy_bytes}, matmul_n={n}, repeats={repeats}, launches={launches}.")
+    if backend.is_gpu and backend.name == "torch":
+        plan = _torch_plan(backend, copy_bytes, n)
+        tiny = backend.xp.zeros(1, device="cuda")
+        launch = lambda: tiny.add_(1.0)  # noqa: E731
+        launch_label = "Eager launch of a tiny PyTorch kernel"
+    elif backend.is_gpu:
+        plan = _cupy_plan(backend, copy_bytes, n)
+        tiny = backend.xp.zeros(1, dtype=backend.xp.float32)
+        launch = lambda: tiny.__iadd__(1.0)  # noqa: E731
+        launch_label = "Launch of a tiny CuPy kernel"
+    else:
+        plan = _cpu_plan(copy_bytes, n)
+        import numpy as np
+
+        tiny = np.zeros(1, dtype=np.float32)
+        launch = lambda: np.add(tiny, 1.0, out=tiny)  # noqa: E731
+        launch_label = "Tiny NumPy op (no GPU: interpreter overhead only)"
+    figures: list[Figure] = []
+    for key, label, unit, fn, size in plan:
+        t = time_call(fn, backend=backend, warmup=3, repeats=repeats)
+        value = _tflops(int(size), t) if unit == "TFLOP/s" else _gbps(size, t)
+        size_txt = f"{copy_bytes / 2**20:.0f} MiB" if unit == "GB/s" else f"n={n}"
+        figures.append(Figure(key, label, value, unit, f"{size_txt}, median of {repeats}, {t.method}", t.relative_spread))
+        if progress:
+            progress(f"  {label:<44} {value:10.1f} {unit}")
+    t = _launch_cost(launch, backend, launches, repeats)
+    figures.append(Figure("launch", launch_label, t.median * 1e6, "us",
+                          f"{launches} launches per sample, median of {repeats}, {t.method}", t.relative_spread))
+    if progress:
+        progress(f"  {launch_label:<44} {t.median * 1e6:10.2f} us each")
+    return figures
+
+
+def save(figures: list[Figure], *, command: str, overwrite: bool = True) -> None:
+    """Save GPU figures for the later chapters; refuses CPU figures, which are not GPU ceilings."""
+    machine = describe_machine()
+    if machine.device != "cuda":
+        raise GpuprofError("Refusing to save CPU figures as this machine's GPU speed of light.",
+                           "They are shown, not saved; run chapter 0 on a GPU to save figures.")
+    save_json(CHAPTER, FILENAME, {"figures": [asdict(f) for f in figures]}, command=command, overwrite=overwrite)
+
+
+def load(prefer: str = "this machine") -> tuple[list[Figure], FoundCapture]:
+    """The saved figures (this machine's, else the course's reference) and where they came from."""
+    found = find_capture(CHAPTER, FILENAME, prefer=prefer)
+    import json
+
+    data = json.loads(found.path.read_text())
+    return [Figure.from_dict(f) for f in data["figures"]], found
+
+
+def format_table(figures: list[Figure]) -> str:
+    """The figures as fixed-width text: identical wherever the same file is read."""
+    lines = [f"{'figure':<46}{'value':>12}  {'unit':<8}{'spread':>7}  how"]
+    for f in figures:
+        lines.append(f"{f.label:<46}{f.value:>12,.2f}  {f.unit:<8}{f.spread:>6.1%}  {f.how}")
+    return "\n".join(lines)
+
+
+def by_key(figures: list[Figure]) -> dict[str, Figure]:
+    return {f.key: f for f in figures}

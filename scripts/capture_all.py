@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Regenerate every reference capture and execute every notebook in place, on a GPU.
+
+One command for the course's GPU run (``make capture``):
+
+1. executes each notebook in ``notebooks/`` in place, in order, with
+   ``GPUPROF_OUTPUT_DIR=artifacts`` so that its captures become the new reference
+   captures (with provenance), each within its time budget;
+2. writes ``artifacts/provenance.md``, the table the book's provenance page shows;
+3. runs strict nbval over the freshly executed notebooks (captures going to a scratch
+   folder, so the references just written are not touched), with the sanitize file;
+4. optionally packs notebooks, artifacts and logs into one archive (``--archive``).
+
+It refuses to run without a GPU: reference captures from a CPU would be worthless.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gpuprof import describe_machine, exit_on_error  # noqa: E402
+from gpuprof.errors import GpuprofError  # noqa: E402
+
+# Seconds each notebook may take on an H100/H200; the whole run must fit one
+# 10-minute device command with room for nbval's second execution.
+BUDGET_S = {"00__setting_up.ipynb": 150}
+DEFAULT_BUDGET_S = 120
+CELL_TIMEOUT_S = 540
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--notebooks", nargs="*", default=None, help="notebook files (default: all in notebooks/)")
+    p.add_argument("--skip-nbval", action="store_true", help="do not run strict nbval afterwards")
+    p.add_argument("--archive", type=Path, default=None, help="write notebooks, artifacts and logs to this .tgz")
+    p.add_argument("--log-dir", type=Path, default=ROOT / "_build" / "capture", help="where logs go")
+    return p.parse_args(argv)
+
+
+def execute_in_place(nb_path: Path, env: dict[str, str]) -> float:
+    """Execute one notebook with nbclient in its own folder; return seconds taken."""
+    import nbclient
+    import nbformat
+
+    nb = nbformat.read(nb_path, as_version=4)
+    os.environ.update(env)  # the kernel inherits this process's environment
+    client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
+                                     resources={"metadata": {"path": str(nb_path.parent)}})
+    t0 = time.perf_counter()
+    client.execute()
+    seconds = time.perf_counter() - t0
+    nbformat.write(nb, nb_path)
+    return seconds
+
+
+def provenance_markdown(artifacts: Path) -> str:
+    """One table row per reference file: what produced it, on which GPU, with which tools."""
+    rows = ["| file | GPU | driver | CUDA | libraries | tools | captured | command |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for prov_path in sorted(artifacts.glob("*/provenance.json")):
+        prov = json.loads(prov_path.read_text())
+        for name, e in sorted(prov.get("files", {}).items()):
+            m = e.get("machine", {})
+            libs = ", ".join(f"{k} {v}" for k, v in m.get("libraries", {}).items())
+            tools = ", ".join(f"{k} {v}" for k, v in e.get("tools", {}).items()) or "-"
+            cmd = e["command"] if isinstance(e["command"], str) else " ".join(e["command"])
+            rows.append(f"| `{prov_path.parent.name}/{name}` | {m.get('gpu_name') or 'CPU'} | {m.get('driver_version') or '-'} "
+                        f"| {m.get('cuda_runtime') or '-'} | {libs} | {tools} | {e.get('captured_at', '?')} "
+                        f"| `{cmd.replace('|', '&#124;')}` |")
+    return "\n".join(rows) + "\n"
+
+
+@exit_on_error
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    machine = describe_machine()
+    if machine.device != "cuda":
+        raise GpuprofError("capture_all.py needs a CUDA GPU: reference captures from a CPU would be worthless.",
+                           "Run it on a GPU machine (`make capture`).")
+    print(f"capture: {machine.summary()}", flush=True)
+    notebooks = [Path(p).resolve() for p in args.notebooks] if args.notebooks else sorted((ROOT / "notebooks").glob("*.ipynb"))
+    args.log_dir.mkdir(parents=True, exist_ok=True)
+    env = {"GPUPROF_OUTPUT_DIR": str(ROOT / "artifacts"), "GPUPROF_OVERWRITE": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))}
+    over_budget = []
+    for nb in notebooks:
+        budget = BUDGET_S.get(nb.name, DEFAULT_BUDGET_S)
+        print(f"executing {nb.relative_to(ROOT)} (budget {budget} s) ...", flush=True)
+        seconds = execute_in_place(nb, env)
+        flag = "" if seconds <= budget else "  OVER BUDGET"
+        print(f"  done in {seconds:.0f} s{flag}", flush=True)
+        if flag:
+            over_budget.append(nb.name)
+    (ROOT / "artifacts" / "provenance.md").write_text(provenance_markdown(ROOT / "artifacts"))
+    print("wrote artifacts/provenance.md", flush=True)
+    status = 0
+    if not args.skip_nbval:
+        scratch = tempfile.mkdtemp(prefix="gpuprof-nbval-")
+        cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--nbval", "--nbval-current-env",
+               "--nbval-sanitize-with", str(ROOT / "tests" / "nbval_sanitize.cfg"), *map(str, notebooks)]
+        print(f"strict nbval: {' '.join(cmd[2:])}", flush=True)
+        log = args.log_dir / "nbval_strict.log"
+        with log.open("w") as fh:
+            proc = subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT,
+                                  env={**os.environ, **env, "GPUPROF_OUTPUT_DIR": scratch})
+        lines = log.read_text().strip().splitlines()
+        print("\n".join(lines[-25:]) if proc.returncode else lines[-1], flush=True)
+        status = proc.returncode
+    if args.archive:
+        args.archive.parent.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(args.archive, "w:gz") as tar:
+            for nb in notebooks:
+                tar.add(nb, arcname=str(nb.relative_to(ROOT)))
+            for f in sorted((ROOT / "artifacts").rglob("*")):
+                if f.is_file() and f.suffix not in (".nsys-rep", ".qdstrm"):
+                    tar.add(f, arcname=str(f.relative_to(ROOT)))
+            for f in sorted(args.log_dir.glob("*.log")):
+                tar.add(f, arcname=f"capture-logs/{f.name}")
+        print(f"archive: {args.archive} ({args.archive.stat().st_size / 2**20:.1f} MiB)")
+    if over_budget:
+        print(f"over budget: {', '.join(over_budget)}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
