@@ -88,6 +88,7 @@ def atomic_write_bytes(path: Path, data: bytes, *, overwrite: bool = False) -> P
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; captures are meant to be shared
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

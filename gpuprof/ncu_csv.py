@@ -15,7 +15,7 @@ import pandas as pd
 
 from .errors import GpuprofError
 
-__all__ = ["read_details", "metric"]
+__all__ = ["read_details", "metric", "to_seconds"]
 
 _REQUIRED = {"Kernel Name", "Section Name", "Metric Name", "Metric Unit", "Metric Value"}
 
@@ -49,3 +49,15 @@ def metric(df: pd.DataFrame, name: str, section: str | None = None) -> pd.DataFr
         known = ", ".join(sorted(df["Metric Name"].unique())[:12])
         raise GpuprofError(f"No metric named {name!r} in this report.", f"It has: {known} ...")
     return rows
+
+
+_TIME_UNITS = {"ns": 1e-9, "nsecond": 1e-9, "us": 1e-6, "usecond": 1e-6, "ms": 1e-3, "msecond": 1e-3,
+               "s": 1.0, "second": 1.0}
+
+
+def to_seconds(value: float, unit: str) -> float:
+    """Convert an ncu time metric to seconds; ncu 2025.3 writes ``us``, older versions ``usecond``."""
+    try:
+        return value * _TIME_UNITS[unit.strip()]
+    except KeyError:
+        raise GpuprofError(f"Unknown time unit {unit!r} in the ncu report.", f"Known units: {', '.join(_TIME_UNITS)}.") from None

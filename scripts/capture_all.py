@@ -52,13 +52,19 @@ def execute_in_place(nb_path: Path, env: dict[str, str]) -> float:
     """Execute one notebook with nbclient in its own folder; return seconds taken."""
     import nbclient
     import nbformat
+    from nbclient.exceptions import CellExecutionError
 
     nb = nbformat.read(nb_path, as_version=4)
     os.environ.update(env)  # the kernel inherits this process's environment
     client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
                                      resources={"metadata": {"path": str(nb_path.parent)}})
     t0 = time.perf_counter()
-    client.execute()
+    try:
+        client.execute()
+    except CellExecutionError as exc:
+        nbformat.write(nb, nb_path)  # keep the outputs up to the failing cell, for reading
+        last = [line for line in str(exc).splitlines() if line.strip()][-1]
+        raise GpuprofError(f"{nb_path.name} failed in a cell: {last}", "Its outputs so far are saved in place.") from None
     seconds = time.perf_counter() - t0
     nbformat.write(nb, nb_path)
     return seconds
@@ -94,18 +100,24 @@ def main(argv: list[str] | None = None) -> int:
     env = {"GPUPROF_OUTPUT_DIR": str(ROOT / "artifacts"), "GPUPROF_OVERWRITE": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))}
     over_budget = []
+    failed = []
     for nb in notebooks:
         budget = BUDGET_S.get(nb.name, DEFAULT_BUDGET_S)
         print(f"executing {nb.relative_to(ROOT)} (budget {budget} s) ...", flush=True)
-        seconds = execute_in_place(nb, env)
+        try:
+            seconds = execute_in_place(nb, env)
+        except GpuprofError as exc:
+            print(f"  FAILED: {exc}", flush=True)
+            failed.append(nb.name)
+            continue
         flag = "" if seconds <= budget else "  OVER BUDGET"
         print(f"  done in {seconds:.0f} s{flag}", flush=True)
         if flag:
             over_budget.append(nb.name)
     (ROOT / "artifacts" / "provenance.md").write_text(provenance_markdown(ROOT / "artifacts"))
     print("wrote artifacts/provenance.md", flush=True)
-    status = 0
-    if not args.skip_nbval:
+    status = 1 if failed else 0
+    if not args.skip_nbval and not failed:
         scratch = tempfile.mkdtemp(prefix="gpuprof-nbval-")
         cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--nbval", "--nbval-current-env",
                "--nbval-sanitize-with", str(ROOT / "tests" / "nbval_sanitize.cfg"), *map(str, notebooks)]
