@@ -158,6 +158,8 @@ class MachineInfo:
     compute_capability: str | None = None
     gpu_memory_gib: float | None = None
     sm_count: int | None = None
+    pcie_gen: int | None = None  # the link generation and width the GPU and slot allow
+    pcie_width: int | None = None
     cpu_model: str = ""
     cpu_count: int = 0
     python: str = ""
@@ -182,6 +184,8 @@ class MachineInfo:
             parts.append(f"{self.sm_count} SMs")
         if self.compute_capability:
             parts.append(f"sm_{self.compute_capability.replace('.', '')}")
+        if self.pcie_gen and self.pcie_width:
+            parts.append(f"PCIe gen{self.pcie_gen} x{self.pcie_width}")
         return " | ".join(parts) + f"; backend {self.backend}; {libs}"
 
     def as_dict(self) -> dict[str, Any]:
@@ -225,6 +229,24 @@ def driver_version() -> str | None:
     return None
 
 
+def pcie_link() -> tuple[int | None, int | None]:
+    """PCIe generation and lane count (maximum the GPU and slot support), from nvidia-smi.
+
+    The *maximum* rather than the current value: an idle GPU drops its link to a lower
+    generation to save power, so the current value read between runs misleads.
+    """
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None, None
+    try:
+        out = subprocess.run([smi, "--query-gpu=pcie.link.gen.max,pcie.link.width.max", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20, check=False).stdout.strip().splitlines()
+        gen, width = (int(x) for x in out[0].split(","))
+        return gen, width
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None, None
+
+
 def _versions() -> dict[str, str]:
     out: dict[str, str] = {}
     for name in ("torch", "cupy", "numpy"):
@@ -249,6 +271,7 @@ def describe_machine() -> MachineInfo:
     if not backend.is_gpu:
         return info
     info.driver_version = driver_version()
+    info.pcie_gen, info.pcie_width = pcie_link()
     if backend.name == "torch":
         torch = backend.xp
         props = torch.cuda.get_device_properties(0)

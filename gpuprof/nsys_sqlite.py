@@ -19,7 +19,7 @@ import pandas as pd
 
 from .errors import GpuprofError
 
-__all__ = ["NoKernelRows", "open_export", "table_names", "kernels", "nvtx_ranges", "runtime_calls",
+__all__ = ["NoKernelRows", "open_export", "table_names", "kernels", "nvtx_ranges", "runtime_calls", "scrub_environment",
            "attribute_to_ranges"]
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -162,3 +162,26 @@ def attribute_to_ranges(path: str | Path, range_text: str) -> pd.DataFrame:
                           & (launches["launch_start"] <= r["end"])]
         out.append(inside.assign(range_index=idx))
     return pd.concat(out, ignore_index=True) if out else launches.iloc[0:0]
+
+
+ENV_REMOVED = "(removed by gpuprof: the capture machine's environment variables are not kept)"
+
+
+def scrub_environment(path: str | Path) -> int:
+    """Blank the capture machine's environment variables that nsys stores in an export.
+
+    nsys records the profiled process's whole environment (``DeviceEnvironment`` in
+    ``TARGET_INFO_SYSTEM_ENV``): container names, paths, and on many machines tokens.
+    A capture meant to be shared should not carry them. Returns the rows changed;
+    the file is compacted afterwards.
+    """
+    path = Path(path)
+    open_export(path).close()  # same checks and messages as for reading
+    with closing(sqlite3.connect(path)) as conn:
+        if "TARGET_INFO_SYSTEM_ENV" not in table_names(conn):
+            return 0
+        cur = conn.execute("UPDATE TARGET_INFO_SYSTEM_ENV SET value = ? WHERE name = 'DeviceEnvironment'",
+                           (ENV_REMOVED,))
+        conn.commit()
+        conn.execute("VACUUM")
+        return cur.rowcount

@@ -22,6 +22,7 @@ import pandas as pd
 from .artifacts import REPO_ROOT, FoundCapture, chapter_output, find_capture, record_file
 from .backend import describe_machine
 from .errors import GpuprofError, ToolNotFound
+from .nsys_sqlite import scrub_environment
 from .runner import ProfilerFailed, python_target, run_profiler
 from .tools import Tool, find_tool, profiling_restricted, tool_version
 
@@ -156,7 +157,7 @@ def nsys_smoke(*, overwrite: bool = True) -> FoundCapture:
         print(f"The nsys capture failed: {exc}")
         print("Falling back to the course's reference capture.")
         return find_capture(CHAPTER, "tiny_kernels.sqlite", prefer="reference")
-    export.file(".sqlite")
+    scrub_environment(export.file(".sqlite"))
     commands = [" ".join(portable_command(c.command)) for c in (cap, export)]
     print("$ " + "\n$ ".join(commands) + f"\n  ({cap.seconds:.1f} s + {export.seconds:.1f} s, nsys {version})")
     record_file(CHAPTER, "tiny_kernels.sqlite", " && ".join(commands), {"nsys": version})

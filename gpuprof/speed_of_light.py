@@ -207,6 +207,23 @@ def load(prefer: str = "this machine") -> tuple[list[Figure], FoundCapture]:
     return [Figure.from_dict(f) for f in data["figures"]], found
 
 
+# Per-lane signalling rate (GT/s) and line-code efficiency, by PCIe generation, from the
+# PCI-SIG base specifications: 8b/10b encoding up to gen 2, 128b/130b for gens 3 to 5.
+_PCIE = {1: (2.5, 8 / 10), 2: (5.0, 8 / 10), 3: (8.0, 128 / 130), 4: (16.0, 128 / 130), 5: (32.0, 128 / 130)}
+
+
+def pcie_theoretical_gbps(gen: int | None, width: int | None) -> float | None:
+    """One direction's raw data rate of a PCIe link in GB/s, before packet overheads.
+
+    Gen 5 x16: 32 GT/s x 16 lanes x 128/130 / 8 bits = 63.0 GB/s. Real copies reach
+    less, because every transfer also carries packet headers and flow control.
+    """
+    if gen not in _PCIE or not width:
+        return None
+    rate, code = _PCIE[gen]
+    return rate * width * code / 8
+
+
 def format_table(figures: list[Figure]) -> str:
     """The figures as fixed-width text: identical wherever the same file is read."""
     lines = [f"{'figure':<46}{'value':>12}  {'unit':<8}{'spread':>7}  how"]

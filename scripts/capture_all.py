@@ -87,6 +87,44 @@ def provenance_markdown(artifacts: Path) -> str:
     return "\n".join(rows) + "\n"
 
 
+def tool_facts(artifacts: Path) -> list[str]:
+    """Save the tool listings the prose relies on (e.g. ncu's set names), for tests to check."""
+    from gpuprof.tools import find_tool, tool_version
+
+    folder = artifacts / "tools"
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for name, argv in (("ncu", ["--list-sets"]),):
+        try:
+            tool = find_tool(name)
+            out = subprocess.run([str(tool.path), *argv], capture_output=True, text=True, timeout=120, check=False)
+            (folder / f"{name}{'_'.join(argv).replace('--', '-')}.txt").write_text(out.stdout)
+            lines.append(f"{name} {tool_version(tool)}")
+        except GpuprofError as exc:
+            lines.append(f"{name}: {exc}")
+    return lines
+
+
+def run_summary(machine_line: str, timings: list[tuple[str, float, int]], nbval_line: str, tools: list[str]) -> str:
+    """The provenance page's account of this run, as markdown."""
+    import datetime as dt
+
+    from gpuprof.artifacts import git_commit
+
+    rows = ["| notebook | executed in | budget |", "| --- | --- | --- |"]
+    rows += [f"| `{name}` | {sec:.0f} s | {budget} s |" for name, sec, budget in timings]
+    when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return "\n".join([
+        f"* **Machine:** {machine_line}",
+        f"* **Date:** {when}; **commit:** `{git_commit() or 'unknown'}`",
+        f"* **Profilers:** {'; '.join(tools)}",
+        "* **Command:** `make capture` (`python scripts/capture_all.py`)",
+        f"* **Strict nbval over the executed notebooks:** `{nbval_line}`",
+        "",
+        *rows,
+    ]) + "\n"
+
+
 @exit_on_error
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
@@ -101,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))}
     over_budget = []
     failed = []
+    timings: list[tuple[str, float, int]] = []
     for nb in notebooks:
         budget = BUDGET_S.get(nb.name, DEFAULT_BUDGET_S)
         print(f"executing {nb.relative_to(ROOT)} (budget {budget} s) ...", flush=True)
@@ -110,13 +149,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  FAILED: {exc}", flush=True)
             failed.append(nb.name)
             continue
+        timings.append((nb.name, seconds, budget))
         flag = "" if seconds <= budget else "  OVER BUDGET"
         print(f"  done in {seconds:.0f} s{flag}", flush=True)
         if flag:
             over_budget.append(nb.name)
     (ROOT / "artifacts" / "provenance.md").write_text(provenance_markdown(ROOT / "artifacts"))
     print("wrote artifacts/provenance.md", flush=True)
+    tools = tool_facts(ROOT / "artifacts")
     status = 1 if failed else 0
+    nbval_line = "not run"
     if not args.skip_nbval and not failed:
         scratch = tempfile.mkdtemp(prefix="gpuprof-nbval-")
         cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--nbval", "--nbval-current-env",
@@ -128,7 +170,9 @@ def main(argv: list[str] | None = None) -> int:
                                   env={**os.environ, **env, "GPUPROF_OUTPUT_DIR": scratch})
         lines = log.read_text().strip().splitlines()
         print("\n".join(lines[-25:]) if proc.returncode else lines[-1], flush=True)
+        nbval_line = lines[-1].strip("= ") if lines else "no output"
         status = proc.returncode
+    (ROOT / "artifacts" / "capture_run.md").write_text(run_summary(machine.summary(), timings, nbval_line, tools))
     if args.archive:
         args.archive.parent.mkdir(parents=True, exist_ok=True)
         with tarfile.open(args.archive, "w:gz") as tar:

@@ -1,0 +1,98 @@
+import json
+
+import pytest
+
+from gpuprof import artifacts
+from gpuprof.artifacts import atomic_write_bytes, find_capture, load_provenance, record_file, save_json
+from gpuprof.errors import CaptureExists, GpuprofError, ReferenceMissing
+
+REF = artifacts.REPO_ROOT / "artifacts"
+
+
+def test_save_then_find_this_machines_capture(isolated_dirs):
+    out, _ = isolated_dirs
+    path = save_json("chX", "fig.json", {"a": 1}, command=["python", "make_fig.py"], tools={"nsys": "2025.3.1.0"})
+    assert path == out / "chX" / "fig.json"
+    found = find_capture("chX", "fig.json")
+    assert found.source == "this machine" and json.loads(found.path.read_text()) == {"a": 1}
+    assert found.provenance["command"] == ["python", "make_fig.py"]
+    assert found.provenance["tools"] == {"nsys": "2025.3.1.0"}
+    assert "Using this machine's capture" in found.describe()
+
+
+def test_falls_back_to_the_reference_and_says_so(isolated_dirs):
+    _, ref = isolated_dirs
+    (ref / "chX").mkdir()
+    (ref / "chX" / "k.csv").write_text("x\n")
+    prov = {"chapter": "chX", "files": {"k.csv": {"captured_at": "2026-11-21T10:00:00Z",
+            "machine": {"gpu_name": "NVIDIA H200", "driver_version": "580.159.04"}, "command": "ncu ..."}}}
+    (ref / "chX" / "provenance.json").write_text(json.dumps(prov))
+    found = find_capture("chX", "k.csv")
+    assert found.source == "reference"
+    text = found.describe()
+    assert text.startswith("Using the course's reference capture ") and text.endswith(
+        "k.csv, made on NVIDIA H200, driver 580.159.04 on 2026-11-21.")
+
+
+def test_missing_everywhere_is_one_clear_error(isolated_dirs):
+    with pytest.raises(ReferenceMissing, match="No capture named nope.json for chX"):
+        find_capture("chX", "nope.json")
+
+
+def test_a_file_without_provenance_is_not_used_silently(isolated_dirs):
+    _, ref = isolated_dirs
+    (ref / "chX").mkdir()
+    (ref / "chX" / "k.csv").write_text("x\n")
+    with pytest.raises(ReferenceMissing, match="provenance.json is missing"):
+        find_capture("chX", "k.csv")
+    (ref / "chX" / "provenance.json").write_text("{not json")
+    with pytest.raises(GpuprofError, match="not valid JSON"):
+        load_provenance(ref / "chX")
+
+
+def test_atomic_write_never_overwrites_silently(tmp_path, monkeypatch):
+    monkeypatch.delenv("GPUPROF_OVERWRITE", raising=False)
+    target = tmp_path / "a.json"
+    atomic_write_bytes(target, b"one")
+    with pytest.raises(CaptureExists):
+        atomic_write_bytes(target, b"two")
+    assert target.read_bytes() == b"one"
+    atomic_write_bytes(target, b"two", overwrite=True)
+    assert target.read_bytes() == b"two"
+    assert oct(target.stat().st_mode & 0o777) == "0o644"
+    assert [p.name for p in tmp_path.iterdir()] == ["a.json"], "no temporary files left behind"
+
+
+def test_record_keeps_entries_for_other_files(isolated_dirs):
+    out, _ = isolated_dirs
+    (out / "chY").mkdir()
+    (out / "chY" / "a.sqlite").write_bytes(b"x" * 10)
+    record_file("chY", "a.sqlite", "nsys profile ...")
+    record_file("chY", "b.csv", "ncu ...")
+    prov = load_provenance(out / "chY")
+    assert set(prov["files"]) == {"a.sqlite", "b.csv"}
+    assert prov["files"]["a.sqlite"]["bytes"] == 10
+
+
+# --- the committed reference captures -------------------------------------------------
+
+def reference_files():
+    return sorted(p for p in REF.glob("ch*/*") if p.is_file() and p.name != "provenance.json"
+                  and p.suffix not in (".log", ".nsys-rep"))
+
+
+def test_every_reference_capture_has_gpu_provenance():
+    files = reference_files()
+    assert files, "artifacts/ holds no reference captures"
+    for path in files:
+        if path.suffix == ".ncu-rep":  # the raw report behind saxpy_sol.csv
+            continue
+        entry = load_provenance(path.parent)["files"].get(path.name)
+        assert entry, f"{path} has no provenance entry"
+        assert entry["machine"]["device"] == "cuda" and entry["machine"]["gpu_name"].startswith("NVIDIA")
+        assert entry["machine"]["driver_version"] and entry["command"] and entry["captured_at"]
+
+
+def test_reference_captures_stay_small():
+    for path in reference_files():
+        assert path.stat().st_size < 2 * 2**20, f"{path} is over 2 MB: filter or export less"

@@ -1,0 +1,64 @@
+"""The committed notebooks are GPU-executed, clean and small (a format check, like a linter)."""
+
+import json
+
+import pytest
+
+from gpuprof.artifacts import REPO_ROOT
+
+NOTEBOOKS = sorted((REPO_ROOT / "notebooks").glob("*.ipynb"))
+
+
+def cells(nb, kind="code"):
+    return [c for c in nb["cells"] if c["cell_type"] == kind]
+
+
+def text_of(cell):
+    out = []
+    for o in cell.get("outputs", []):
+        if o["output_type"] == "stream":
+            out.append("".join(o["text"]))
+        for v in o.get("data", {}).values():
+            if isinstance(v, (str, list)):
+                out.append("".join(v))
+    return "\n".join(out)
+
+
+@pytest.fixture(params=NOTEBOOKS, ids=lambda p: p.name)
+def nb(request):
+    return json.loads(request.param.read_text()), request.param
+
+
+def test_named_by_convention(nb):
+    _, path = nb
+    number, _, topic = path.stem.partition("__")
+    assert number.isdigit() and len(number) == 2 and topic
+
+
+def test_executed_on_a_gpu_with_provenance_first(nb):
+    data, _ = nb
+    code = cells(data)
+    assert all(c.get("outputs") or "remove-cell" in c.get("metadata", {}).get("tags", []) for c in code)
+    first = text_of(code[0])
+    assert first.startswith("NVIDIA ") and "driver" in first, "the first output must name the GPU that ran it"
+
+
+def test_no_errors_or_stderr_in_stored_outputs(nb):
+    data, _ = nb
+    for c in cells(data):
+        for o in c.get("outputs", []):
+            assert o["output_type"] != "error", "".join(c["source"])[:80]
+            assert not (o["output_type"] == "stream" and o["name"] == "stderr"), "".join(c["source"])[:80]
+
+
+def test_checked_cells_exist_and_the_book_is_not_asked_to_execute(nb):
+    data, _ = nb
+    assert any("NBVAL_CHECK_OUTPUT" in "".join(c["source"]) for c in cells(data)), \
+        "a chapter needs cells whose output CI compares on the reference captures"
+    assert data["metadata"]["kernelspec"]["name"] == "python3"
+    assert all("id" in c for c in data["cells"])
+
+
+def test_small(nb):
+    _, path = nb
+    assert path.stat().st_size < 400_000, "keep notebooks small: fewer or smaller figures"

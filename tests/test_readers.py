@@ -1,0 +1,127 @@
+"""The nsys sqlite and ncu CSV readers, on the course's real reference captures and on bad input."""
+
+import shutil
+import sqlite3
+
+import pytest
+
+from gpuprof import nsys_sqlite as ns
+from gpuprof.artifacts import REPO_ROOT
+from gpuprof.errors import GpuprofError
+from gpuprof.ncu_csv import metric, read_details, to_seconds
+
+SQLITE = REPO_ROOT / "artifacts" / "ch00" / "tiny_kernels.sqlite"
+NCU_CSV = REPO_ROOT / "artifacts" / "ch00" / "saxpy_sol.csv"
+
+
+def test_kernels_from_the_reference_capture():
+    k = ns.kernels(SQLITE)
+    assert len(k) >= 6 * 200  # warm-up plus five steps of 200 launches
+    assert (k["duration_ns"] > 0).all() and k["start"].is_monotonic_increasing
+    assert k["name"].str.contains("elementwise|add", regex=True).any()
+
+
+def test_nvtx_ranges_have_text_and_depth():
+    r = ns.nvtx_ranges(SQLITE)
+    assert ["warmup", "step_0", "step_1", "step_2", "step_3", "step_4"] == list(r["text"])
+    assert (r["depth"] == 0).all() and (r["duration_ns"] > 0).all()
+
+
+def test_kernels_are_attributed_through_their_launch_call():
+    for step in ("warmup", "step_0", "step_4"):
+        assert len(ns.attribute_to_ranges(SQLITE, step)) == 200
+    assert ns.attribute_to_ranges(SQLITE, "no_such_range").empty
+
+
+def test_reference_capture_carries_no_environment():
+    con = sqlite3.connect(SQLITE)
+    (value,) = con.execute("SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name='DeviceEnvironment'").fetchone()
+    assert value == ns.ENV_REMOVED
+
+
+def test_scrub_environment(tmp_path):
+    db = tmp_path / "x.sqlite"
+    con = sqlite3.connect(db)
+    con.execute("CREATE TABLE TARGET_INFO_SYSTEM_ENV (name TEXT, value TEXT)")
+    con.execute("INSERT INTO TARGET_INFO_SYSTEM_ENV VALUES ('DeviceEnvironment', 'TOKEN=secret'), ('Hostname', 'vm')")
+    con.commit()
+    con.close()
+    assert ns.scrub_environment(db) == 1
+    values = dict(sqlite3.connect(db).execute("SELECT name, value FROM TARGET_INFO_SYSTEM_ENV").fetchall())
+    assert values == {"DeviceEnvironment": ns.ENV_REMOVED, "Hostname": "vm"}
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(GpuprofError, match="does not exist"):
+        ns.kernels(tmp_path / "nope.sqlite")
+
+
+def test_report_given_instead_of_export(tmp_path):
+    rep = tmp_path / "run.nsys-rep"
+    rep.write_bytes(b"\x00QDSTRM binary report")
+    with pytest.raises(GpuprofError, match=r"is an Nsight Systems report, not its sqlite export.*nsys export --type sqlite"):
+        ns.kernels(rep)
+
+
+def test_not_sqlite_at_all(tmp_path):
+    f = tmp_path / "notes.sqlite"
+    f.write_text("hello")
+    with pytest.raises(GpuprofError, match="is not an SQLite file"):
+        ns.nvtx_ranges(f)
+
+
+def test_truncated_export(tmp_path):
+    f = tmp_path / "cut.sqlite"
+    f.write_bytes(SQLITE.read_bytes()[:20000])
+    with pytest.raises(GpuprofError, match="damaged|malformed|not an SQLite"):
+        ns.kernels(f)
+
+
+def test_capture_without_kernels_says_why(tmp_path):
+    f = tmp_path / "cpu_only.sqlite"
+    con = sqlite3.connect(f)
+    con.execute("CREATE TABLE StringIds (id INTEGER, value TEXT)")
+    con.commit()
+    con.close()
+    with pytest.raises(ns.NoKernelRows, match="holds no kernel table.*ran on the CPU"):
+        ns.kernels(f)
+    assert ns.nvtx_ranges(f).empty and ns.runtime_calls(f).empty
+
+
+def test_export_is_opened_read_only(tmp_path):
+    copy = tmp_path / "ro.sqlite"
+    shutil.copy(SQLITE, copy)
+    con = ns.open_export(copy)
+    with pytest.raises(sqlite3.OperationalError):
+        con.execute("DELETE FROM StringIds")
+    con.close()
+
+
+def test_ncu_details_from_the_reference_capture():
+    df = read_details(NCU_CSV)
+    sol = df[df["Section Name"] == "GPU Speed Of Light Throughput"]
+    assert {"Duration", "Memory Throughput", "Compute (SM) Throughput"} <= set(sol["Metric Name"])
+    assert sol["value"].notna().all()
+    assert metric(df, "Duration")["Kernel Name"].iloc[0] == "saxpy"
+
+
+def test_ncu_unknown_metric_lists_known_ones():
+    with pytest.raises(GpuprofError, match="No metric named 'bogus'.*Duration"):
+        metric(read_details(NCU_CSV), "bogus")
+
+
+def test_ncu_csv_without_a_table(tmp_path):
+    f = tmp_path / "empty.csv"
+    f.write_text("==PROF== Connected\n==WARNING== No kernels were profiled.\n")
+    with pytest.raises(GpuprofError, match="holds no ncu CSV table"):
+        read_details(f)
+
+
+@pytest.mark.parametrize("unit,factor", [("ns", 1e-9), ("us", 1e-6), ("usecond", 1e-6), ("msecond", 1e-3), ("s", 1)])
+def test_time_units(unit, factor):
+    assert to_seconds(2.0, unit) == pytest.approx(2 * factor)
+
+
+def test_unknown_time_unit():
+    with pytest.raises(GpuprofError, match="Unknown time unit"):
+        to_seconds(1.0, "fortnight")

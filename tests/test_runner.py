@@ -1,0 +1,100 @@
+from pathlib import Path
+
+import pytest
+
+from conftest import write_exe
+from gpuprof.errors import CaptureExists, GpuprofError
+from gpuprof.runner import ProfilerFailed, run_profiler
+from gpuprof.tools import Tool
+
+# A stand-in profiler: "-o PREFIX" makes it write PREFIX.fake-rep holding its arguments,
+# and every run leaves a marker so tests can tell whether it ran at all.
+FAKE = r'''
+out=""
+while [ $# -gt 0 ]; do
+  case "$1" in -o) out="$2"; shift 2;; *) echo "arg:$1"; shift;; esac
+done
+echo ran >> "$MARKER"
+[ -n "$out" ] && echo "report" > "$out.fake-rep"
+exit 0
+'''
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    marker = tmp_path / "runs.txt"
+    monkeypatch.setenv("MARKER", str(marker))
+    path = write_exe(tmp_path / "bin" / "fakeprof", FAKE)
+    return Tool("nsys", path, "test"), marker
+
+
+def runs(marker: Path) -> int:
+    return len(marker.read_text().splitlines()) if marker.exists() else 0
+
+
+def test_capture_is_moved_into_place_with_a_log(fake, tmp_path):
+    tool, marker = fake
+    out = tmp_path / "out"
+    cap = run_profiler(tool, ["profile", "-o", "{output}"], ["python", "x.py"], out_dir=out, name="smoke")
+    assert [f.name for f in cap.files] == ["smoke.fake-rep"]
+    assert (out / "smoke.fake-rep").read_text() == "report\n"
+    assert cap.command[-4:] == ["-o", str(out / "smoke"), "python", "x.py"]
+    assert "arg:python" in (out / "smoke.log").read_text()
+    assert not list(out.glob(".*partial*")), "the temporary folder must be gone"
+
+
+def test_existing_capture_is_refused_before_profiling(fake, tmp_path):
+    tool, marker = fake
+    out = tmp_path / "out"
+    run_profiler(tool, ["-o", "{output}"], ["a"], out_dir=out, name="smoke")
+    (out / "smoke.fake-rep").write_text("precious\n")
+    with pytest.raises(CaptureExists, match="already holds a capture named 'smoke'"):
+        run_profiler(tool, ["-o", "{output}"], ["a"], out_dir=out, name="smoke")
+    assert runs(marker) == 1, "the profiler must not run when its output would be refused"
+    assert (out / "smoke.fake-rep").read_text() == "precious\n"
+
+
+def test_overwrite_when_asked(fake, tmp_path, monkeypatch):
+    tool, _ = fake
+    out = tmp_path / "out"
+    run_profiler(tool, ["-o", "{output}"], ["a"], out_dir=out, name="smoke")
+    (out / "smoke.fake-rep").write_text("old\n")
+    run_profiler(tool, ["-o", "{output}"], ["a"], out_dir=out, name="smoke", overwrite=True)
+    assert (out / "smoke.fake-rep").read_text() == "report\n"
+    monkeypatch.setenv("GPUPROF_OVERWRITE", "1")
+    run_profiler(tool, ["-o", "{output}"], ["a"], out_dir=out, name="smoke")
+
+
+def test_failure_keeps_the_earlier_capture_and_explains(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "smoke.ncu-rep").write_text("earlier\n")
+    bad = write_exe(tmp_path / "ncu", 'echo "==ERROR== ERR_NVGPUCTRPERM - The user does not have permission"; exit 1')
+    with pytest.raises(ProfilerFailed) as exc:
+        run_profiler(Tool("ncu", bad, "test"), ["-o", "{output}"], ["a"], out_dir=out, name="smoke", overwrite=True)
+    assert "restricted to administrators" in str(exc.value)
+    assert (out / "smoke.ncu-rep").read_text() == "earlier\n"
+    assert "ERR_NVGPUCTRPERM" in (out / "smoke.log").read_text()
+    assert not list(out.glob(".*partial*"))
+
+
+def test_timeout_is_reported_and_leaves_nothing(tmp_path):
+    slow = write_exe(tmp_path / "slow", "sleep 5")
+    with pytest.raises(ProfilerFailed, match="did not finish within 1 s"):
+        run_profiler(Tool("nsys", slow, "test"), [], ["a"], out_dir=tmp_path / "out", name="smoke", timeout=1)
+    assert not list((tmp_path / "out").glob(".*partial*"))
+
+
+def test_arguments_are_passed_literally_never_through_a_shell(fake, tmp_path):
+    tool, _ = fake
+    out = tmp_path / "out"
+    evil = f"a b; touch {tmp_path / 'pwned'}"
+    cap = run_profiler(tool, [], ["python", evil], out_dir=out, name="lit")
+    assert f"arg:{evil}" in cap.log.read_text()
+    assert not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.parametrize("name", ["", "../up", ".hidden", "a/b"])
+def test_bad_capture_names(fake, tmp_path, name):
+    with pytest.raises(GpuprofError, match="Invalid capture name"):
+        run_profiler(fake[0], [], ["a"], out_dir=tmp_path, name=name)
