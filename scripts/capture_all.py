@@ -94,12 +94,13 @@ def tool_facts(artifacts: Path) -> list[str]:
     folder = artifacts / "tools"
     folder.mkdir(parents=True, exist_ok=True)
     lines = []
-    for name, argv in (("ncu", ["--list-sets"]),):
+    for name, argv in (("nsys", []), ("ncu", ["--list-sets"])):
         try:
             tool = find_tool(name)
-            out = subprocess.run([str(tool.path), *argv], capture_output=True, text=True, timeout=120, check=False)
-            (folder / f"{name}{'_'.join(argv).replace('--', '-')}.txt").write_text(out.stdout)
             lines.append(f"{name} {tool_version(tool)}")
+            if argv:
+                out = subprocess.run([str(tool.path), *argv], capture_output=True, text=True, timeout=120, check=False)
+                (folder / f"{name}{'_'.join(argv).replace('--', '-')}.txt").write_text(out.stdout)
         except GpuprofError as exc:
             lines.append(f"{name}: {exc}")
     return lines
