@@ -20,7 +20,7 @@ import pandas as pd
 from .errors import GpuprofError
 
 __all__ = ["NoKernelRows", "open_export", "table_names", "kernels", "nvtx_ranges", "runtime_calls", "scrub_environment",
-           "attribute_to_ranges"]
+           "attribute_to_ranges", "memcpy", "memset", "synchronization", "streams", "gpu_info"]
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
@@ -89,6 +89,82 @@ def kernels(path: str | Path) -> pd.DataFrame:
         df["name"] = "?"
     df["duration_ns"] = df["end"] - df["start"]
     return df.sort_values("start", ignore_index=True)
+
+
+def _enum(conn: sqlite3.Connection, table: str) -> dict[int, str]:
+    """An ENUM_* table of the export as {id: label}; empty when the export lacks it."""
+    if table not in table_names(conn):
+        return {}
+    return {int(i): str(label) for i, label in conn.execute(f"SELECT id, label FROM {table}")}
+
+
+def _activity(path: str | Path, table: str, columns: list[str]) -> tuple[pd.DataFrame, sqlite3.Connection | None]:
+    conn = open_export(path)
+    if table not in table_names(conn):
+        conn.close()
+        return pd.DataFrame(columns=columns), None
+    have = _columns(conn, table)
+    cols = [c for c in columns if c in have]
+    return pd.read_sql_query(f"SELECT {', '.join(cols)} FROM {table}", conn), conn
+
+
+def memcpy(path: str | Path) -> pd.DataFrame:
+    """Memory copies: start, end, duration_ns, bytes, kind (Host-to-Device, ...), src/dst memory
+    kind (Pageable, Pinned, Device), stream, and the achieved bandwidth in GB/s."""
+    df, conn = _activity(path, "CUPTI_ACTIVITY_KIND_MEMCPY",
+                         ["start", "end", "deviceId", "streamId", "correlationId", "bytes", "copyKind", "srcKind", "dstKind"])
+    if conn is not None:
+        with closing(conn):
+            kinds, mem = _enum(conn, "ENUM_CUDA_MEMCPY_OPER"), _enum(conn, "ENUM_CUDA_MEM_KIND")
+    else:
+        kinds, mem = {}, {}
+    df["duration_ns"] = df["end"] - df["start"]
+    df["kind"] = df["copyKind"].map(lambda k: kinds.get(int(k), str(k))) if len(df) else pd.Series(dtype=str)
+    for col in ("srcKind", "dstKind"):
+        if col in df:
+            df[col.replace("Kind", "_memory")] = df[col].map(lambda k: mem.get(int(k), str(k)))
+    df["gbps"] = df["bytes"] / df["duration_ns"].where(df["duration_ns"] > 0)
+    return df.sort_values("start", ignore_index=True)
+
+
+def memset(path: str | Path) -> pd.DataFrame:
+    """Memsets: start, end, duration_ns, bytes, stream."""
+    df, conn = _activity(path, "CUPTI_ACTIVITY_KIND_MEMSET",
+                         ["start", "end", "deviceId", "streamId", "correlationId", "bytes", "value"])
+    if conn is not None:
+        conn.close()
+    df["duration_ns"] = df["end"] - df["start"]
+    return df.sort_values("start", ignore_index=True)
+
+
+def synchronization(path: str | Path) -> pd.DataFrame:
+    """CUDA synchronisation activity as the driver saw it: start, end, duration_ns, type, stream."""
+    df, conn = _activity(path, "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION",
+                         ["start", "end", "deviceId", "streamId", "correlationId", "syncType"])
+    types = {}
+    if conn is not None:
+        with closing(conn):
+            types = _enum(conn, "ENUM_CUPTI_SYNC_TYPE")
+    df["duration_ns"] = df["end"] - df["start"]
+    df["type"] = df["syncType"].map(lambda k: types.get(int(k), str(k))) if len(df) else pd.Series(dtype=str)
+    return df.sort_values("start", ignore_index=True)
+
+
+def streams(path: str | Path) -> pd.DataFrame:
+    """The CUDA streams of the capture: streamId, priority, flags (empty if not recorded)."""
+    df, conn = _activity(path, "TARGET_INFO_CUDA_STREAM", ["streamId", "contextId", "priority", "flag"])
+    if conn is not None:
+        conn.close()
+    return df
+
+
+def gpu_info(path: str | Path) -> pd.DataFrame:
+    """The GPUs nsys saw: name, memory, bandwidth, SM count, compute capability."""
+    df, conn = _activity(path, "TARGET_INFO_GPU", ["id", "name", "totalMemory", "memoryBandwidth", "smCount",
+                                                    "computeMajor", "computeMinor", "l2CacheSize", "clockRate"])
+    if conn is not None:
+        conn.close()
+    return df
 
 
 def runtime_calls(path: str | Path) -> pd.DataFrame:

@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from .artifacts import overwrite_allowed
+from .artifacts import REPO_ROOT, overwrite_allowed
 from .errors import CaptureExists, GpuprofError
 from .tools import COUNTER_PERMISSION_HINT, Tool
 
-__all__ = ["Capture", "ProfilerFailed", "run_profiler", "python_target"]
+__all__ = ["Capture", "ProfilerFailed", "run_profiler", "python_target", "portable_command"]
 
 OUTPUT = "{output}"
 
@@ -59,6 +59,22 @@ class Capture:
 def python_target(script: str | Path, *args: str) -> list[str]:
     """The argument list that runs ``script`` with this interpreter (not whatever 'python' is on PATH)."""
     return [sys.executable, str(script), *map(str, args)]
+
+
+def portable_command(cmd: Sequence[str]) -> list[str]:
+    """A recorded command a reader can retype: tools by name, this Python as ``python``,
+    paths inside the repository made relative."""
+    out = []
+    for i, part in enumerate(cmd):
+        if i == 0 and Path(part).name in ("nsys", "ncu"):
+            out.append(Path(part).name)
+        elif part == sys.executable:
+            out.append("python")
+        elif part.startswith(str(REPO_ROOT) + os.sep):
+            out.append(os.path.relpath(part, REPO_ROOT))
+        else:
+            out.append(part)
+    return out
 
 
 def _explain_failure(text: str) -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,12 +21,12 @@ import pandas as pd
 from .artifacts import REPO_ROOT, FoundCapture, chapter_output, find_capture, record_file
 from .backend import describe_machine
 from .errors import GpuprofError, ToolNotFound
-from .nsys_sqlite import scrub_environment
-from .runner import ProfilerFailed, python_target, run_profiler
-from .tools import Tool, find_tool, profiling_restricted, tool_version
+from .nsys_capture import nsys_capture
+from .runner import ProfilerFailed, portable_command, python_target, run_profiler
+from .tools import Tool, find_tool, live_tool, profiling_restricted, tool_version
 
-__all__ = ["Check", "run_checks", "checks_table", "nsys_smoke", "ncu_smoke", "portable_command",
-           "TINY_KERNELS", "SAXPY", "NSYS_SMOKE_ARGS", "NCU_SMOKE_ARGS"]
+__all__ = ["Check", "run_checks", "checks_table", "nsys_smoke", "ncu_smoke",
+           "TINY_KERNELS", "SAXPY", "NCU_SMOKE_ARGS"]
 
 CHAPTER = "ch00"
 TINY_KERNELS = REPO_ROOT / "examples" / "nsys" / "tiny_kernels.py"
@@ -35,9 +34,6 @@ SAXPY = REPO_ROOT / "examples" / "nsight_compute" / "saxpy.py"
 TINY_STEPS, TINY_KERNELS_PER_STEP = 5, 200
 TINY_ARGS = ["--steps", str(TINY_STEPS), "--kernels", str(TINY_KERNELS_PER_STEP)]
 SAXPY_N = 1 << 26  # 67M floats: 805 MB moved per launch, far beyond the L2 cache
-# Trace CUDA and NVTX only; CPU sampling and context switches are what make captures
-# huge and slow, and this smoke test does not need them.
-NSYS_SMOKE_ARGS = ["profile", "--trace=cuda,nvtx", "--sample=none", "--cpuctxsw=none", "-o", "{output}"]
 NCU_SMOKE_ARGS = ["--clock-control", "none", "--section", "SpeedOfLight", "--kernel-name", "regex:saxpy|elementwise",
                   "--launch-count", "1", "-o", "{output}"]
 
@@ -48,22 +44,6 @@ class Check:
     result: str
     ok: bool
     todo: str = ""
-
-
-def portable_command(cmd: list[str]) -> list[str]:
-    """A recorded command a reader can retype: tools by name, this Python as ``python``,
-    paths inside the repository made relative."""
-    out = []
-    for i, part in enumerate(cmd):
-        if i == 0 and Path(part).name in ("nsys", "ncu"):
-            out.append(Path(part).name)
-        elif part == sys.executable:
-            out.append("python")
-        elif part.startswith(str(REPO_ROOT) + os.sep):
-            out.append(os.path.relpath(part, REPO_ROOT))
-        else:
-            out.append(part)
-    return out
 
 
 def _dist_version(module: str) -> str:
@@ -125,43 +105,12 @@ def checks_table(checks: list[Check]) -> pd.DataFrame:
                           "what to do": c.todo} for c in checks]).set_index("check")
 
 
-def _live_tool(name: str) -> tuple[Tool, str] | str:
-    """The tool and its version when a live capture is possible, else the reason it is not."""
-    if describe_machine().device != "cuda":
-        return "there is no GPU on this machine"
-    try:
-        tool = find_tool(name)
-        return tool, tool_version(tool)
-    except GpuprofError as exc:
-        return str(exc)
-
-
 def nsys_smoke(*, overwrite: bool = True) -> FoundCapture:
     """Profile ``tiny_kernels.py`` with nsys and export sqlite; fall back to the reference.
 
     Prints what it ran (or why it did not) and returns the sqlite capture to analyse.
     """
-    live = _live_tool("nsys")
-    if isinstance(live, str):
-        print(f"No live nsys capture: {live}.")
-        return find_capture(CHAPTER, "tiny_kernels.sqlite", prefer="reference")
-    nsys, version = live
-    out = chapter_output(CHAPTER)
-    try:
-        cap = run_profiler(nsys, NSYS_SMOKE_ARGS, python_target(TINY_KERNELS, *TINY_ARGS),
-                           out_dir=out, name="tiny_kernels", overwrite=overwrite)
-        rep = cap.file(".nsys-rep")
-        export = run_profiler(nsys, ["export", "--type", "sqlite", "-o", "{output}.sqlite", str(rep)],
-                              out_dir=out, name="tiny_kernels", overwrite=True)
-    except ProfilerFailed as exc:
-        print(f"The nsys capture failed: {exc}")
-        print("Falling back to the course's reference capture.")
-        return find_capture(CHAPTER, "tiny_kernels.sqlite", prefer="reference")
-    scrub_environment(export.file(".sqlite"))
-    commands = [" ".join(portable_command(c.command)) for c in (cap, export)]
-    print("$ " + "\n$ ".join(commands) + f"\n  ({cap.seconds:.1f} s + {export.seconds:.1f} s, nsys {version})")
-    record_file(CHAPTER, "tiny_kernels.sqlite", " && ".join(commands), {"nsys": version})
-    return find_capture(CHAPTER, "tiny_kernels.sqlite")
+    return nsys_capture(CHAPTER, "tiny_kernels", TINY_KERNELS, TINY_ARGS, overwrite=overwrite).sqlite
 
 
 def ncu_smoke(*, overwrite: bool = True) -> FoundCapture:
@@ -170,7 +119,7 @@ def ncu_smoke(*, overwrite: bool = True) -> FoundCapture:
     A denied counter permission is reported in plain words (with what to do) and
     falls back too, so the chapter still shows what the section looks like.
     """
-    live = _live_tool("ncu")
+    live = live_tool("ncu")
     if isinstance(live, str):
         print(f"No live ncu capture: {live}.")
         return find_capture(CHAPTER, "saxpy_sol.csv", prefer="reference")

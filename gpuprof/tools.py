@@ -22,7 +22,7 @@ from .errors import GpuprofError, ToolNotFound
 
 __all__ = [
     "Tool", "find_tool", "tool_version", "CounterAccess", "profiling_restricted",
-    "check_counter_access", "COUNTER_PERMISSION_HINT",
+    "check_counter_access", "COUNTER_PERMISSION_HINT", "live_tool",
 ]
 
 _ENV = {"nsys": "NSYS", "ncu": "NCU"}
@@ -198,3 +198,16 @@ def check_counter_access(ncu: Tool, target: Sequence[str], kernel_regex: str, ti
     except OSError as exc:
         return CounterAccess("unknown", f"ncu could not be started: {exc}.")
     return classify_ncu_output(proc.stdout + proc.stderr, proc.returncode)
+
+
+def live_tool(name: str) -> tuple[Tool, str] | str:
+    """The tool and its version when a live capture is possible here, else the reason it is not."""
+    from .backend import describe_machine
+
+    if describe_machine().device != "cuda":
+        return "there is no GPU on this machine"
+    try:
+        tool = find_tool(name)
+        return tool, tool_version(tool)
+    except GpuprofError as exc:
+        return str(exc)

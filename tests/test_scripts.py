@@ -9,7 +9,9 @@ from gpuprof.artifacts import REPO_ROOT
 
 EXAMPLES = sorted((REPO_ROOT / "examples").rglob("*.py"))
 SCRIPTS = EXAMPLES + [REPO_ROOT / "scripts" / "capture_all.py"]
-SMALL_ARGS = {"tiny_kernels.py": ["--steps", "2", "--kernels", "10"], "saxpy.py": ["--n", "10000", "--repeats", "2"]}
+SMALL_ARGS = {"tiny_kernels.py": ["--steps", "2", "--kernels", "10"], "saxpy.py": ["--n", "10000", "--repeats", "2"],
+              "data_transfer.py": ["--size-mib", "2", "--curve-max-mib", "1", "--repeats", "2"],
+              "memory_allocation.py": ["--size-mib", "2", "--iterations", "5"]}
 
 
 def run(script, *args):
@@ -40,6 +42,11 @@ BAD_INPUT = {
                         (["--backend", "cupy"], "CuPy with a usable CUDA GPU was asked for, but not found")],
     "saxpy.py": [(["--n", "-5"], "must be at least 1"), (["--block", "4096"], "at most 1024"),
                  (["--backend", "torch"], "PyTorch with a usable CUDA GPU was asked for, but not found")],
+    "data_transfer.py": [(["--size-mib", "0"], "must be at least 1"), (["--sections", "warp"], "unknown section(s) warp"),
+                         (["--sections", "curve", "--profiler-range", "overlap"], "is not one of the sections"),
+                         (["--backend", "torch"], "PyTorch with a usable CUDA GPU was asked for, but not found")],
+    "memory_allocation.py": [(["--iterations", "-1"], "must be at least 1"), (["--sections", "leak"], "unknown section"),
+                             (["--size-mib", "x"], "is not a whole number")],
 }
 BAD_CASES = [(script, args, message) for script in EXAMPLES for args, message in BAD_INPUT[script.name]]
 

@@ -18,6 +18,7 @@ Runs on the CPU too (NumPy), with no kernels to see.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -25,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere in the repo
 
 from gpuprof import annotate, choose_backend, exit_on_error  # noqa: E402
-from gpuprof.cli import positive_int  # noqa: E402
+from gpuprof.cli import positive_float, positive_int  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -33,9 +34,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--steps", type=positive_int, default=5, help="measured steps after one warm-up step")
     p.add_argument("--kernels", type=positive_int, default=200, help="tiny kernels launched per step")
+    p.add_argument("--seconds", type=positive_float, default=None,
+                   help="keep running steps for this long instead of --steps (for attaching a profiler later)")
+    p.add_argument("--pause-ms", type=float, default=0.0,
+                   help="sleep between steps (keeps long runs' captures small)")
     p.add_argument("--backend", choices=["torch", "cupy", "cpu"], default=None,
                    help="force a backend (default: torch CUDA, then CuPy, then CPU)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.pause_ms < 0:
+        p.error("--pause-ms must not be negative")
+    return args
 
 
 @exit_on_error
@@ -58,13 +66,20 @@ def main(argv: list[str] | None = None) -> int:
 
     with annotate("warmup", color="gray"):
         burst()
-    for step in range(args.steps):
+    step, started, per_launch = 0, time.perf_counter(), []
+    while (step < args.steps) if args.seconds is None else (time.perf_counter() - started < args.seconds):
         t0 = time.perf_counter()
         with annotate(f"step_{step}", color="green"):
             burst()
         dt = time.perf_counter() - t0
-        print(f"step_{step}: {dt * 1e3:.2f} ms, {dt / args.kernels * 1e6:.2f} us per launch")
-    expected = args.kernels * (args.steps + 1)
+        per_launch.append(dt / args.kernels)
+        if args.pause_ms > 0:
+            time.sleep(args.pause_ms / 1e3)
+        if args.seconds is None or step % 100 == 0:
+            print(f"step_{step}: {dt * 1e3:.2f} ms, {dt / args.kernels * 1e6:.2f} us per launch")
+        step += 1
+    print(f"median: {statistics.median(per_launch) * 1e6:.3f} us per launch over {step} steps")
+    expected = args.kernels * (step + 1)
     got = float(x.item() if hasattr(x, "item") else x[0])
     if got != expected:
         raise SystemExit(f"wrong result: {got} != {expected}")

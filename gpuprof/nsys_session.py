@@ -1,0 +1,99 @@
+"""Nsight Systems' interactive mode, driven for real: launch now, capture later, from outside.
+
+``nsys profile`` decides what to record before the program starts. The interactive
+commands let you start a program under nsys *without* recording, look at it, and
+record a window of your choosing, as you would with a long training job:
+
+    nsys launch --session-new=NAME --trace=cuda,nvtx python train.py   # runs, records nothing
+    nsys sessions list                                                 # what is running under nsys
+    nsys start --session=NAME -o window                                # begin recording
+    nsys status --session=NAME
+    nsys stop --session=NAME                                           # write window.nsys-rep
+
+:func:`interactive_capture` performs exactly that sequence on a course script running
+in the background and returns a transcript of every command with its output.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from .artifacts import chapter_output, find_capture, record_file, FoundCapture
+from .nsys_capture import QUIET
+from .nsys_sqlite import scrub_environment
+from .runner import portable_command, python_target, run_profiler
+from .tools import live_tool
+
+__all__ = ["SessionTranscript", "interactive_capture"]
+
+
+@dataclass
+class SessionTranscript:
+    steps: list[tuple[str, str]] = field(default_factory=list)  # (command, its output)
+    capture: FoundCapture | None = None
+
+    def show(self) -> str:
+        return "\n".join(f"$ {cmd}\n{out.rstrip()}" if out.strip() else f"$ {cmd}" for cmd, out in self.steps)
+
+
+def _run(cmd: list[str], transcript: SessionTranscript, timeout: float = 120) -> str:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    out = (proc.stdout + proc.stderr).strip()
+    transcript.steps.append((" ".join(portable_command(cmd)), out))
+    return out
+
+
+def interactive_capture(chapter: str, name: str, script: str | Path, script_args: Sequence[str], *,
+                        wait_s: float = 1.0, record_s: float = 1.0, trace: str = "cuda,nvtx") -> SessionTranscript:
+    """Launch ``script`` under nsys without recording, record ``record_s`` seconds after ``wait_s``, export."""
+    transcript = SessionTranscript()
+    live = live_tool("nsys")
+    if isinstance(live, str):
+        print(f"No live interactive session: {live}.")
+        transcript.capture = find_capture(chapter, f"{name}.sqlite", prefer="reference")
+        return transcript
+    nsys, version = live
+    out = chapter_output(chapter)
+    session = f"course-{name}"
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".partial", dir=out))
+    launch = [str(nsys.path), "launch", f"--session-new={session}", f"--trace={trace}",
+              *python_target(script, *script_args)]
+    transcript.steps.append((" ".join(portable_command(launch)) + "   # in the background", ""))
+    app = subprocess.Popen(launch, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        time.sleep(wait_s)
+        _run([str(nsys.path), "sessions", "list"], transcript)
+        _run([str(nsys.path), "start", f"--session={session}", *QUIET, "-o", str(tmp / name)], transcript)
+        time.sleep(record_s / 2)
+        _run([str(nsys.path), "status", f"--session={session}"], transcript)
+        time.sleep(record_s / 2)
+        _run([str(nsys.path), "stop", f"--session={session}"], transcript)
+        app_out, _ = app.communicate(timeout=300)
+    finally:
+        if app.poll() is None:
+            app.kill()
+    last_lines = "\n".join(app_out.strip().splitlines()[-3:])
+    transcript.steps.append(("# the program's own output ends with:", last_lines))
+    rep = tmp / f"{name}.nsys-rep"
+    if not rep.exists():
+        shutil.rmtree(tmp, ignore_errors=True)
+        print("The interactive session wrote no report; showing the course's reference capture.")
+        transcript.capture = find_capture(chapter, f"{name}.sqlite", prefer="reference")
+        return transcript
+    final = out / rep.name
+    rep.replace(final)
+    shutil.rmtree(tmp, ignore_errors=True)
+    export = run_profiler(nsys, ["export", "--type", "sqlite", "-o", "{output}.sqlite", str(final)],
+                          out_dir=out, name=name, overwrite=True)
+    scrub_environment(export.file(".sqlite"))
+    commands = [c for c, _ in transcript.steps if c.startswith("nsys")]
+    commands.append(" ".join(portable_command(export.command)))
+    record_file(chapter, f"{name}.sqlite", " && ".join(commands), {"nsys": version})
+    transcript.capture = find_capture(chapter, f"{name}.sqlite")
+    return transcript

@@ -1,0 +1,200 @@
+"""Measures derived from an Nsight Systems capture: the numbers a timeline makes you guess at.
+
+All inputs are the tables of :mod:`gpuprof.nsys_sqlite`; all times are integer
+nanoseconds. The two summaries reproduce ``nsys stats`` (``cuda_gpu_kern_sum`` and
+``nvtx_sum``) column for column, so a reader can trust either and the tests can hold
+one against the other. The rest are what the course's chapters need to turn a picture
+into a verdict:
+
+* **GPU busy fraction**: the union of kernel intervals over a window (overlapping
+  kernels on different streams count once);
+* **idle gaps**: where the GPU ran nothing, each labelled with the CUDA API call the
+  CPU was in at the time (a synchronisation, a blocking copy, or nothing: Python);
+* **copy/compute overlap**: the share of copy time hidden under kernels running on
+  other streams;
+* **launch latency**: from the CPU's launch call to the kernel's start;
+* **synchronisation wait share**: CPU time spent in ``*Synchronize`` calls over a window.
+
+Everything is vectorised with NumPy/pandas so that a capture of a million kernels is
+analysed in seconds (see ``scripts/bench_trace_analysis.py``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["merge_intervals", "busy_fraction", "idle_gaps", "kernel_summary", "nvtx_summary", "copy_summary",
+           "copy_compute_overlap", "launch_latency", "sync_wait_share", "window_of"]
+
+SYNC_API = r"Synchronize"
+
+
+def merge_intervals(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Union of [start, end) intervals as sorted, disjoint arrays."""
+    if len(starts) == 0:
+        return np.array([], dtype=np.int64), np.array([], dtype=np.int64)
+    order = np.argsort(starts, kind="stable")
+    s = np.asarray(starts, dtype=np.int64)[order]
+    e = np.asarray(ends, dtype=np.int64)[order]
+    run_end = np.maximum.accumulate(e)
+    new = np.empty(len(s), dtype=bool)
+    new[0] = True
+    new[1:] = s[1:] > run_end[:-1]
+    idx = np.flatnonzero(new)
+    merged_s = s[idx]
+    merged_e = np.maximum.reduceat(e, idx)
+    return merged_s, merged_e
+
+
+def _clip(s: np.ndarray, e: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+    s2, e2 = np.clip(s, lo, hi), np.clip(e, lo, hi)
+    keep = e2 > s2
+    return s2[keep], e2[keep]
+
+
+def window_of(df: pd.DataFrame) -> tuple[int, int]:
+    """From the first start to the last end of a table's rows."""
+    return int(df["start"].min()), int(df["end"].max())
+
+
+def busy_fraction(intervals: pd.DataFrame, window: tuple[int, int] | None = None) -> float:
+    """Share of ``window`` (default: the rows' own span) covered by at least one interval."""
+    if intervals.empty:
+        return 0.0
+    lo, hi = window or window_of(intervals)
+    s, e = merge_intervals(intervals["start"].to_numpy(), intervals["end"].to_numpy())
+    s, e = _clip(s, e, lo, hi)
+    return float((e - s).sum()) / (hi - lo) if hi > lo else 0.0
+
+
+def idle_gaps(kernels: pd.DataFrame, runtime: pd.DataFrame | None = None, *, min_gap_ns: int = 10_000,
+              window: tuple[int, int] | None = None) -> pd.DataFrame:
+    """Stretches of at least ``min_gap_ns`` where no kernel ran, longest first.
+
+    With the runtime table, each gap is labelled with the CUDA API call that overlaps
+    it most (``cpu_call``) and how much of the gap that call covers: a gap covered by
+    ``cudaStreamSynchronize`` is the GPU waiting for nothing while the CPU waits for
+    the GPU; a gap covered by no call at all is the CPU busy elsewhere (Python).
+    """
+    cols = ["start", "end", "duration_ns", "cpu_call", "cpu_call_share"]
+    if kernels.empty:
+        return pd.DataFrame(columns=cols)
+    s, e = merge_intervals(kernels["start"].to_numpy(), kernels["end"].to_numpy())
+    lo, hi = window or (int(s[0]), int(e[-1]))
+    s, e = _clip(s, e, lo, hi)
+    gap_s = np.concatenate([[lo], e])
+    gap_e = np.concatenate([s, [hi]])
+    keep = (gap_e - gap_s) >= min_gap_ns
+    gaps = pd.DataFrame({"start": gap_s[keep], "end": gap_e[keep]})
+    gaps["duration_ns"] = gaps["end"] - gaps["start"]
+    gaps["cpu_call"], gaps["cpu_call_share"] = "", 0.0
+    if runtime is not None and not runtime.empty and not gaps.empty:
+        rs, re_, names = runtime["start"].to_numpy(), runtime["end"].to_numpy(), runtime["name"].to_numpy()
+        order = np.argsort(rs)
+        rs, re_, names = rs[order], re_[order], names[order]
+        longest = np.maximum.accumulate(re_ - rs).max() if len(rs) else 0
+        for i, (gs, ge) in enumerate(zip(gaps["start"].to_numpy(), gaps["end"].to_numpy())):
+            first = np.searchsorted(rs, gs - longest)
+            last = np.searchsorted(rs, ge)
+            if last <= first:
+                continue
+            ov = np.minimum(re_[first:last], ge) - np.maximum(rs[first:last], gs)
+            j = int(np.argmax(ov))
+            if ov[j] > 0:
+                gaps.iat[i, 3] = str(names[first + j]).split("_v")[0]
+                gaps.iat[i, 4] = float(ov[j]) / (ge - gs)
+    return gaps.sort_values("duration_ns", ascending=False, ignore_index=True)[cols]
+
+
+def _summary(durations: pd.Series, keys: pd.Series, key_name: str) -> pd.DataFrame:
+    """The statistics ``nsys stats`` prints per name: time share, total, count, avg, median, min, max, stddev."""
+    g = pd.DataFrame({"key": keys.to_numpy(), "d": durations.to_numpy(dtype=np.int64)}).groupby("key", sort=False)["d"]
+    out = pd.DataFrame({
+        "Total Time (ns)": g.sum(),
+        "Instances": g.size(),
+        "Avg (ns)": g.mean(),
+        "Med (ns)": g.median(),
+        "Min (ns)": g.min(),
+        "Max (ns)": g.max(),
+        "StdDev (ns)": g.std(ddof=1).fillna(0.0),
+    })
+    out.insert(0, "Time (%)", 100 * out["Total Time (ns)"] / out["Total Time (ns)"].sum())
+    out.index.name = key_name
+    return out.sort_values(["Total Time (ns)"], ascending=False).reset_index()
+
+
+def kernel_summary(kernels: pd.DataFrame) -> pd.DataFrame:
+    """Per kernel name, like ``nsys stats --report cuda_gpu_kern_sum`` (columns and order)."""
+    return _summary(kernels["duration_ns"], kernels["name"], "Name")
+
+
+def nvtx_summary(ranges: pd.DataFrame) -> pd.DataFrame:
+    """Per NVTX range name, like ``nsys stats --report nvtx_sum``: push/pop and start/end ranges.
+
+    ``nsys stats`` names a range ``:text`` (its domain before the colon, empty for the
+    default domain); so does this summary, so that the two can be compared directly.
+    """
+    domain = ranges["domain"].where(ranges["domain"] != "default", "")
+    return _summary(ranges["duration_ns"], domain + ":" + ranges["text"], "Range")
+
+
+def copy_summary(copies: pd.DataFrame) -> pd.DataFrame:
+    """Per copy direction and memory kinds: count, bytes, time, and bandwidth (bytes over busy time)."""
+    if copies.empty:
+        return pd.DataFrame(columns=["kind", "src_memory", "dst_memory", "count", "bytes", "time_ns", "gbps"])
+    keys = [c for c in ("kind", "src_memory", "dst_memory") if c in copies]
+    g = copies.groupby(keys)
+    out = g.agg(count=("bytes", "size"), bytes=("bytes", "sum"), time_ns=("duration_ns", "sum")).reset_index()
+    out["gbps"] = out["bytes"] / out["time_ns"]
+    return out.sort_values("time_ns", ascending=False, ignore_index=True)
+
+
+def copy_compute_overlap(copies: pd.DataFrame, kernels: pd.DataFrame) -> float:
+    """Share of total copy time during which a kernel on *another* stream was running.
+
+    1.0: every copy was hidden under compute; 0.0: copies and kernels were serialised.
+    """
+    if copies.empty:
+        return 0.0
+    total = float(copies["duration_ns"].sum())
+    hidden = 0.0
+    for stream, group in copies.groupby("streamId"):
+        others = kernels[kernels["streamId"] != stream]
+        if others.empty:
+            continue
+        ks, ke = merge_intervals(others["start"].to_numpy(), others["end"].to_numpy())
+        cum = np.concatenate([[0], np.cumsum(ke - ks)])
+        for cs, ce in zip(group["start"].to_numpy(), group["end"].to_numpy()):
+            hidden += _covered(ks, ke, cum, int(cs), int(ce))
+    return hidden / total if total else 0.0
+
+
+def _covered(ks: np.ndarray, ke: np.ndarray, cum: np.ndarray, lo: int, hi: int) -> float:
+    """Length of [lo, hi) covered by the disjoint sorted intervals (ks, ke), via prefix sums."""
+    i = np.searchsorted(ke, lo, side="right")  # first interval ending after lo
+    j = np.searchsorted(ks, hi, side="left")   # first interval starting at or after hi
+    if j <= i:
+        return 0.0
+    inner = cum[j] - cum[i]
+    inner -= max(0, lo - ks[i])
+    inner -= max(0, ke[j - 1] - hi)
+    return float(max(0, inner))
+
+
+def launch_latency(kernels: pd.DataFrame, runtime: pd.DataFrame) -> pd.Series:
+    """Per kernel: ns from the start of the CPU call that launched it to the kernel's start."""
+    launches = runtime[["correlationId", "start"]].rename(columns={"start": "launch_start"})
+    m = kernels[["correlationId", "start"]].merge(launches, on="correlationId", how="inner")
+    return (m["start"] - m["launch_start"]).rename("launch_latency_ns")
+
+
+def sync_wait_share(runtime: pd.DataFrame, window: tuple[int, int]) -> float:
+    """Share of ``window`` the CPU spent inside ``*Synchronize`` calls (explicit waits for the GPU)."""
+    lo, hi = window
+    sync = runtime[runtime["name"].str.contains(SYNC_API, regex=True)]
+    if sync.empty or hi <= lo:
+        return 0.0
+    s, e = merge_intervals(sync["start"].to_numpy(), sync["end"].to_numpy())
+    s, e = _clip(s, e, lo, hi)
+    return float((e - s).sum()) / (hi - lo)

@@ -1,0 +1,95 @@
+"""Derived trace measures, on synthetic intervals with known answers and on the reference capture."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gpuprof import nsys_sqlite as ns
+from gpuprof import trace_analysis as ta
+from gpuprof.artifacts import REPO_ROOT
+
+SQLITE = REPO_ROOT / "artifacts" / "ch00" / "tiny_kernels.sqlite"
+
+
+def frame(rows, **extra):
+    df = pd.DataFrame(rows, columns=["start", "end"])
+    df["duration_ns"] = df["end"] - df["start"]
+    for k, v in extra.items():
+        df[k] = v
+    return df
+
+
+def test_merge_intervals():
+    s, e = ta.merge_intervals(np.array([5, 0, 2, 20]), np.array([8, 3, 4, 25]))
+    assert s.tolist() == [0, 5, 20] and e.tolist() == [4, 8, 25]
+
+
+def test_busy_fraction_counts_overlap_once():
+    k = frame([(0, 10), (5, 15), (30, 40)])
+    assert ta.busy_fraction(k) == pytest.approx(25 / 40)
+    assert ta.busy_fraction(k, window=(0, 100)) == pytest.approx(0.25)
+
+
+def test_idle_gaps_are_labelled_with_the_cpu_call():
+    k = frame([(0, 10), (100, 110), (115, 120)])
+    rt = pd.DataFrame({"start": [12, 60], "end": [50, 95], "name": ["cudaStreamSynchronize_v3020", "cudaLaunchKernel_v7000"]})
+    gaps = ta.idle_gaps(k, rt, min_gap_ns=20)
+    assert gaps[["start", "end", "duration_ns"]].values.tolist() == [[10, 100, 90]]
+    assert gaps["cpu_call"][0] == "cudaStreamSynchronize" and gaps["cpu_call_share"][0] == pytest.approx(38 / 90)
+
+
+def test_copy_compute_overlap_known_cases():
+    kernels = frame([(0, 100)], streamId=1)
+    hidden = frame([(10, 30), (90, 110)], streamId=2)   # 20 + 10 of 40 under the kernel
+    same_stream = frame([(10, 30)], streamId=1)            # same stream: serialised by definition
+    assert ta.copy_compute_overlap(hidden, kernels) == pytest.approx(30 / 40)
+    assert ta.copy_compute_overlap(same_stream, kernels) == 0.0
+
+
+def test_overlap_matches_brute_force_on_random_intervals():
+    rng = np.random.default_rng(1)
+    ks = np.sort(rng.integers(0, 10_000, 300))
+    kernels = frame(list(zip(ks, ks + rng.integers(1, 80, 300))), streamId=rng.integers(1, 3, 300))
+    cs = np.sort(rng.integers(0, 10_000, 200))
+    copies = frame(list(zip(cs, cs + rng.integers(1, 200, 200))), streamId=rng.integers(1, 4, 200))
+    hidden = 0
+    for c in copies.itertuples():
+        covered = np.zeros(c.end - c.start, dtype=bool)
+        for k in kernels[kernels["streamId"] != c.streamId].itertuples():
+            lo, hi = max(k.start, c.start), min(k.end, c.end)
+            if hi > lo:
+                covered[lo - c.start:hi - c.start] = True
+        hidden += covered.sum()
+    assert ta.copy_compute_overlap(copies, kernels) == pytest.approx(hidden / copies["duration_ns"].sum())
+
+
+def test_sync_wait_share():
+    rt = pd.DataFrame({"start": [0, 50, 60], "end": [10, 70, 65],
+                       "name": ["cudaDeviceSynchronize_v3020", "cudaStreamSynchronize_v3020", "cudaLaunchKernel_v7000"]})
+    assert ta.sync_wait_share(rt, (0, 100)) == pytest.approx(0.3)
+
+
+def test_kernel_summary_statistics():
+    k = frame([(0, 10), (20, 40), (50, 80), (90, 91)])
+    k["name"] = ["a", "a", "a", "b"]
+    s = ta.kernel_summary(k).set_index("Name")
+    assert s.loc["a", "Instances"] == 3 and s.loc["a", "Total Time (ns)"] == 60
+    assert s.loc["a", "Med (ns)"] == 20 and s.loc["a", "StdDev (ns)"] == pytest.approx(10.0)
+    assert s["Time (%)"].sum() == pytest.approx(100)
+    assert list(s.columns) == ["Time (%)", "Total Time (ns)", "Instances", "Avg (ns)", "Med (ns)", "Min (ns)",
+                               "Max (ns)", "StdDev (ns)"]
+
+
+def test_on_the_reference_capture():
+    k, rt = ns.kernels(SQLITE), ns.runtime_calls(SQLITE)
+    steps = ns.nvtx_ranges(SQLITE)
+    step0 = steps[steps["text"] == "step_0"].iloc[0]
+    window = (int(step0["start"]), int(step0["end"]))
+    busy = ta.busy_fraction(k, window)
+    assert 0 < busy < 0.5, "tiny kernels leave the GPU mostly idle"
+    lat = ta.launch_latency(k, rt)
+    assert len(lat) == len(k) and (lat > 0).all()
+    gaps = ta.idle_gaps(k, rt, min_gap_ns=2_000, window=window)
+    assert len(gaps) > 100 and gaps["cpu_call"].str.startswith("cuda").any()
+    summary = ta.nvtx_summary(steps)
+    assert set(summary["Range"]) == {":warmup", ":step_0", ":step_1", ":step_2", ":step_3", ":step_4"}
