@@ -25,7 +25,8 @@ import numpy as np
 import pandas as pd
 
 __all__ = ["merge_intervals", "busy_fraction", "idle_gaps", "kernel_summary", "nvtx_summary", "copy_summary",
-           "copy_compute_overlap", "launch_latency", "sync_wait_share", "window_of"]
+           "copy_compute_overlap", "launch_latency", "sync_wait_share", "window_of", "range_window",
+           "last_repeat_window", "inside", "calls_by_range", "copy_curve", "compare_summaries"]
 
 SYNC_API = r"Synchronize"
 
@@ -198,3 +199,80 @@ def sync_wait_share(runtime: pd.DataFrame, window: tuple[int, int]) -> float:
     s, e = merge_intervals(sync["start"].to_numpy(), sync["end"].to_numpy())
     s, e = _clip(s, e, lo, hi)
     return float((e - s).sum()) / (hi - lo)
+
+
+def range_window(ranges: pd.DataFrame, text: str, index: int = -1) -> tuple[int, int]:
+    """(start, end) of one occurrence of an NVTX range (default: the last one)."""
+    rows = ranges[ranges["text"] == text]
+    if rows.empty:
+        raise KeyError(f"no NVTX range named {text!r} in this capture")
+    r = rows.iloc[index]
+    return int(r["start"]), int(r["end"])
+
+
+def last_repeat_window(ranges: pd.DataFrame, outer: str, first: str) -> tuple[int, int]:
+    """From the last ``first`` range inside the ``outer`` range to the end of ``outer``.
+
+    A timed section repeats its work several times inside one range; this is the window
+    of the final repetition, the one to draw.
+    """
+    lo, hi = range_window(ranges, outer)
+    inner = ranges[(ranges["text"] == first) & (ranges["start"] >= lo) & (ranges["end"] <= hi)]
+    if inner.empty:
+        raise KeyError(f"no {first!r} range inside {outer!r}")
+    return int(inner["start"].max()), hi
+
+
+def inside(df: pd.DataFrame, window: tuple[int, int]) -> pd.DataFrame:
+    """Rows that start inside ``window``."""
+    lo, hi = window
+    return df[(df["start"] >= lo) & (df["start"] < hi)]
+
+
+def calls_by_range(runtime: pd.DataFrame, ranges: pd.DataFrame, pattern: str, texts: list[str]) -> pd.DataFrame:
+    """Count and total time of CUDA API calls matching ``pattern`` made inside each named range (same thread)."""
+    rows = []
+    calls = runtime[runtime["name"].str.contains(pattern, regex=True)]
+    for text in texts:
+        for r in ranges[ranges["text"] == text].itertuples():
+            c = calls[(calls["globalTid"] == r.globalTid) & (calls["start"] >= r.start) & (calls["end"] <= r.end)]
+            for name, g in c.groupby(c["name"].str.replace(r"_v\d+$", "", regex=True)):
+                rows.append({"range": text, "call": name, "count": len(g), "total_us": (g["end"] - g["start"]).sum() / 1e3})
+    return pd.DataFrame(rows, columns=["range", "call", "count", "total_us"])
+
+
+def copy_curve(copies: pd.DataFrame) -> pd.DataFrame:
+    """Median bandwidth per (direction, source memory, size): the transfer-size curve, from the GPU's own timings."""
+    g = copies.groupby(["kind", "src_memory", "bytes"])
+    return g.agg(copies=("gbps", "size"), median_gbps=("gbps", "median")).reset_index()
+
+
+EXACT_COLUMNS = ["Total Time (ns)", "Instances", "Min (ns)", "Max (ns)"]
+FLOAT_COLUMNS = ["Avg (ns)", "Med (ns)", "StdDev (ns)"]
+
+
+def compare_summaries(mine: pd.DataFrame, theirs: pd.DataFrame, key: str, *, float_tol_ns: float = 1.0) -> str:
+    """Check a summary from this module against the CSV ``nsys stats`` wrote; raise on any disagreement.
+
+    Integer columns (totals, counts, min, max) must be identical; averages, medians and
+    standard deviations, which nsys prints rounded, must agree within ``float_tol_ns``.
+    Keys are compared after stripping surrounding whitespace. Returns a one-line verdict.
+    """
+    a = mine.assign(_k=mine[key].astype(str).str.strip()).set_index("_k")
+    b = theirs.assign(_k=theirs[key].astype(str).str.strip()).set_index("_k")
+    if set(a.index) != set(b.index):
+        only_a, only_b = sorted(set(a.index) - set(b.index))[:5], sorted(set(b.index) - set(a.index))[:5]
+        raise AssertionError(f"different {key} sets: only here {only_a}, only in nsys stats {only_b}")
+    b = b.loc[a.index]
+    for col in EXACT_COLUMNS:
+        diff = (a[col].astype("int64") - b[col].astype("int64")).abs()
+        if diff.max() != 0:
+            raise AssertionError(f"{col} differs for {list(diff[diff > 0].index[:3])}: max {diff.max()} ns")
+    worst = 0.0
+    for col in FLOAT_COLUMNS:
+        d = float((a[col].astype(float) - b[col].astype(float)).abs().max())
+        if d > float_tol_ns:
+            raise AssertionError(f"{col} differs by up to {d:.3f} ns (tolerance {float_tol_ns} ns)")
+        worst = max(worst, d)
+    return (f"{len(a)} {key.lower()}s: totals, counts, min and max identical to nsys stats; "
+            f"avg, median and stddev within {worst:.2f} ns")
