@@ -69,7 +69,11 @@ def _strings(conn: sqlite3.Connection) -> dict[int, str]:
 
 
 def kernels(path: str | Path) -> pd.DataFrame:
-    """One row per kernel: start, end, duration_ns, name, stream, device, correlation id."""
+    """One row per kernel: start, end, duration_ns, name (short), demangled (full), stream, device, correlation id.
+
+    ``nsys stats`` reports kernels by their demangled names; the short name is what the
+    timeline shows and what fits in a table.
+    """
     with closing(open_export(path)) as conn:
         if KERNEL_TABLE not in table_names(conn):
             raise NoKernelRows(
@@ -79,14 +83,20 @@ def kernels(path: str | Path) -> pd.DataFrame:
                 "(synchronise inside the range); or the program exited before nsys flushed its buffers.",
             )
         cols = _columns(conn, KERNEL_TABLE)
-        name_col = next((c for c in ("shortName", "demangledName", "mangledName") if c in cols), None)
+        short = next((c for c in ("shortName", "demangledName", "mangledName") if c in cols), None)
+        full = next((c for c in ("demangledName", "mangledName", "shortName") if c in cols), None)
         wanted = [c for c in ("start", "end", "deviceId", "streamId", "correlationId", "gridX", "blockX") if c in cols]
-        df = pd.read_sql_query(f"SELECT {', '.join(wanted + ([name_col] if name_col else []))} FROM {KERNEL_TABLE}", conn)
+        names = sorted({c for c in (short, full) if c})
+        df = pd.read_sql_query(f"SELECT {', '.join(wanted + names)} FROM {KERNEL_TABLE}", conn)
         strings = _strings(conn)
-    if name_col:
-        df["name"] = df.pop(name_col).map(lambda v: strings.get(v, str(v)) if isinstance(v, (int,)) else v)
-    else:
-        df["name"] = "?"
+
+    def text(col: str | None) -> pd.Series:
+        if col is None:
+            return pd.Series("?", index=df.index)
+        return df[col].map(lambda v: strings.get(v, str(v)) if isinstance(v, int) else v)
+
+    df["name"], df["demangled"] = text(short), text(full)
+    df = df.drop(columns=names)
     df["duration_ns"] = df["end"] - df["start"]
     return df.sort_values("start", ignore_index=True)
 

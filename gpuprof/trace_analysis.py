@@ -125,9 +125,13 @@ def _summary(durations: pd.Series, keys: pd.Series, key_name: str) -> pd.DataFra
     return out.sort_values(["Total Time (ns)"], ascending=False).reset_index()
 
 
-def kernel_summary(kernels: pd.DataFrame) -> pd.DataFrame:
-    """Per kernel name, like ``nsys stats --report cuda_gpu_kern_sum`` (columns and order)."""
-    return _summary(kernels["duration_ns"], kernels["name"], "Name")
+def kernel_summary(kernels: pd.DataFrame, by: str = "demangled") -> pd.DataFrame:
+    """Per kernel, like ``nsys stats --report cuda_gpu_kern_sum`` (columns and order).
+
+    ``by="demangled"`` groups by full names, as nsys stats does; ``by="name"`` by short
+    names, which merges template instances into one row and reads better in a table.
+    """
+    return _summary(kernels["duration_ns"], kernels[by], "Name")
 
 
 def nvtx_summary(ranges: pd.DataFrame) -> pd.DataFrame:

@@ -72,7 +72,7 @@ def test_sync_wait_share():
 def test_kernel_summary_statistics():
     k = frame([(0, 10), (20, 40), (50, 80), (90, 91)])
     k["name"] = ["a", "a", "a", "b"]
-    s = ta.kernel_summary(k).set_index("Name")
+    s = ta.kernel_summary(k, by="name").set_index("Name")
     assert s.loc["a", "Instances"] == 3 and s.loc["a", "Total Time (ns)"] == 60
     assert s.loc["a", "Med (ns)"] == 20 and s.loc["a", "StdDev (ns)"] == pytest.approx(10.0)
     assert s["Time (%)"].sum() == pytest.approx(100)

@@ -154,6 +154,7 @@ class Transfers:
         torch = self.torch
         a = torch.randn(4096, 4096, device="cuda")
         out_pinned = torch.empty(4096, 4096, pin_memory=True)
+        _ = (a @ a).cpu()  # warm up cuBLAS (handle, workspace) so that it is not what we measure
         torch.cuda.synchronize()
         with annotate("blocking_cpu_copy"):
             b = a @ a @ a @ a  # a few ms of GPU work, queued
