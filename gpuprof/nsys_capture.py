@@ -98,7 +98,8 @@ def capture_overhead(script: str | Path, script_args: Sequence[str], configs: di
     """Run ``script`` without nsys and under each nsys option set; collect its own per-launch
     cost and the report size. The script must print ``median: X us per launch``.
 
-    Returns one row per configuration (the first is "no profiler"); a configuration this
+    Returns one row per configuration, between two runs without the profiler (first and
+    last), whose difference is the run-to-run noise; a configuration this
     machine does not support is reported as such instead of failing the whole table.
     """
     import subprocess
@@ -109,9 +110,12 @@ def capture_overhead(script: str | Path, script_args: Sequence[str], configs: di
         raise ProfilerFailed(f"Cannot measure capture overhead: {live}.")
     nsys, _ = live
     rows = []
-    base = subprocess.run(python_target(script, *script_args), capture_output=True, text=True, timeout=300, check=False)
-    rows.append({"configuration": "no profiler", "options": "", "us_per_launch": _median_launch_us(base.stdout),
-                 "report_mib": 0.0, "wall_s": None})
+    def baseline(label: str) -> dict:
+        run = subprocess.run(python_target(script, *script_args), capture_output=True, text=True, timeout=300, check=False)
+        return {"configuration": label, "options": "", "us_per_launch": _median_launch_us(run.stdout),
+                "report_mib": 0.0, "wall_s": None}
+
+    rows.append(baseline("no profiler"))
     with tempfile.TemporaryDirectory() as tmp:
         for label, opts in configs.items():
             try:
@@ -124,4 +128,7 @@ def capture_overhead(script: str | Path, script_args: Sequence[str], configs: di
             except ProfilerFailed as exc:
                 rows.append({"configuration": label, "options": " ".join(opts), "us_per_launch": None,
                              "report_mib": None, "wall_s": None, "error": str(exc).split(". ")[0]})
+    # The same program again without the profiler: the spread between the two baselines
+    # is the run-to-run noise, and differences smaller than it mean nothing.
+    rows.append(baseline("no profiler, again"))
     return rows

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from .artifacts import chapter_output, find_capture, record_file, FoundCapture
+from .artifacts import FoundCapture, chapter_output, find_capture, record_file
 from .nsys_capture import QUIET
 from .nsys_sqlite import scrub_environment
 from .runner import portable_command, python_target, run_profiler
@@ -42,10 +42,12 @@ class SessionTranscript:
         return "\n".join(f"$ {cmd}\n{out.rstrip()}" if out.strip() else f"$ {cmd}" for cmd, out in self.steps)
 
 
-def _run(cmd: list[str], transcript: SessionTranscript, timeout: float = 120) -> str:
+def _run(cmd: list[str], transcript: SessionTranscript, shown: list[str] | None = None, timeout: float = 120) -> str:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     out = (proc.stdout + proc.stderr).strip()
-    transcript.steps.append((" ".join(portable_command(cmd)), out))
+    # nsys draws progress bars ("[1/1] [===  45%  ] x.nsys-rep") line by line: keep the words, not the bars
+    kept = "\n".join(line for line in out.splitlines() if not line.lstrip().startswith("[1/1]"))
+    transcript.steps.append((" ".join(portable_command(shown or cmd)), kept))
     return out
 
 
@@ -69,11 +71,14 @@ def interactive_capture(chapter: str, name: str, script: str | Path, script_args
     try:
         time.sleep(wait_s)
         _run([str(nsys.path), "sessions", "list"], transcript)
-        _run([str(nsys.path), "start", f"--session={session}", *QUIET, "-o", str(tmp / name)], transcript)
+        start = [str(nsys.path), "start", f"--session={session}", *QUIET, "-o"]
+        _run(start + [str(tmp / name)], transcript, shown=start + [str(out / name)])
         time.sleep(record_s / 2)
         _run([str(nsys.path), "status", f"--session={session}"], transcript)
         time.sleep(record_s / 2)
-        _run([str(nsys.path), "stop", f"--session={session}"], transcript)
+        stop = [str(nsys.path), "stop", f"--session={session}"]
+        _run(stop, transcript)
+        transcript.steps[-1] = (transcript.steps[-1][0], transcript.steps[-1][1].replace(str(tmp), str(out)))
         app_out, _ = app.communicate(timeout=300)
     finally:
         if app.poll() is None:

@@ -77,6 +77,12 @@ def portable_command(cmd: Sequence[str]) -> list[str]:
     return out
 
 
+def _append(log: Path, text: str) -> None:
+    """Logs accumulate every step of a capture (profile, export, stats) for later reading."""
+    with log.open("a") as fh:
+        fh.write(text)
+
+
 def _explain_failure(text: str) -> str:
     if "ERR_NVGPUCTRPERM" in text:
         return "The GPU's performance counters are restricted to administrators (ERR_NVGPUCTRPERM). " + COUNTER_PERMISSION_HINT
@@ -127,7 +133,7 @@ def run_profiler(
         proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False,
                               env={**os.environ, **(env or {})})
     except subprocess.TimeoutExpired as exc:
-        log_path.write_text(f"$ {' '.join(shown)}\n{exc.stdout or ''}{exc.stderr or ''}\n(timed out after {timeout:.0f} s)\n")
+        _append(log_path, f"$ {' '.join(shown)}\n{exc.stdout or ''}{exc.stderr or ''}\n(timed out after {timeout:.0f} s)\n")
         shutil.rmtree(tmp, ignore_errors=True)
         raise ProfilerFailed(f"{tool.name} did not finish within {timeout:.0f} s; nothing was kept.",
                              f"See {log_path}; profile a shorter run (--duration, a capture range) or raise the timeout.") from None
@@ -136,7 +142,7 @@ def run_profiler(
         raise ProfilerFailed(f"Could not start {tool.path}: {exc}.", "Check the tool's installation.") from None
     seconds = time.perf_counter() - t0
     text = proc.stdout + proc.stderr
-    log_path.write_text(f"$ {' '.join(shown)}\n# exit status {proc.returncode}, {seconds:.1f} s\n{text}")
+    _append(log_path, f"$ {' '.join(shown)}\n# exit status {proc.returncode}, {seconds:.1f} s\n{text}\n")
     if proc.returncode != 0:
         shutil.rmtree(tmp, ignore_errors=True)
         raise ProfilerFailed(f"{tool.name} exited with status {proc.returncode}; earlier captures are untouched. "
