@@ -91,7 +91,7 @@ def draw_timeline(path: str | Path, *, window: tuple[int, int] | None = None, ax
         ax.set_title(title, fontsize=10)
     legend = [Patch(color=COLORS[k], label=k if k != "nvtx" else "NVTX range") for k in
               ("kernel", "Host-to-Device", "Device-to-Host", "memset", "nvtx", "sync")]
-    ax.legend(handles=legend, fontsize=7, ncol=6, loc="upper center", bbox_to_anchor=(0.5, -0.25 if len(labels) < 5 else -0.12),
+    ax.legend(handles=legend, fontsize=7, ncol=6, loc="upper center", bbox_to_anchor=(0.5, -0.38 if len(labels) < 5 else -0.2),
               frameon=False)
     ax.grid(axis="x", alpha=0.3)
     return ax

@@ -64,9 +64,18 @@ def book_pages() -> list[str]:
                   if "_static" not in p.parts and "_sources" not in p.parts and p.name not in skip)
 
 
+def test_every_notebook_and_prose_page_is_in_the_toc():
+    """only_build_toc_files silently skips a file missing from _toc.yml: catch that here."""
+    toc = (REPO_ROOT / "_toc.yml").read_text()
+    sources = sorted((REPO_ROOT / "notebooks").glob("*.ipynb")) + sorted((REPO_ROOT / "book").glob("*.md"))
+    missing = [str(p.relative_to(REPO_ROOT)) for p in sources if str(p.relative_to(REPO_ROOT).with_suffix("")) not in toc]
+    assert not missing, f"not in _toc.yml, so not in the book: {missing}"
+
+
 def test_the_book_has_the_pages_of_the_toc():
     pages = book_pages()
-    for page in ("book/intro.html", "notebooks/00__setting_up.html", "book/execution_model.html",
+    for page in ("book/intro.html", "notebooks/00__setting_up.html", "notebooks/01__nsight_systems.html",
+                 "book/execution_model.html",
                  "book/troubleshooting.html", "book/glossary.html", "book/provenance.html"):
         assert page in pages
 
