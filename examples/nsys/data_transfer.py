@@ -29,8 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere in the repo
 
-from gpuprof import annotate, choose_backend, exit_on_error, time_call  # noqa: E402
-from gpuprof.cli import positive_int  # noqa: E402
+from gpuprof import annotate, exit_on_error, time_call  # noqa: E402
+from gpuprof.cli import add_sections_argument, positive_int, resolve_sections, torch_backend_or_cpu  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
 
 SECTIONS = ("pageable_vs_pinned", "pin_per_call", "d2h_sync", "overlap", "curve")
@@ -40,7 +40,7 @@ MIB = 1 << 20
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sections", default="all", help=f"comma-separated subset of {', '.join(SECTIONS)} (default: all)")
+    add_sections_argument(p, SECTIONS)
     p.add_argument("--size-mib", type=positive_int, default=256, help="transfer size for the first sections (default: 256)")
     p.add_argument("--chunks", type=positive_int, default=8, help="chunks in the overlap section (default: 8)")
     p.add_argument("--chunk-mib", type=positive_int, default=64, help="size of one chunk (default: 64)")
@@ -51,11 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--json", type=Path, default=None, help="also write the results to this JSON file")
     p.add_argument("--backend", choices=["torch", "cpu"], default=None, help="force a backend (default: torch CUDA, else CPU)")
     args = p.parse_args(argv)
-    chosen = SECTIONS if args.sections == "all" else tuple(s.strip() for s in args.sections.split(",") if s.strip())
-    unknown = [s for s in chosen if s not in SECTIONS]
-    if unknown or not chosen:
-        p.error(f"unknown section(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(SECTIONS)}")
-    args.sections = chosen
+    args.sections = chosen = resolve_sections(p, args.sections, SECTIONS)
     if args.profiler_range is not None and args.profiler_range not in chosen:
         p.error(f"--profiler-range {args.profiler_range!r} is not one of the sections being run")
     return args
@@ -66,11 +62,8 @@ class Transfers:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.backend = choose_backend(args.backend)
-        self.gpu = self.backend.is_gpu and self.backend.name == "torch"
-        if self.backend.is_gpu and not self.gpu:
-            raise GpuprofError("data_transfer.py needs PyTorch for its CUDA path (streams, pinned tensors); CuPy alone is not enough.",
-                               "Install a CUDA build of PyTorch, or pass --backend cpu.")
+        self.backend = torch_backend_or_cpu(args.backend, "data_transfer.py needs PyTorch for its CUDA path (streams, pinned tensors)")
+        self.gpu = self.backend.is_gpu
         self.results: dict[str, object] = {"backend": str(self.backend)}
         self.checked: list[str] = []
         if self.gpu:

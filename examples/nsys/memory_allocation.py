@@ -30,8 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere in the repo
 
-from gpuprof import annotate, choose_backend, exit_on_error  # noqa: E402
-from gpuprof.cli import positive_int  # noqa: E402
+from gpuprof import annotate, exit_on_error  # noqa: E402
+from gpuprof.cli import add_sections_argument, positive_int, resolve_sections, torch_backend_or_cpu  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
 
 SECTIONS = ("caching", "raw", "churn", "pinned_host")
@@ -41,28 +41,21 @@ MIB = 1 << 20
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sections", default="all", help=f"comma-separated subset of {', '.join(SECTIONS)} (default: all)")
+    add_sections_argument(p, SECTIONS)
     p.add_argument("--size-mib", type=positive_int, default=64, help="allocation size (default: 64)")
     p.add_argument("--iterations", type=positive_int, default=50, help="allocations per section (default: 50)")
     p.add_argument("--json", type=Path, default=None, help="also write the results to this JSON file")
     p.add_argument("--backend", choices=["torch", "cpu"], default=None, help="force a backend (default: torch CUDA, else CPU)")
     args = p.parse_args(argv)
-    chosen = SECTIONS if args.sections == "all" else tuple(s.strip() for s in args.sections.split(",") if s.strip())
-    unknown = [s for s in chosen if s not in SECTIONS]
-    if unknown or not chosen:
-        p.error(f"unknown section(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(SECTIONS)}")
-    args.sections = chosen
+    args.sections = resolve_sections(p, args.sections, SECTIONS)
     return args
 
 
 class Allocations:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.backend = choose_backend(args.backend)
-        self.gpu = self.backend.is_gpu and self.backend.name == "torch"
-        if self.backend.is_gpu and not self.gpu:
-            raise GpuprofError("memory_allocation.py studies PyTorch's caching allocator; CuPy alone is not enough.",
-                               "Install a CUDA build of PyTorch, or pass --backend cpu.")
+        self.backend = torch_backend_or_cpu(args.backend, "memory_allocation.py studies PyTorch's caching allocator")
+        self.gpu = self.backend.is_gpu
         import numpy as np
 
         self.np = np
