@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""Benchmark: analyse an nsys sqlite export with a million kernel rows, against a plain baseline.
+
+Builds the export from a real capture (``artifacts/ch01/transfer.sqlite`` by default):
+its kernel rows, and the runtime calls that launched them, are replicated with shifted
+times and fresh correlation ids until the file holds ``--rows`` kernels. Then, each in a
+fresh process so that peak memory is its own:
+
+* **toolkit**: ``gpuprof.nsys_sqlite.kernels`` + ``runtime_calls``, then the kernel
+  summary, GPU busy fraction, idle gaps (labelled with CPU calls) and launch latency;
+* **toolkit, summary only**: the same reading and the kernel summary, nothing else;
+* **baseline**: plain ``sqlite3`` + pandas: one query joining kernel names, then the
+  same per-name summary with ``groupby``.
+
+Prints wall time and peak resident memory of each, side by side. It is a benchmark,
+not a test: numbers depend on the machine, which it names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gpuprof import exit_on_error  # noqa: E402
+from gpuprof.cli import positive_int  # noqa: E402
+from gpuprof.errors import GpuprofError  # noqa: E402
+
+
+def build(source: Path, target: Path, rows: int) -> int:
+    """Copy ``source`` and replicate its kernels (and their launch calls) to ``rows`` kernels."""
+    shutil.copy(source, target)
+    con = sqlite3.connect(target)
+    k = "CUPTI_ACTIVITY_KIND_KERNEL"
+    rt = "CUPTI_ACTIVITY_KIND_RUNTIME"
+    base = con.execute(f"SELECT count(*) FROM {k}").fetchone()[0]
+    if base == 0:
+        raise GpuprofError(f"{source} has no kernel rows to replicate.")
+    span = con.execute(f"SELECT max(end) - min(start) + 1000 FROM {k}").fetchone()[0]
+    max_corr = con.execute(f"SELECT max(correlationId) FROM {rt}").fetchone()[0] + 1
+    kcols = [r[1] for r in con.execute(f"PRAGMA table_info('{k}')")]
+    rcols = [r[1] for r in con.execute(f"PRAGMA table_info('{rt}')")]
+
+    def shifted(cols: list[str], i: int) -> str:
+        out = []
+        for c in cols:
+            if c in ("start", "end"):
+                out.append(f"{c} + {i * span}")
+            elif c == "correlationId":
+                out.append(f"{c} + {i * max_corr}")
+            else:
+                out.append(c)
+        return ", ".join(out)
+
+    copies = -(-rows // base) - 1
+    con.execute(f"CREATE TEMP TABLE k0 AS SELECT * FROM {k}")
+    con.execute(f"CREATE TEMP TABLE r0 AS SELECT * FROM {rt} WHERE correlationId IN (SELECT correlationId FROM {k})")
+    for i in range(1, copies + 1):
+        con.execute(f"INSERT INTO {k} ({', '.join(kcols)}) SELECT {shifted(kcols, i)} FROM k0")
+        con.execute(f"INSERT INTO {rt} ({', '.join(rcols)}) SELECT {shifted(rcols, i)} FROM r0")
+    con.execute(f"DELETE FROM {k} WHERE rowid NOT IN (SELECT rowid FROM {k} ORDER BY start LIMIT {rows})")
+    con.commit()
+    n = con.execute(f"SELECT count(*) FROM {k}").fetchone()[0]
+    con.close()
+    return n
+
+
+TOOLKIT = """
+from gpuprof import nsys_sqlite as ns, trace_analysis as ta
+k = ns.kernels(PATH); rt = ns.runtime_calls(PATH)
+s = ta.kernel_summary(k, by="name")
+busy = ta.busy_fraction(k)
+gaps = ta.idle_gaps(k, rt, min_gap_ns=100_000)
+lat = ta.launch_latency(k, rt)
+RESULT = {"kernels": len(k), "names": len(s), "busy": busy, "gaps": len(gaps), "median_latency_us": float(lat.median()) / 1e3}
+"""
+
+TOOLKIT_SUMMARY = """
+from gpuprof import nsys_sqlite as ns, trace_analysis as ta
+k = ns.kernels(PATH)
+s = ta.kernel_summary(k, by="name")
+RESULT = {"kernels": len(k), "names": len(s)}
+"""
+
+BASELINE = """
+import sqlite3, pandas as pd
+con = sqlite3.connect(PATH)
+k = pd.read_sql_query("SELECT k.start, k.end, s.value AS name FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON k.shortName = s.id", con)
+k["d"] = k["end"] - k["start"]
+s = k.groupby("name")["d"].agg(["sum", "count", "mean", "median", "min", "max", "std"])
+RESULT = {"kernels": len(k), "names": len(s)}
+"""
+
+RUNNER = """
+import json, resource, sys, time
+sys.path.insert(0, {root!r})
+PATH = {path!r}
+t0 = time.perf_counter()
+exec({code!r})
+RESULT["seconds"] = time.perf_counter() - t0
+RESULT["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps(RESULT))
+"""
+
+
+def measure(code: str, path: Path) -> dict:
+    proc = subprocess.run([sys.executable, "-c", RUNNER.format(root=str(ROOT), path=str(path), code=code)],
+                          capture_output=True, text=True, timeout=600, check=False)
+    if proc.returncode != 0:
+        raise GpuprofError(f"benchmark step failed: {proc.stderr.strip().splitlines()[-1] if proc.stderr else '?'}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@exit_on_error
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rows", type=positive_int, default=1_000_000, help="kernel rows in the built export (default: 1,000,000)")
+    p.add_argument("--source", type=Path, default=ROOT / "artifacts" / "ch01" / "transfer.sqlite", help="capture to replicate")
+    p.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = p.parse_args(argv)
+    if not args.source.exists():
+        raise GpuprofError(f"{args.source} does not exist.", "Pass --source with an nsys sqlite export.")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "million.sqlite"
+        t0 = time.perf_counter()
+        n = build(args.source, path, args.rows)
+        print(f"built {path.name}: {n:,} kernel rows, {path.stat().st_size / 2**20:.0f} MiB, in {time.perf_counter() - t0:.1f} s")
+        toolkit = measure(TOOLKIT, path)
+        summary = measure(TOOLKIT_SUMMARY, path)
+        baseline = measure(BASELINE, path)
+    cpu = platform.processor() or platform.machine()
+    print(f"machine: {os.cpu_count()} cores, {cpu}, Python {platform.python_version()}")
+    print(f"{'':<44}{'seconds':>9}{'peak RSS':>12}")
+    print(f"{'toolkit (read + summary, busy, gaps, latency)':<44}{toolkit['seconds']:>9.2f}{toolkit['peak_rss_mib']:>9.0f} MiB")
+    print(f"{'toolkit (read + summary only)':<44}{summary['seconds']:>9.2f}{summary['peak_rss_mib']:>9.0f} MiB")
+    print(f"{'baseline (sqlite3 + pandas, summary only)':<44}{baseline['seconds']:>9.2f}{baseline['peak_rss_mib']:>9.0f} MiB")
+    print(f"toolkit found {toolkit['names']} kernel names, GPU busy {toolkit['busy']:.1%}, {toolkit['gaps']:,} gaps over 100 us, "
+          f"median launch latency {toolkit['median_latency_us']:.1f} us")
+    if args.json:
+        args.json.write_text(json.dumps({"rows": n, "toolkit": toolkit, "toolkit_summary_only": summary,
+                                         "baseline": baseline}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
