@@ -10,6 +10,7 @@ everywhere, and says which numbers it is showing.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -19,7 +20,7 @@ from .nsys_sqlite import scrub_environment
 from .runner import ProfilerFailed, portable_command, python_target, run_profiler
 from .tools import live_tool
 
-__all__ = ["NsysCapture", "nsys_capture", "QUIET"]
+__all__ = ["NsysCapture", "nsys_capture", "QUIET", "capture_overhead", "launch_cost", "build_cuda_example"]
 
 # CPU sampling and context-switch tracing make captures large and slow; the course's
 # examples do not need them unless a chapter says so.
@@ -50,18 +51,26 @@ def _reference(chapter: str, name: str, reports: Sequence[str], reason: str) -> 
     return NsysCapture(found, {r: p for r, p in stats.items() if p.exists()})
 
 
-def nsys_capture(chapter: str, name: str, script: str | Path, script_args: Sequence[str] = (), *,
-                 trace: str = "cuda,nvtx", options: Sequence[str] = QUIET, reports: Sequence[str] = (),
-                 overwrite: bool = True, echo: bool = True) -> NsysCapture:
-    """Profile ``script`` with nsys into ``<chapter>/<name>.sqlite`` (+ stats CSVs); fall back to the reference."""
+def nsys_capture(chapter: str, name: str, script: str | Path | None = None, script_args: Sequence[str] = (), *,
+                 target: Sequence[str] | None = None, trace: str = "cuda,nvtx", options: Sequence[str] = QUIET,
+                 reports: Sequence[str] = (), overwrite: bool = True, echo: bool = True) -> NsysCapture:
+    """Profile ``script`` with nsys into ``<chapter>/<name>.sqlite`` (+ stats CSVs); fall back to the reference.
+
+    ``target`` replaces ``python script args`` with any argument list: ``python -m nvtx
+    script``, or a compiled program. A ``target`` of None when no script is given means
+    the program could not be built here, and the reference is used.
+    """
+    if script is None and target is None:
+        return _reference(chapter, name, reports, "the program to profile could not be built here")
     live = live_tool("nsys")
     if isinstance(live, str):
         return _reference(chapter, name, reports, live)
     nsys, version = live
     out = chapter_output(chapter)
     try:
+        program = list(target) if target is not None else python_target(script, *script_args)
         cap = run_profiler(nsys, ["profile", f"--trace={trace}", *options, "-o", "{output}"],
-                           python_target(script, *script_args), out_dir=out, name=name, overwrite=overwrite)
+                           program, out_dir=out, name=name, overwrite=overwrite)
         export = run_profiler(nsys, ["export", "--type", "sqlite", "-o", "{output}.sqlite", str(cap.file(".nsys-rep"))],
                               out_dir=out, name=name, overwrite=True)
         sqlite = export.file(".sqlite")
@@ -94,9 +103,15 @@ def _median_launch_us(text: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
-def capture_overhead(script: str | Path, script_args: Sequence[str], configs: dict[str, list[str]]) -> list[dict]:
-    """Run ``script`` without nsys and under each nsys option set; collect its own per-launch
-    cost and the report size. The script must print ``median: X us per launch``.
+def launch_cost(text: str) -> dict:
+    """What tiny_kernels.py reports: its median cost per launch."""
+    return {"us_per_launch": _median_launch_us(text)}
+
+
+def capture_overhead(script: str | Path, script_args: Sequence[str], configs: dict[str, list[str]],
+                     parse=launch_cost) -> list[dict]:  # type: ignore[no-untyped-def]
+    """Run ``script`` without nsys and under each nsys option set; collect what ``parse`` reads
+    from its output (default: tiny_kernels.py's ``median: X us per launch``) and the report size.
 
     Returns one row per configuration, between two runs without the profiler (first and
     last), whose difference is the run-to-run noise; a configuration this
@@ -112,8 +127,7 @@ def capture_overhead(script: str | Path, script_args: Sequence[str], configs: di
     rows = []
     def baseline(label: str) -> dict:
         run = subprocess.run(python_target(script, *script_args), capture_output=True, text=True, timeout=300, check=False)
-        return {"configuration": label, "options": "", "us_per_launch": _median_launch_us(run.stdout),
-                "report_mib": 0.0, "wall_s": None}
+        return {"configuration": label, "options": "", **parse(run.stdout), "report_mib": 0.0, "wall_s": None}
 
     rows.append(baseline("no profiler"))
     with tempfile.TemporaryDirectory() as tmp:
@@ -123,12 +137,41 @@ def capture_overhead(script: str | Path, script_args: Sequence[str], configs: di
                                    out_dir=Path(tmp), name=label.replace(" ", "_"), overwrite=True)
                 text = cap.log.read_text()
                 size = sum(f.stat().st_size for f in cap.files) / 2**20
-                rows.append({"configuration": label, "options": " ".join(opts), "us_per_launch": _median_launch_us(text),
+                rows.append({"configuration": label, "options": " ".join(opts), **parse(text),
                              "report_mib": size, "wall_s": cap.seconds})
             except ProfilerFailed as exc:
-                rows.append({"configuration": label, "options": " ".join(opts), "us_per_launch": None,
+                rows.append({"configuration": label, "options": " ".join(opts), **{k: None for k in parse("")},
                              "report_mib": None, "wall_s": None, "error": str(exc).split(". ")[0]})
     # The same program again without the profiler: the spread between the two baselines
     # is the run-to-run noise, and differences smaller than it mean nothing.
     rows.append(baseline("no profiler, again"))
     return rows
+
+
+def build_cuda_example(source: str | Path) -> list[str] | None:
+    """Compile a course .cu file with nvcc for this GPU into a temporary folder.
+
+    Returns the argument list that runs it, or None (with the reason printed) when
+    there is no GPU or no nvcc: the caller then falls back to the reference capture.
+    """
+    import shutil
+    import subprocess
+    import tempfile
+
+    from .backend import describe_machine
+
+    machine = describe_machine()
+    nvcc = os.environ.get("NVCC") or shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+    if machine.device != "cuda" or not nvcc:
+        print("Not building " + Path(source).name + ": " + ("there is no GPU on this machine." if machine.device != "cuda"
+                                                             else "nvcc was not found (set NVCC or add it to PATH)."))
+        return None
+    arch = "sm_" + (machine.compute_capability or "9.0").replace(".", "")
+    out = Path(tempfile.mkdtemp(prefix="gpuprof-build-")) / Path(source).stem
+    cmd = [nvcc, f"-arch={arch}", "-o", str(out), str(source)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+    print("$ " + " ".join(portable_command(["nvcc", f"-arch={arch}", "-o", Path(source).stem, str(source)])))
+    if proc.returncode != 0:
+        print(f"nvcc failed: {proc.stderr.strip()[-400:]}")
+        return None
+    return [str(out)]

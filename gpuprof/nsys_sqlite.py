@@ -21,7 +21,7 @@ import pandas as pd
 from .errors import GpuprofError
 
 __all__ = ["NoKernelRows", "open_export", "table_names", "kernels", "nvtx_ranges", "runtime_calls", "scrub_environment",
-           "attribute_to_ranges", "memcpy", "memset", "synchronization", "streams", "gpu_info"]
+           "attribute_to_ranges", "nvtx_marks", "memcpy", "memset", "synchronization", "streams", "gpu_info"]
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
@@ -216,32 +216,60 @@ def runtime_calls(path: str | Path) -> pd.DataFrame:
     return df.sort_values("start", ignore_index=True)
 
 
-def nvtx_ranges(path: str | Path) -> pd.DataFrame:
-    """NVTX push/pop and start/end ranges: start, end, duration_ns, text, domain, thread, depth.
+NVTX_MARK, NVTX_CATEGORY, NVTX_DOMAIN_CREATE = 34, 33, 75
+_PAYLOAD_COLUMNS = ("int64Value", "uint64Value", "doubleValue", "int32Value", "uint32Value", "floatValue")
 
-    ``depth`` is the nesting level on its thread (0 = outermost), computed from the
-    intervals, because the export does not store it.
-    """
+
+def _nvtx_events(path: str | Path) -> tuple[pd.DataFrame, dict[int, str]]:
+    """All NVTX events with their text resolved, plus the domain names; empty if none were recorded."""
     with closing(open_export(path)) as conn:
         names = table_names(conn)
         table = next((t for t in ("NVTX_EVENTS", "NVTX_EVENTS_V2") if t in names), None)
         if table is None:
-            return pd.DataFrame(columns=["start", "end", "duration_ns", "text", "domain", "globalTid", "depth"])
+            return pd.DataFrame(), {}
         cols = _columns(conn, table)
-        text_expr = "text" if "text" in cols else "NULL AS text"
-        textid_expr = "textId" if "textId" in cols else "NULL AS textId"
-        domain_expr = "domainId" if "domainId" in cols else "0 AS domainId"
-        df = pd.read_sql_query(
-            f"SELECT start, end, eventType, {text_expr}, {textid_expr}, {domain_expr}, globalTid FROM {table}", conn)
+        wanted = ["start", "end", "eventType", "globalTid"] + [c for c in ("text", "textId", "domainId", "category",
+                                                                          "endGlobalTid", *_PAYLOAD_COLUMNS) if c in cols]
+        df = pd.read_sql_query(f"SELECT {', '.join(wanted)} FROM {table}", conn)
         strings = _strings(conn)
-    domains = {int(r.domainId): r.text for r in df[df["eventType"] == 75].itertuples() if r.text}
+    text = df["text"] if "text" in df else pd.Series([None] * len(df), index=df.index, dtype=object)
+    if "textId" in df:
+        from_id = df["textId"].map(lambda i: strings.get(int(i)) if pd.notna(i) else None)
+        text = text.where(text.notna(), from_id)
+    df["text"] = text.fillna("?")
+    domain_id = df["domainId"] if "domainId" in df else pd.Series(0, index=df.index)
+    domains = {int(d): t for d, t, e in zip(domain_id, df["text"], df["eventType"]) if e == NVTX_DOMAIN_CREATE}
+    df["domain"] = domain_id.map(lambda d: domains.get(int(d), "default") if pd.notna(d) else "default")
+    categories = {int(c): t for c, t, e in zip(df.get("category", pd.Series(dtype=float)), df["text"], df["eventType"])
+                  if e == NVTX_CATEGORY and pd.notna(c)}
+    if "category" in df:
+        df["category"] = df["category"].map(lambda c: categories.get(int(c), str(int(c))) if pd.notna(c) else "")
+    payload = pd.Series([None] * len(df), index=df.index, dtype=object)
+    for c in _PAYLOAD_COLUMNS:
+        if c in df:
+            payload = payload.where(payload.notna(), df[c].astype(object).where(df[c].notna(), None))
+    df["payload"] = payload
+    return df, domains
+
+
+def nvtx_ranges(path: str | Path) -> pd.DataFrame:
+    """NVTX push/pop and start/end ranges: start, end, duration_ns, text, domain, category, payload,
+    thread (``globalTid``; ``endGlobalTid`` where a start/end range ended on another thread), depth.
+
+    ``depth`` is the nesting level on its thread (0 = outermost), computed from the
+    intervals, because the export does not store it.
+    """
+    df, _ = _nvtx_events(path)
+    cols = ["start", "end", "duration_ns", "text", "domain", "category", "payload", "globalTid", "endGlobalTid", "depth"]
+    if df.empty:
+        return pd.DataFrame(columns=cols)
     df = df[df["eventType"].isin(NVTX_RANGE_TYPES) & df["end"].notna()].copy()
-    df["text"] = [t if isinstance(t, str) else strings.get(int(i), "?") if pd.notna(i) else "?"
-                  for t, i in zip(df["text"], df["textId"])]
-    df["domain"] = df["domainId"].map(lambda d: domains.get(int(d), "default") if pd.notna(d) else "default")
     df["end"] = df["end"].astype("int64")
     df["duration_ns"] = df["end"] - df["start"]
-    df = df.drop(columns=["eventType", "textId", "domainId"]).sort_values(["globalTid", "start"], ignore_index=True)
+    for c in ("category", "endGlobalTid"):
+        if c not in df:
+            df[c] = "" if c == "category" else df["globalTid"]
+    df = df.sort_values(["globalTid", "start"], ignore_index=True)
     depth: list[int] = []
     for _, group in df.groupby("globalTid", sort=False):
         open_ends: list[int] = []
@@ -251,7 +279,15 @@ def nvtx_ranges(path: str | Path) -> pd.DataFrame:
             depth.append(len(open_ends))
             open_ends.append(end)
     df["depth"] = depth
-    return df
+    return df[cols]
+
+
+def nvtx_marks(path: str | Path) -> pd.DataFrame:
+    """NVTX marks (instantaneous events): time, text, domain, thread."""
+    df, _ = _nvtx_events(path)
+    if df.empty:
+        return pd.DataFrame(columns=["start", "text", "domain", "globalTid"])
+    return df[df["eventType"] == NVTX_MARK][["start", "text", "domain", "globalTid"]].reset_index(drop=True)
 
 
 def attribute_to_ranges(path: str | Path, range_text: str) -> pd.DataFrame:

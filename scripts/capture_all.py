@@ -34,7 +34,7 @@ from gpuprof.errors import GpuprofError  # noqa: E402
 
 # Seconds each notebook may take on an H100/H200; the whole run must fit one
 # 10-minute device command with room for nbval's second execution.
-BUDGET_S = {"00__setting_up.ipynb": 150, "01__nsight_systems.ipynb": 240}
+BUDGET_S = {"00__setting_up.ipynb": 150, "01__nsight_systems.ipynb": 240, "02__nvtx.ipynb": 150}
 DEFAULT_BUDGET_S = 120
 CELL_TIMEOUT_S = 540
 

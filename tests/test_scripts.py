@@ -11,7 +11,8 @@ EXAMPLES = sorted((REPO_ROOT / "examples").rglob("*.py"))
 SCRIPTS = EXAMPLES + [REPO_ROOT / "scripts" / "capture_all.py", REPO_ROOT / "scripts" / "bench_trace_analysis.py"]
 SMALL_ARGS = {"tiny_kernels.py": ["--steps", "2", "--kernels", "10"], "saxpy.py": ["--n", "10000", "--repeats", "2"],
               "data_transfer.py": ["--size-mib", "2", "--curve-max-mib", "1", "--repeats", "2"],
-              "memory_allocation.py": ["--size-mib", "2", "--iterations", "5"]}
+              "memory_allocation.py": ["--size-mib", "2", "--iterations", "5"],
+              "nvtx_features.py": ["--steps", "2", "--cost-calls", "1000"]}
 
 
 def run(script, *args):
@@ -47,6 +48,8 @@ BAD_INPUT = {
                          (["--backend", "torch"], "PyTorch with a usable CUDA GPU was asked for, but not found")],
     "memory_allocation.py": [(["--iterations", "-1"], "must be at least 1"), (["--sections", "leak"], "unknown section"),
                              (["--size-mib", "x"], "is not a whole number")],
+    "nvtx_features.py": [(["--sections", "colours"], "unknown section"), (["--steps", "0"], "must be at least 1"),
+                         (["--backend", "torch"], "PyTorch with a usable CUDA GPU was asked for, but not found")],
 }
 BAD_CASES = [(script, args, message) for script in EXAMPLES for args, message in BAD_INPUT[script.name]]
 
@@ -84,3 +87,12 @@ def test_benchmark_runs_on_a_small_export(tmp_path):
     result = json.loads(out.read_text())
     assert result["rows"] == 20000 == result["toolkit"]["kernels"] == result["baseline"]["kernels"]
     assert result["toolkit"]["names"] == result["baseline"]["names"]
+
+
+@pytest.mark.skipif(not __import__("shutil").which("nvcc"), reason="nvcc is not installed here")
+def test_the_c_api_example_compiles_without_an_nvtx_library(tmp_path):
+    """NVTX v3 is header-only: the example must build with no -lnvToolsExt."""
+    proc = subprocess.run(["nvcc", "-arch=sm_90", "-o", str(tmp_path / "nvtx_c_api"),
+                           str(REPO_ROOT / "examples" / "nsys" / "nvtx_c_api.cu")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "nvtx_c_api").is_file()
