@@ -266,9 +266,11 @@ def nvtx_ranges(path: str | Path) -> pd.DataFrame:
     df = df[df["eventType"].isin(NVTX_RANGE_TYPES) & df["end"].notna()].copy()
     df["end"] = df["end"].astype("int64")
     df["duration_ns"] = df["end"] - df["start"]
-    for c in ("category", "endGlobalTid"):
-        if c not in df:
-            df[c] = "" if c == "category" else df["globalTid"]
+    df["category"] = df["category"].fillna("").astype(str) if "category" in df else ""
+    if "endGlobalTid" in df:  # set only for start/end ranges; a push/pop range ends where it started
+        df["endGlobalTid"] = df["endGlobalTid"].fillna(df["globalTid"]).astype("int64")
+    else:
+        df["endGlobalTid"] = df["globalTid"]
     df = df.sort_values(["globalTid", "start"], ignore_index=True)
     depth: list[int] = []
     for _, group in df.groupby("globalTid", sort=False):
