@@ -154,17 +154,21 @@ def fib(n: int) -> int:
 
 def auto() -> None:
     """nvtx.Profile turns every Python call into a range: useful to explore, costly to keep."""
-    t0 = time.perf_counter()
-    fib(18)
-    plain = time.perf_counter() - t0
+    def median_time(runs: int = 9) -> float:
+        samples = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            fib(18)
+            samples.append(time.perf_counter() - t0)
+        return statistics.median(samples)
+
+    plain = median_time()
     pr = nvtx.Profile()
     pr.enable()
-    t0 = time.perf_counter()
-    fib(18)
-    annotated = time.perf_counter() - t0
+    annotated = median_time()
     pr.disable()
     calls = 2 * fib(19) - 1  # calls made by fib(18)
-    print(f"  fib(18): {calls} calls, {plain * 1e3:.2f} ms plain, {annotated * 1e3:.2f} ms under nvtx.Profile "
+    print(f"  fib(18), median of 9: {calls} calls, {plain * 1e3:.2f} ms plain, {annotated * 1e3:.2f} ms under nvtx.Profile "
           f"({annotated / plain:.1f}x; {(annotated - plain) / calls * 1e9:.0f} ns added per call)")
 
 
