@@ -8,8 +8,14 @@ Import what a chapter needs from here; nothing in a notebook re-implements these
 * :mod:`gpuprof.tools`: finding nsys / ncu, their versions, counter permission
 * :mod:`gpuprof.runner`: running a profiler over a script, atomically
 * :mod:`gpuprof.artifacts`: captures, provenance, and the reference fallback
+* :mod:`gpuprof.nsys_capture`, :mod:`gpuprof.nsys_session`: nsys captures (and interactive
+  sessions) of course scripts, with the reference-capture fallback
 * :mod:`gpuprof.nsys_sqlite`, :mod:`gpuprof.ncu_csv`: readers for the tools' exports
-* :mod:`gpuprof.speed_of_light`, :mod:`gpuprof.plots`: chapter 0's measurements and figures
+* :mod:`gpuprof.trace_analysis`, :mod:`gpuprof.timeline`: measures derived from a capture
+  (nsys-stats summaries, busy time, gaps, overlap, latency) and the timeline figure
+* :mod:`gpuprof.speed_of_light`, :mod:`gpuprof.setup_checks`, :mod:`gpuprof.plots`:
+  chapter 0's measurements, machine checks and figures
+* :mod:`gpuprof.cli`, :mod:`gpuprof.book`: example scripts' argument types; glue for the prose
 """
 
 from .backend import Backend, MachineInfo, choose_backend, describe_machine, gpu_available
