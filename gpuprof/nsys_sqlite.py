@@ -21,7 +21,7 @@ import pandas as pd
 from .errors import GpuprofError
 
 __all__ = ["NoKernelRows", "open_export", "table_names", "kernels", "nvtx_ranges", "runtime_calls", "scrub_environment",
-           "attribute_to_ranges", "nvtx_marks", "memcpy", "memset", "synchronization", "streams", "gpu_info"]
+           "attribute_to_ranges", "nvtx_marks", "ensure_sqlite", "memcpy", "memset", "synchronization", "streams", "gpu_info"]
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
@@ -33,9 +33,40 @@ class NoKernelRows(GpuprofError):
     """The capture holds no GPU kernel rows."""
 
 
-def open_export(path: str | Path) -> sqlite3.Connection:
-    """Open an nsys sqlite export read-only, with a clear message for the usual wrong files."""
+def ensure_sqlite(path: str | Path) -> Path:
+    """The sqlite export for ``path``: itself if it is one; for a ``.nsys-rep``, its sibling
+    ``.sqlite``, exported with nsys first when that file does not exist yet and nsys is
+    installed (otherwise an error that says how to export it)."""
     path = Path(path)
+    if path.suffix not in (".nsys-rep", ".qdrep"):
+        return path
+    target = path.with_suffix(".sqlite")
+    if target.exists():
+        return target
+    if not path.exists():
+        raise GpuprofError(f"{path} does not exist.", "Check the path.")
+    from .runner import run_profiler
+    from .tools import find_tool
+
+    try:
+        nsys = find_tool("nsys")
+    except GpuprofError:
+        raise GpuprofError(f"{path} is an Nsight Systems report, not its sqlite export, and nsys is not installed here to export it.",
+                           f"Export it where nsys is: `nsys export --type sqlite -o {target} {path}`.") from None
+    # overwrite=True only lets the runner share the report's name: the .sqlite does not
+    # exist (checked above), and export writes nothing else.
+    run_profiler(nsys, ["export", "--type", "sqlite", "-o", "{output}.sqlite", str(path)], out_dir=path.parent,
+                 name=path.stem, overwrite=True)
+    return target
+
+
+def open_export(path: str | Path) -> sqlite3.Connection:
+    """Open an nsys sqlite export read-only, with a clear message for the usual wrong files.
+
+    A ``.nsys-rep`` report is exported to sqlite first when nsys is installed (see
+    :func:`ensure_sqlite`).
+    """
+    path = ensure_sqlite(path)
     if not path.exists():
         raise GpuprofError(f"{path} does not exist.", "Check the path, or export the report first.")
     with path.open("rb") as fh:

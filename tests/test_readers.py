@@ -56,11 +56,24 @@ def test_missing_file(tmp_path):
         ns.kernels(tmp_path / "nope.sqlite")
 
 
-def test_report_given_instead_of_export(tmp_path):
+def test_report_given_instead_of_export_without_nsys(tmp_path, clean_tool_env, monkeypatch):
+    monkeypatch.setattr("gpuprof.tools._INSTALL_GLOBS", {"nsys": [], "ncu": []})
     rep = tmp_path / "run.nsys-rep"
     rep.write_bytes(b"\x00QDSTRM binary report")
-    with pytest.raises(GpuprofError, match=r"is an Nsight Systems report, not its sqlite export.*nsys export --type sqlite"):
+    with pytest.raises(GpuprofError, match=r"is an Nsight Systems report.*nsys is not installed.*nsys export --type sqlite"):
         ns.kernels(rep)
+
+
+def test_report_given_instead_of_export_is_exported_with_nsys(tmp_path, clean_tool_env):
+    """With nsys on PATH the report is exported next to itself, then read."""
+    from conftest import write_exe
+
+    # a stand-in nsys: "export --type sqlite -o OUT REPORT" copies the reference export to OUT
+    write_exe(clean_tool_env / "nsys", f'out=""; while [ $# -gt 0 ]; do [ "$1" = "-o" ] && out="$2"; shift; done; cp "{SQLITE}" "$out"')
+    rep = tmp_path / "run.nsys-rep"
+    rep.write_bytes(b"\x00QDSTRM binary report")
+    assert len(ns.kernels(rep)) == len(ns.kernels(SQLITE))
+    assert (tmp_path / "run.sqlite").exists()
 
 
 def test_not_sqlite_at_all(tmp_path):
