@@ -12,7 +12,8 @@ SCRIPTS = EXAMPLES + [REPO_ROOT / "scripts" / "capture_all.py", REPO_ROOT / "scr
 SMALL_ARGS = {"tiny_kernels.py": ["--steps", "2", "--kernels", "10"], "saxpy.py": ["--n", "10000", "--repeats", "2"],
               "data_transfer.py": ["--size-mib", "2", "--curve-max-mib", "1", "--repeats", "2"],
               "memory_allocation.py": ["--size-mib", "2", "--iterations", "5"],
-              "nvtx_features.py": ["--steps", "2", "--cost-calls", "1000"]}
+              "nvtx_features.py": ["--steps", "2", "--cost-calls", "1000"],
+              "weight_streaming.py": ["--mode", "all"]}
 
 
 def run(script, *args):
@@ -50,6 +51,11 @@ BAD_INPUT = {
                              (["--size-mib", "x"], "is not a whole number")],
     "nvtx_features.py": [(["--sections", "colours"], "unknown section"), (["--steps", "0"], "must be at least 1"),
                          (["--backend", "torch"], "PyTorch with a usable CUDA GPU was asked for, but not found")],
+    "weight_streaming.py": [(["--prefetch-distance", "-1"], "must not be negative"),
+                            (["--prefetch-distance", "3", "--max-cached-layers", "2"], "Use max_cached_layers >= 4"),
+                            (["--heads", "5"], "is not divisible by heads=5"),
+                            (["--config", "/no/such.json"], "Cannot read --config"),
+                            (["--backend", "torch"], "PyTorch with a usable CUDA GPU was asked for, but not found")],
 }
 BAD_CASES = [(script, args, message) for script in EXAMPLES for args, message in BAD_INPUT[script.name]]
 

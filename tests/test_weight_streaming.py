@@ -1,0 +1,77 @@
+"""The weight streamer's bookkeeping, on the CPU: every configuration must compute the resident model's logits."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from gpuprof.artifacts import REPO_ROOT
+from gpuprof.errors import GpuprofError
+
+SCRIPT = REPO_ROOT / "examples" / "nsys" / "weight_streaming.py"
+spec = importlib.util.spec_from_file_location("weight_streaming", SCRIPT)
+ws = importlib.util.module_from_spec(spec)
+sys.modules["weight_streaming"] = ws  # dataclasses look their module up while it executes
+spec.loader.exec_module(ws)
+
+CFG = ws.ModelConfig(layers=5, d_model=32, heads=4, ffn=48, vocab=31, batch=2, prompt=6, decode_steps=3)
+
+
+@pytest.fixture(scope="module")
+def model_and_tokens():
+    model = ws.Model(CFG, torch, "cpu", torch.float32)
+    tokens = torch.randint(0, CFG.vocab, (CFG.batch, CFG.prompt), generator=torch.Generator().manual_seed(3))
+    reference, _ = ws.generate(model, "resident", ws.StreamingConfig(0, CFG.layers), tokens)
+    return model, tokens, reference
+
+
+@pytest.mark.parametrize("mode", ["sync", "prefetch"])
+@pytest.mark.parametrize("distance,cached", [(0, 1), (0, 3), (1, 2), (1, 5), (2, 3), (3, 4), (4, 5)])
+def test_every_configuration_computes_the_resident_logits(model_and_tokens, mode, distance, cached):
+    model, tokens, reference = model_and_tokens
+    sc = ws.StreamingConfig(distance, cached)
+    sc.check(CFG.layers)
+    logits, times = ws.generate(model, mode, sc, tokens)
+    assert len(times) == 1 + CFG.decode_steps
+    assert torch.equal(logits, reference)
+
+
+def test_too_few_buffers_for_the_prefetch_distance():
+    with pytest.raises(GpuprofError, match="cannot hold the layer being computed plus 2 prefetched ones"):
+        ws.StreamingConfig(2, 2).check(8)
+
+
+def test_more_buffers_than_layers_are_capped():
+    sc = ws.StreamingConfig(1, 99)
+    sc.check(6)
+    assert sc.max_cached_layers == 6
+
+
+def test_a_model_that_does_not_fit_is_refused():
+    fake = SimpleNamespace(cuda=SimpleNamespace(mem_get_info=lambda: (2**30, 80 * 2**30)))
+    with pytest.raises(GpuprofError, match="does not fit in the GPU's free memory"):
+        ws.check_fits(ws.ModelConfig(), fake, 2)  # the default model's KV cache alone exceeds 1 GiB
+
+
+def test_config_file_and_flags(tmp_path):
+    cfg = tmp_path / "streaming.json"
+    cfg.write_text(json.dumps({"prefetch_distance": 1, "max_cached_layers": 2, "model": {"layers": 3, "d_model": 16,
+                                                                                          "heads": 2, "ffn": 24}}))
+    out = tmp_path / "r.json"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--config", str(cfg), "--mode", "prefetch", "--decode-steps", "1",
+                           "--json", str(out)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(out.read_text())
+    assert r["streaming"] == {"prefetch_distance": 1, "max_cached_layers": 2}
+    assert r["config"]["layers"] == 3 and r["config"]["decode_steps"] == 1
+
+
+def test_config_file_with_unknown_keys(tmp_path):
+    cfg = tmp_path / "bad.json"
+    cfg.write_text(json.dumps({"prefetch_distanse": 1}))
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--config", str(cfg)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "unknown keys" in proc.stderr and "Traceback" not in proc.stderr
