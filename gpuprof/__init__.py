@@ -16,6 +16,7 @@ Import what a chapter needs from here; nothing in a notebook re-implements these
 * :mod:`gpuprof.speed_of_light`, :mod:`gpuprof.setup_checks`, :mod:`gpuprof.plots`:
   chapter 0's measurements, machine checks and figures
 * :mod:`gpuprof.cli`, :mod:`gpuprof.book`: example scripts' argument types; glue for the prose
+* :mod:`gpuprof.streaming_metrics`: the weight-streaming seed's metric table and report (issue 4 groundwork)
 """
 
 from .backend import Backend, MachineInfo, choose_backend, describe_machine, gpu_available

@@ -28,7 +28,7 @@ import pandas as pd
 
 __all__ = ["merge_intervals", "busy_fraction", "idle_gaps", "kernel_summary", "nvtx_summary", "copy_summary",
            "copy_compute_overlap", "launch_latency", "sync_wait_share", "window_of", "range_window",
-           "last_repeat_window", "inside", "calls_by_range", "copy_curve", "compare_summaries"]
+           "last_repeat_window", "inside", "calls_by_range", "copy_curve", "compare_summaries", "exposed_copy_fraction"]
 
 SYNC_API = r"Synchronize"
 
@@ -284,3 +284,18 @@ def compare_summaries(mine: pd.DataFrame, theirs: pd.DataFrame, key: str, *, flo
         worst = max(worst, d)
     return (f"{len(a)} {key.lower()}s: totals, counts, min and max identical to nsys stats; "
             f"avg, median and stddev within {worst:.2f} ns")
+
+
+def exposed_copy_fraction(copies: pd.DataFrame, kernels: pd.DataFrame, window: tuple[int, int]) -> float:
+    """Share of ``window`` in which a copy was running and no kernel was: time the GPU's compute
+    spent waiting for data in flight (the part of the transfers that overlap did not hide)."""
+    lo, hi = window
+    if copies.empty or hi <= lo:
+        return 0.0
+    cs, ce = _clip(*merge_intervals(copies["start"].to_numpy(), copies["end"].to_numpy()), lo, hi)
+    if kernels.empty:
+        return float((ce - cs).sum()) / (hi - lo)
+    ks, ke = merge_intervals(kernels["start"].to_numpy(), kernels["end"].to_numpy())
+    cum = np.concatenate([[0], np.cumsum(ke - ks)])
+    hidden = sum(_covered(ks, ke, cum, int(a), int(b)) for a, b in zip(cs, ce))
+    return (float((ce - cs).sum()) - hidden) / (hi - lo)
