@@ -23,7 +23,7 @@ from .backend import describe_machine
 from .errors import GpuprofError, ToolNotFound
 from .nsys_capture import nsys_capture
 from .runner import ProfilerFailed, portable_command, python_target, run_profiler
-from .tools import Tool, find_tool, live_tool, profiling_restricted, tool_version
+from .tools import find_tool, live_tool, profiling_restricted, tool_version
 
 __all__ = ["Check", "run_checks", "checks_table", "nsys_smoke", "ncu_smoke",
            "TINY_KERNELS", "SAXPY", "NCU_SMOKE_ARGS"]
@@ -55,13 +55,13 @@ def _dist_version(module: str) -> str:
         return "installed (version unknown)"
 
 
-def _tool_check(name: str) -> tuple[Check, Tool | None, str | None]:
+def _tool_check(name: str) -> Check:
     try:
         tool = find_tool(name)
         version = tool_version(tool)
     except (ToolNotFound, GpuprofError) as exc:
-        return Check(name, "not usable", False, str(exc)), None, None
-    return Check(name, f"{version} ({tool.found_via})", True), tool, version
+        return Check(name, "not usable", False, str(exc))
+    return Check(name, f"{version} ({tool.found_via})", True)
 
 
 def run_checks() -> list[Check]:
@@ -75,7 +75,7 @@ def run_checks() -> list[Check]:
                             "Live captures need an NVIDIA GPU with its driver (check `nvidia-smi`) and a CUDA build "
                             "of PyTorch or CuPy; until then each chapter shows the course's reference captures."))
     for name in ("nsys", "ncu"):
-        checks.append(_tool_check(name)[0])
+        checks.append(_tool_check(name))
     restricted = profiling_restricted()
     if m.device != "cuda":
         checks.append(Check("counter permission", "not applicable (no GPU)", True))
