@@ -151,6 +151,7 @@ def tiny_kernels_steps(sqlite_path: Path) -> pd.DataFrame:
     CPU's launches, and the interval *is* the per-launch cost.
     """
     from .nsys_sqlite import attribute_to_ranges, nvtx_ranges
+    from .trace_analysis import busy_fraction
 
     ranges = nvtx_ranges(sqlite_path)
     steps = sorted({t for t in ranges["text"] if t.startswith("step_")}, key=lambda t: int(t.split("_")[1]))
@@ -159,14 +160,14 @@ def tiny_kernels_steps(sqlite_path: Path) -> pd.DataFrame:
         k = attribute_to_ranges(sqlite_path, step)
         r = ranges[ranges["text"] == step].iloc[0]
         starts = k["start"].sort_values()
-        busy = float(k["duration_ns"].sum())
+        window = (int(r["start"]), int(r["end"]))
         rows.append({
             "step": step,
             "kernels": len(k),
             "range_us": r["duration_ns"] / 1e3,
             "median_kernel_us": float(k["duration_ns"].median()) / 1e3 if len(k) else float("nan"),
             "median_interval_us": float(starts.diff().median()) / 1e3 if len(k) > 1 else float("nan"),
-            "gpu_busy_pct": 100 * busy / r["duration_ns"] if r["duration_ns"] else float("nan"),
+            "gpu_busy_pct": 100 * busy_fraction(k, window) if r["duration_ns"] else float("nan"),
         })
     return pd.DataFrame(rows)
 

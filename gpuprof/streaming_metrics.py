@@ -17,7 +17,7 @@ from pathlib import Path
 from . import nsys_sqlite as ns
 from . import trace_analysis as ta
 
-__all__ = ["Metric", "seed_metrics", "format_metrics", "recommendations", "fill_report", "step_latency_ms"]
+__all__ = ["Metric", "seed_metrics", "format_metrics", "recommendations", "fill_report"]
 
 
 @dataclass(frozen=True)
@@ -112,11 +112,3 @@ def fill_report(model: dict, device: str, streaming: dict, metrics: list[Metric]
     ]
     lines += [f"{i}. {r}" for i, r in enumerate(recommendations(metrics), 1)]
     return "\n".join(lines)
-
-
-def step_latency_ms(path: str | Path, prefix: str = "decode_") -> float:
-    """Mean duration of the NVTX ranges named ``prefix`` + N (one per generation step)."""
-    r = ns.nvtx_ranges(path)
-    steps = r[r["text"].str.startswith(prefix)]
-    return float(steps["duration_ns"].mean()) / 1e6 if not steps.empty else float("nan")
-
