@@ -21,7 +21,8 @@ import pandas as pd
 from .errors import GpuprofError
 
 __all__ = ["NoKernelRows", "open_export", "table_names", "kernels", "nvtx_ranges", "runtime_calls", "scrub_environment",
-           "attribute_to_ranges", "nvtx_marks", "ensure_sqlite", "memcpy", "memset", "synchronization", "streams", "gpu_info"]
+           "attribute_to_ranges", "nvtx_marks", "ensure_sqlite", "memcpy", "memset", "synchronization", "streams", "gpu_info",
+           "memory_usage"]
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
@@ -203,6 +204,22 @@ def memset(path: str | Path) -> pd.DataFrame:
     if conn is not None:
         conn.close()
     df["duration_ns"] = df["end"] - df["start"]
+    return df.sort_values("start", ignore_index=True)
+
+
+def memory_usage(path: str | Path) -> pd.DataFrame:
+    """GPU memory allocations and frees nsys saw (``--cuda-memory-usage=true``): start, bytes,
+    signed_bytes (+ allocated, - freed), memory kind (Device, Pinned, Device Static, ...),
+    operation. Empty when the capture was made without the option."""
+    df, conn = _activity(path, "CUDA_GPU_MEMORY_USAGE_EVENTS",
+                         ["start", "deviceId", "address", "bytes", "memKind", "memoryOperationType", "streamId", "correlationId"])
+    kinds, ops = {}, {}
+    if conn is not None:
+        with closing(conn):
+            kinds, ops = _enum(conn, "ENUM_CUDA_MEM_KIND"), _enum(conn, "ENUM_CUDA_DEV_MEM_EVENT_OPER")
+    df["memory"] = df["memKind"].map(lambda k: kinds.get(int(k), str(k))) if len(df) else pd.Series(dtype=str)
+    df["operation"] = df["memoryOperationType"].map(lambda k: ops.get(int(k), str(k))) if len(df) else pd.Series(dtype=str)
+    df["signed_bytes"] = df["bytes"].where(df["operation"] != "Deallocation", -df["bytes"]) if len(df) else pd.Series(dtype=int)
     return df.sort_values("start", ignore_index=True)
 
 

@@ -17,7 +17,8 @@ from pathlib import Path
 from . import nsys_sqlite as ns
 from . import trace_analysis as ta
 
-__all__ = ["Metric", "seed_metrics", "format_metrics", "recommendations", "fill_report"]
+__all__ = ["Metric", "seed_metrics", "format_metrics", "recommendations", "fill_report", "pass_windows", "label_streams",
+           "weight_copy_gbps", "StreamingTimings", "streaming_timings", "metrics_matrix"]
 
 
 @dataclass(frozen=True)
@@ -70,25 +71,33 @@ def format_metrics(metrics: list[Metric]) -> str:
 def recommendations(metrics: list[Metric]) -> list[str]:
     """Rules from the seed's three diagnosed problems, applied to measured values only."""
     by = {m.name: m for m in metrics}
-    out = []
     overlap, pcie, gpu = by["overlap efficiency"].value, by["PCIe utilisation"].value, by["GPU utilisation"].value
-    if overlap is not None and overlap < 0.6:
-        out.append("Copies and compute are serialised: raise prefetch_distance (and max_cached_layers to at least "
-                   "prefetch_distance + 1) so the next layers' weights arrive during the current layer.")
-    if gpu is not None and gpu < 0.85 and pcie is not None and pcie > 0.7:
+    wait = by["synchronisation wait"].value
+    transfer_bound = gpu is not None and pcie is not None and gpu < 0.85 and pcie > 0.7
+    out = []
+    if transfer_bound:
         out.append("Transfer-bound: the link is busy but the GPU waits; the compute per layer cannot hide its weights. "
                    "Process more tokens per pass (larger batch or prompt), keep some layers resident, or move fewer "
-                   "bytes (lower-precision weights).")
-    if pcie is not None and pcie < 0.5 and overlap is not None and overlap >= 0.6:
-        out.append("The link is mostly idle and copies are hidden: the system is compute-bound; streaming costs little.")
-    wait = by["synchronisation wait"].value
-    if wait is not None and wait >= 0.1 and (overlap is None or overlap >= 0.6):
+                   "bytes (lower-precision weights). If other copies share the link, move them out of the step.")
+    elif overlap is not None and overlap < 0.6:
+        out.append("Copies and compute are serialised: give the copy stream at least one spare buffer "
+                   "(max_cached_layers >= prefetch_distance + 1), and raise prefetch_distance if the CPU waits for the "
+                   "GPU inside the pass (a host read), so that the next layers' copies are queued before it waits.")
+    elif wait is not None and wait >= 0.1:
         out.append("Compute still waits for weights although copies overlap: the copies start too late or are too slow; "
                    "prefetch further ahead, or reduce the bytes per layer.")
-    return out or ["All measurable targets are met."]
+    if pcie is not None and pcie > 0.7 and not transfer_bound:
+        out.append("The link has little headroom: any other host-to-device traffic during the step will delay the weights.")
+    if pcie is not None and pcie < 0.5 and overlap is not None and overlap >= 0.6:
+        out.append("The link is mostly idle and copies are hidden: the system is compute-bound; streaming costs little.")
+    if not out:
+        missed = [f"{m.name} ({m.shown()}, target {m.target})" for m in metrics if m.met is False]
+        out.append("All measurable targets are met." if not missed else "No rule applies to what is missed: " + "; ".join(missed) + ".")
+    return out
 
 
-def fill_report(model: dict, device: str, streaming: dict, metrics: list[Metric], step_ms: float) -> str:
+def fill_report(model: dict, device: str, streaming: dict, metrics: list[Metric], step_ms: float,
+                step_label: str = "mean step latency") -> str:
     """The seed's report template, every value taken from the arguments (measured, not typed)."""
     by = {m.name: m for m in metrics}
     lines = [
@@ -106,9 +115,107 @@ def fill_report(model: dict, device: str, streaming: dict, metrics: list[Metric]
         f"- PCIe utilisation: {by['PCIe utilisation'].shown()}",
         f"- overlap efficiency: {by['overlap efficiency'].shown()}",
         f"- synchronisation wait: {by['synchronisation wait'].shown()}",
-        f"- mean step latency: {step_ms:.2f} ms",
+        f"- {step_label}: {step_ms:.2f} ms",
         "",
         "Recommendations:",
     ]
     lines += [f"{i}. {r}" for i, r in enumerate(recommendations(metrics), 1)]
+    return "\n".join(lines)
+
+
+# --- Reading the weight-streaming example's captures and results -------------------------
+
+
+def pass_windows(path: str | Path) -> dict[str, dict[str, tuple[int, int]]]:
+    """{run: {pass: (start, end)}} for every ``mode_<run>`` range of a weight_streaming.py capture,
+    with its ``prefill`` and ``decode_N`` ranges (the GPU work of a pass ends inside its range)."""
+    ranges = ns.nvtx_ranges(path)
+    out: dict[str, dict[str, tuple[int, int]]] = {}
+    for r in ranges[ranges["text"].str.startswith("mode_")].sort_values("start").itertuples():
+        inner = ranges[(ranges["start"] >= r.start) & (ranges["end"] <= r.end)
+                       & ranges["text"].str.match(r"^(prefill|decode_\d+|transfer_pass_\d+)$")]
+        out[r.text.removeprefix("mode_")] = {p.text: (int(p.start), int(p.end)) for p in inner.itertuples()}
+    return out
+
+
+def label_streams(path: str | Path, window: tuple[int, int], layer_bytes: int) -> dict[int, str]:
+    """Name the CUDA streams seen in ``window`` by what they carried: kernels (compute), copies of
+    exactly one layer's weights (weight_h2d), or other host-to-device copies."""
+    kernels = ta.inside(ns.kernels(path), window)
+    copies = ta.inside(ns.memcpy(path), window)
+    h2d = copies[copies["kind"] == "Host-to-Device"] if not copies.empty else copies
+    labels = {}
+    for s in sorted(set(kernels["streamId"]) | set(h2d["streamId"])):
+        has_kernels = bool((kernels["streamId"] == s).any())
+        mine = h2d[h2d["streamId"] == s]
+        weights = bool((mine["bytes"] == layer_bytes).any())
+        if has_kernels:
+            labels[int(s)] = "compute + weight copies" if weights else "compute"
+        else:
+            labels[int(s)] = "weight_h2d (copies)" if weights else "other H2D traffic"
+    return labels
+
+
+def weight_copy_gbps(path: str | Path, window: tuple[int, int], layer_bytes: int) -> float:
+    """Median GPU-side rate of the weight copies (those of exactly one layer's bytes) in ``window``."""
+    copies = ta.inside(ns.memcpy(path), window)
+    mine = copies[copies["bytes"] == layer_bytes] if not copies.empty else copies
+    return float(mine["gbps"].median()) if not mine.empty else float("nan")
+
+
+@dataclass(frozen=True)
+class StreamingTimings:
+    """The unprofiled timings of one weight_streaming.py --mode all run, and what they imply."""
+
+    compute_ms: float     # resident prefill: the compute-only bound
+    transfer_ms: float    # median copy-only pass: the PCIe bound
+    sync_ms: float        # copies then compute, one stream
+    prefetch_ms: float    # copies on weight_h2d ahead of compute
+    copy_gbps: float      # weight bytes per copy-only pass time
+    peak_gbps: float      # pinned H2D peak, same process
+
+    @property
+    def hidden(self) -> float:
+        """Share of the transfer time that does not show in the step: 1 - (prefetch - compute) / transfer."""
+        return 1 - (self.prefetch_ms - self.compute_ms) / self.transfer_ms
+
+    @property
+    def bound_ratio(self) -> float:
+        """Prefetch step time over the larger of the two bounds (1.0 is perfect overlap)."""
+        return self.prefetch_ms / max(self.compute_ms, self.transfer_ms)
+
+    @property
+    def gain(self) -> float:
+        return self.sync_ms / self.prefetch_ms
+
+
+def streaming_timings(results: dict, phase: str = "prefill") -> StreamingTimings:
+    """Read ``phase`` ("prefill" or "decode": the median decoding step) from weight_streaming.py's JSON."""
+    import statistics
+
+    def step(name: str) -> float:
+        r = results[name]
+        return float(r["prefill_ms"]) if phase == "prefill" else float(statistics.median(r["decode_ms"]))
+
+    return StreamingTimings(step("resident"), float(statistics.median(results["transfer_only"]["pass_ms"])),
+                            step("sync"), step("prefetch"), float(results["transfer_only"]["weight_copy_gbps"]),
+                            float(results["pinned_h2d_peak_gbps"]))
+
+
+def metrics_matrix(columns: dict[str, list[Metric]]) -> str:
+    """Several runs' seed metrics side by side: one row per metric, one column per run, with the
+    verdict against the seed's target after each value (ok / MISS; - where there is none)."""
+    names = [m.name for m in next(iter(columns.values()))]
+    width = max(14, *(len(c) + 1 for c in columns))
+    lines = [f"{'metric':<34}{'target':<8}" + "".join(f"{c:>{width}}" for c in columns)]
+    for i, name in enumerate(names):
+        cells = []
+        for metrics in columns.values():
+            m = metrics[i]
+            if m.value is None:
+                cells.append(f"{'n/a':>{width}}")
+                continue
+            mark = "" if m.met is None else (" ok" if m.met else " MISS")
+            cells.append(f"{f'{m.value:.1%}{mark}':>{width}}")
+        lines.append(f"{name[:33]:<34}{metrics[i].target:<8}" + "".join(cells))
     return "\n".join(lines)

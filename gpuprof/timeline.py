@@ -40,8 +40,13 @@ def _bars(ax: Axes, y: float, df: pd.DataFrame, t0: int, color: str | pd.Series,
 
 
 def draw_timeline(path: str | Path, *, window: tuple[int, int] | None = None, ax: Axes | None = None,
-                  title: str = "", label_ranges: bool = True) -> Axes:
-    """Draw the capture at ``path`` (an nsys sqlite export) between ``window`` (ns), default all of it."""
+                  title: str = "", label_ranges: bool = True, stream_labels: dict[int, str] | None = None,
+                  max_depth: int | None = None) -> Axes:
+    """Draw the capture at ``path`` (an nsys sqlite export) between ``window`` (ns), default all of it.
+
+    ``stream_labels`` names stream rows (``{7: "compute"}``; others stay ``stream N``);
+    ``max_depth`` keeps only the outer NVTX rows when ranges nest deeply.
+    """
     kernels = _safe(ns.kernels, path)
     copies = ns.memcpy(path)
     sets = ns.memset(path)
@@ -62,9 +67,12 @@ def draw_timeline(path: str | Path, *, window: tuple[int, int] | None = None, ax
     sync = runtime[runtime["name"].str.contains(SYNC_API, regex=True)] if not runtime.empty else runtime
     stream_ids = sorted(set(kernels.get("streamId", pd.Series(dtype=int))) | set(copies.get("streamId", pd.Series(dtype=int)))
                         | set(sets.get("streamId", pd.Series(dtype=int))))
+    if max_depth is not None and not ranges.empty:
+        ranges = ranges[ranges["depth"] <= max_depth]
     depth = int(ranges["depth"].max()) + 1 if not ranges.empty else 0
     labels = [f"NVTX{'' if d == 0 else f' (depth {d})'}" for d in range(depth)] + ["CPU: sync calls"]
-    labels += [f"stream {int(s)}" for s in stream_ids]
+    names = {int(s): (stream_labels or {}).get(int(s), f"stream {int(s)}") for s in stream_ids}
+    labels += [names[int(s)] for s in stream_ids]
     if ax is None:
         _, ax = plt.subplots(figsize=(10, 0.45 * len(labels) + 1.4))
     y_of = {lab: len(labels) - 1 - i for i, lab in enumerate(labels)}
@@ -79,7 +87,7 @@ def draw_timeline(path: str | Path, *, window: tuple[int, int] | None = None, ax
                     ax.text(x / 1e6, y_of[labels[d]], r.text, ha="center", va="center", fontsize=7, clip_on=True)
     _bars(ax, y_of["CPU: sync calls"], sync, lo, COLORS["sync"])
     for s in stream_ids:
-        y = y_of[f"stream {int(s)}"]
+        y = y_of[names[int(s)]]
         _bars(ax, y, kernels[kernels["streamId"] == s], lo, COLORS["kernel"])
         c = copies[copies["streamId"] == s]
         _bars(ax, y, c, lo, c["kind"].map(lambda k: COLORS.get(k, "#999999")))

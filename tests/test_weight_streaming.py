@@ -24,7 +24,7 @@ CFG = ws.ModelConfig(layers=5, d_model=32, heads=4, ffn=48, vocab=31, batch=2, p
 @pytest.fixture(scope="module")
 def model_and_tokens():
     model = ws.Model(CFG, torch, "cpu", torch.float32)
-    tokens = torch.randint(0, CFG.vocab, (CFG.batch, CFG.prompt), generator=torch.Generator().manual_seed(3))
+    tokens = torch.randint(0, CFG.vocab, (CFG.batch, CFG.prompt + CFG.decode_steps), generator=torch.Generator().manual_seed(3))
     reference, _ = ws.generate(model, "resident", ws.StreamingConfig(0, CFG.layers), tokens)
     return model, tokens, reference
 

@@ -20,15 +20,25 @@ per pass (prefill, decode_N) and per mode.
   nsys profile --trace=cuda,nvtx --cuda-memory-usage=true --sample=none --cpuctxsw=none \\
       -o streaming python examples/nsys/weight_streaming.py --mode all
 
---sweep measures prefetch_distance x max_cached_layers (step time, GPU memory held;
-an out-of-memory configuration becomes a row, and the sweep goes on). Without a GPU the
-same code runs on the CPU with a tiny model and plain copies, so it is testable anywhere.
+Every mode is warmed up first; the timed runs then sit between cudaProfilerStart and
+cudaProfilerStop, so nsys --capture-range=cudaProfilerApi records them and nothing else.
+Decoding feeds fixed next tokens (teacher forcing): every mode does the same work, and a
+bf16 rounding difference cannot send two modes down different token paths.
+
+--compare D:C ... times more prefetch configurations in the same run; --host-sync-per-layer
+reads one value back to the CPU after every layer (as a router or an early-exit test
+would), so the CPU cannot run ahead of the GPU; --competing-h2d-mib adds other
+host-to-device traffic on its own stream. --sweep measures prefetch_distance x
+max_cached_layers (step time, GPU memory held; an out-of-memory configuration becomes a
+row, and the sweep goes on). Without a GPU the same code runs on the CPU with a tiny
+model and plain copies, so it is testable anywhere.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -45,13 +55,13 @@ MODES = ("resident", "transfer_only", "sync", "prefetch")
 
 @dataclass(frozen=True)
 class ModelConfig:
-    layers: int = 16
+    layers: int = 24
     d_model: int = 2048
     heads: int = 16
     ffn: int = 5632
     vocab: int = 4096
     batch: int = 4
-    prompt: int = 2048
+    prompt: int = 3072
     decode_steps: int = 4
 
     @property
@@ -101,17 +111,19 @@ class Model:
 
     def __init__(self, cfg: ModelConfig, torch, device: str, dtype) -> None:  # type: ignore[no-untyped-def]
         self.cfg, self.torch, self.device, self.dtype = cfg, torch, device, dtype
-        gen = torch.Generator().manual_seed(0)
+        # Random weights are drawn on the device (seconds on a CPU become milliseconds on a
+        # GPU), then each layer goes to pinned host memory, where streaming starts from.
+        gen = torch.Generator(device=device).manual_seed(0)
         pin = device == "cuda"
         self.host = []
         for _ in range(cfg.layers):
-            flat = (torch.randn(cfg.layer_params, generator=gen) * 0.02).to(dtype)
+            flat = (torch.randn(cfg.layer_params, generator=gen, device=device) * 0.02).to(dtype)
             views = layer_views(flat, cfg)
             views["attn_norm"].fill_(1.0)
             views["ffn_norm"].fill_(1.0)
-            self.host.append(flat.pin_memory() if pin else flat)
-        self.embed = (torch.randn(cfg.vocab, cfg.d_model, generator=gen) * 0.02).to(dtype).to(device)
-        self.lm_head = (torch.randn(cfg.d_model, cfg.vocab, generator=gen) * 0.02).to(dtype).to(device)
+            self.host.append(flat.cpu().pin_memory() if pin else flat)
+        self.embed = (torch.randn(cfg.vocab, cfg.d_model, generator=gen, device=device) * 0.02).to(dtype)
+        self.lm_head = (torch.randn(cfg.d_model, cfg.vocab, generator=gen, device=device) * 0.02).to(dtype)
 
     def rmsnorm(self, x, w):  # type: ignore[no-untyped-def]
         xf = x.float()
@@ -149,10 +161,18 @@ class Model:
 class Streamer:
     """Brings layer weights to the GPU: on demand, or ahead of use on the weight_h2d stream."""
 
-    def __init__(self, model: Model, mode: str, sc: StreamingConfig) -> None:
+    def __init__(self, model: Model, mode: str, sc: StreamingConfig, competing_mib: int = 0) -> None:
         self.m, self.mode, self.sc = model, mode, sc
         torch, gpu = model.torch, model.device == "cuda"
         self.gpu = gpu
+        # Other host-to-device traffic sharing the link (an input pipeline, KV-cache offload):
+        # one copy of competing_mib MiB per layer on its own stream, to show bandwidth contention.
+        self.competing = None
+        if competing_mib > 0 and mode != "resident":
+            n = competing_mib * 2**20 // 4
+            src = torch.zeros(n, dtype=torch.float32)
+            self.competing = (src.pin_memory() if gpu else src, torch.empty(n, dtype=torch.float32, device=model.device),
+                              torch.cuda.Stream() if gpu else None)
         n_slots = model.cfg.layers if mode == "resident" else sc.max_cached_layers
         self.slots = [torch.empty(model.cfg.layer_params, dtype=model.dtype, device=model.device) for _ in range(n_slots)]
         self.views = [layer_views(s, model.cfg) for s in self.slots]
@@ -194,6 +214,14 @@ class Streamer:
 
     def ensure(self, i: int) -> dict:
         """Make layer i's weights usable by the compute stream; returns its views."""
+        if self.competing is not None:
+            src, dst, stream = self.competing
+            with annotate(f"competing_h2d_{i}"):
+                if stream is None:
+                    dst.copy_(src)
+                else:
+                    with self.m.torch.cuda.stream(stream):
+                        dst.copy_(src, non_blocking=True)
         with annotate(f"ensure_layer_{i}"):
             if i not in self.slot_of:
                 self._fetch(i, self.copy_stream)
@@ -219,33 +247,40 @@ class Streamer:
             self.free[self.slot_of[i]] = ev
 
 
-def run_pass(model: Model, streamer: Streamer, x, cache, pos: int):  # type: ignore[no-untyped-def]
+def run_pass(model: Model, streamer: Streamer, x, cache, pos: int, host_sync: bool = False):  # type: ignore[no-untyped-def]
     for i in range(model.cfg.layers):
         w = streamer.ensure(i)
         streamer.prefetch(i)
         x = model.layer(i, x, w, cache, pos)
         streamer.done_with(i)
+        if host_sync:
+            with annotate(f"layer_{i}_host_read"):
+                float(x[0, -1, 0])  # a value the CPU needs before it may go on: it waits for the GPU
     return model.rmsnorm(x, 1.0) @ model.lm_head
 
 
-def generate(model: Model, mode: str, sc: StreamingConfig, tokens):  # type: ignore[no-untyped-def]
-    """Prefill then greedy decoding; returns (all logits, per-pass times in ms)."""
+def generate(model: Model, mode: str, sc: StreamingConfig, tokens, competing_mib: int = 0,  # type: ignore[no-untyped-def]
+             host_sync: bool = False):
+    """Prefill, then decoding steps fed the fixed next tokens; returns (last-position logits, per-pass ms).
+
+    ``tokens`` is [batch, prompt + decode_steps]: the prompt, then the token each decoding step reads.
+    """
     torch, cfg = model.torch, model.cfg
-    streamer = Streamer(model, mode, sc)
+    streamer = Streamer(model, mode, sc, competing_mib)
     cache = model.new_cache()
     logits, times = [], []
-    x, pos = model.embed[tokens], 0
+    pos = 0
     for p in range(1 + cfg.decode_steps):
         name = "prefill" if p == 0 else f"decode_{p - 1}"
+        x = model.embed[tokens[:, :cfg.prompt]] if p == 0 else model.embed[tokens[:, cfg.prompt + p - 1]].unsqueeze(1)
         t0 = time.perf_counter()
         with annotate(name):
-            out = run_pass(model, streamer, x, cache, pos)
+            out = run_pass(model, streamer, x, cache, pos, host_sync)
             if model.device == "cuda":
                 torch.cuda.synchronize()  # inside the range: the pass's kernels belong to it
         times.append((time.perf_counter() - t0) * 1e3)
         logits.append(out[:, -1].float())
         pos += x.shape[1]
-        x = model.embed[out[:, -1].argmax(-1)].unsqueeze(1)
     return torch.stack(logits), times
 
 
@@ -266,17 +301,44 @@ def transfer_only(model: Model, repeats: int) -> list[float]:
     return times
 
 
+def pinned_h2d_peak_gbps(torch, nbytes: int = 512 * 2**20) -> float:  # type: ignore[no-untyped-def]
+    """This machine's pinned host-to-device rate, in the same process as the streaming it is compared with."""
+    from gpuprof.timing import time_call
+
+    src = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
+    dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    t = time_call(lambda: dst.copy_(src, non_blocking=True), warmup=2, repeats=5)
+    return nbytes / t.median / 1e9
+
+
+def compare_spec(text: str) -> StreamingConfig:
+    """argparse type for --compare: ``D:C`` = prefetch_distance:max_cached_layers."""
+    try:
+        d, c = (int(v) for v in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not D:C (prefetch_distance:max_cached_layers), e.g. 2:4") from None
+    if d < 0 or c < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: the distance must be 0 or more and the buffers 1 or more")
+    return StreamingConfig(d, c)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mode", choices=[*MODES, "all"], default="all", help="what to run (default: all, in one process)")
     p.add_argument("--prefetch-distance", type=nonnegative_int, default=None, help="layers fetched ahead (default: 2)")
     p.add_argument("--max-cached-layers", type=positive_int, default=None, help="GPU layer buffers (default: 4)")
+    p.add_argument("--compare", type=compare_spec, nargs="+", default=[], metavar="D:C",
+                   help="more prefetch configurations to time in the same run, e.g. 0:1 1:2")
     p.add_argument("--config", type=Path, default=None,
                    help='JSON file like {"prefetch_distance": 3, "max_cached_layers": 6, "model": {"layers": 8}}')
     for field, default in asdict(ModelConfig()).items():
         p.add_argument(f"--{field.replace('_', '-')}", type=positive_int, default=None,
                        help=f"model size (default on a GPU: {default})")
+    p.add_argument("--host-sync-per-layer", action="store_true",
+                   help="read a value back to the CPU after every layer (the CPU can no longer run ahead)")
+    p.add_argument("--competing-h2d-mib", type=nonnegative_int, default=0,
+                   help="other host-to-device traffic: MiB copied per layer on another stream (default: 0)")
     p.add_argument("--sweep", action="store_true", help="sweep prefetch_distance x max_cached_layers (prefetch mode)")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     p.add_argument("--backend", choices=["torch", "cpu"], default=None, help="force a backend (default: torch CUDA, else CPU)")
@@ -310,6 +372,8 @@ def load_settings(args: argparse.Namespace, gpu: bool) -> tuple[ModelConfig, Str
     if cfg.d_model % cfg.heads:
         raise GpuprofError(f"d_model={cfg.d_model} is not divisible by heads={cfg.heads}.")
     sc.check(cfg.layers)
+    for extra in args.compare:
+        extra.check(cfg.layers)
     return cfg, sc
 
 
@@ -323,6 +387,23 @@ def check_fits(cfg: ModelConfig, torch, dtype_bytes: int) -> None:  # type: igno
                            f"the GPU's free memory ({free / 2**30:.1f} GiB).", "Use a smaller --d-model, --ffn, --batch or --prompt.")
 
 
+def check_same_logits(name: str, logits, reference, gpu: bool) -> float:  # type: ignore[no-untyped-def]
+    """Every streamed run must compute the resident model's logits; returns the largest difference.
+
+    On the CPU (float32, same kernels) they are identical. In bf16 on a GPU, kernels may
+    round differently from run to run (a cuBLAS algorithm choice, for one), so a few units
+    in the last place of the largest logit are allowed; wrong or stale weights would
+    change the logits by about their own size.
+    """
+    err = float((logits - reference).abs().max())
+    scale = max(1.0, float(reference.abs().max()))
+    tolerance = 4 * 2**-7 * scale if gpu else 0.0
+    if err > tolerance:
+        raise GpuprofError(f"{name} produced different logits (max difference {err:.3g}, allowed {tolerance:.3g}).",
+                           "This is a bug in the streamer.")
+    return err
+
+
 @exit_on_error
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
@@ -334,67 +415,109 @@ def main(argv: list[str] | None = None) -> int:
     dtype = torch.bfloat16 if gpu else torch.float32
     if gpu:
         check_fits(cfg, torch, 2)
-    print(f"weight_streaming: {backend}; {cfg.layers} layers of {cfg.layer_params * (2 if gpu else 4) / 2**20:.0f} MiB; "
+    layer_bytes = cfg.layer_params * (2 if gpu else 4)
+    print(f"weight_streaming: {backend}; {cfg.layers} layers of {layer_bytes / 2**20:.0f} MiB; "
           f"batch {cfg.batch} x prompt {cfg.prompt}, {cfg.decode_steps} decode steps; "
-          f"prefetch_distance={sc.prefetch_distance}, max_cached_layers={sc.max_cached_layers}")
+          f"prefetch_distance={sc.prefetch_distance}, max_cached_layers={sc.max_cached_layers}"
+          + (f"; compare {' '.join(f'{c.prefetch_distance}:{c.max_cached_layers}' for c in args.compare)}" if args.compare else "")
+          + ("; host read after every layer" if args.host_sync_per_layer else "")
+          + (f"; {args.competing_h2d_mib} MiB of competing H2D traffic per layer" if args.competing_h2d_mib else ""))
     if not gpu:
         print("no GPU: a tiny model on the CPU, plain copies, no streams (the timings mean nothing here)")
     model = Model(cfg, torch, backend.device, dtype)
-    tokens = torch.randint(0, cfg.vocab, (cfg.batch, cfg.prompt), generator=torch.Generator().manual_seed(1)).to(backend.device)
-    results: dict[str, object] = {"config": asdict(cfg), "streaming": asdict(sc), "device": backend.device}
+    n_tokens = cfg.prompt + cfg.decode_steps
+    tokens = torch.randint(0, cfg.vocab, (cfg.batch, n_tokens), generator=torch.Generator().manual_seed(1)).to(backend.device)
     modes = MODES if args.mode == "all" else (args.mode,)
+    # Every timed run: (range and result name, mode, streaming configuration).
+    runs = [(m, m, sc) for m in modes if m != "transfer_only"]
+    if "prefetch" in modes:
+        runs += [(f"prefetch_d{c.prefetch_distance}_c{c.max_cached_layers}", "prefetch", c) for c in args.compare]
+    results: dict[str, object] = {"config": asdict(cfg), "streaming": asdict(sc), "device": backend.device,
+                                  "layer_bytes": layer_bytes, "host_sync_per_layer": args.host_sync_per_layer,
+                                  "competing_h2d_mib": args.competing_h2d_mib}
+    if gpu and "transfer_only" in modes:
+        results["pinned_h2d_peak_gbps"] = pinned_h2d_peak_gbps(torch)
+        print(f"  pinned H2D peak (512 MiB copy, median of 5, this process): {results['pinned_h2d_peak_gbps']:.1f} GB/s")
+    print("warming up (allocator, cuBLAS, kernel loading) ...")
+    if "transfer_only" in modes:
+        transfer_only(model, 1)
+    for _, mode, streaming in runs:
+        generate(model, mode, streaming, tokens, args.competing_h2d_mib, args.host_sync_per_layer)
+    if gpu:
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()  # nsys --capture-range=cudaProfilerApi records from here ...
     reference = None
-    for mode in modes:
-        with annotate(f"mode_{mode}"):
+    worst = 0.0
+    for name, mode, streaming in runs[:1] + [("transfer_only", "transfer_only", sc)] * ("transfer_only" in modes) + runs[1:]:
+        with annotate(f"mode_{name}"):
             if mode == "transfer_only":
                 times = transfer_only(model, 1 + cfg.decode_steps)
-                results[mode] = {"pass_ms": times}
-                print(f"  {mode:<14} per pass {sum(times) / len(times):8.2f} ms (copies only)")
+                results[name] = {"pass_ms": times}
                 continue
-            generate(model, mode, sc, tokens)  # warm-up run: allocator, cuBLAS, kernel loading
-            logits, times = generate(model, mode, sc, tokens)
-        results[mode] = {"prefill_ms": times[0], "decode_ms": times[1:]}
-        decode = sum(times[1:]) / max(1, len(times) - 1)
-        print(f"  {mode:<14} prefill {times[0]:8.2f} ms, decode {decode:8.2f} ms per step")
+            logits, times = generate(model, mode, streaming, tokens, args.competing_h2d_mib, args.host_sync_per_layer)
+        results[name] = {"prefill_ms": times[0], "decode_ms": times[1:], **asdict(streaming)}
         if reference is None:
             reference = logits
         else:
-            err = float((logits - reference).abs().max())
-            if err > 1e-3 * max(1.0, float(reference.abs().max())):
-                raise GpuprofError(f"mode {mode} produced different logits (max difference {err:.3g}).", "This is a bug.")
+            worst = max(worst, check_same_logits(f"{name}", logits, reference, gpu))
+    if gpu:
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()  # ... to here
+    for name, r in results.items():
+        if isinstance(r, dict) and "pass_ms" in r:
+            med = statistics.median(r["pass_ms"])
+            line = f"  {name:<16} per pass {med:8.2f} ms (copies only, median of {len(r['pass_ms'])})"
+            if gpu:
+                r["weight_copy_gbps"] = cfg.layers * layer_bytes / med / 1e6
+                line += f": {r['weight_copy_gbps']:.1f} GB/s"
+            print(line)
+        elif isinstance(r, dict) and "prefill_ms" in r:
+            print(f"  {name:<16} prefill {r['prefill_ms']:8.2f} ms, decode {statistics.median(r['decode_ms']):8.2f} ms per step (median)")
     if args.sweep:
-        results["sweep"] = sweep(model, tokens, cfg)
+        results["sweep"] = sweep(model, tokens, cfg, args.competing_h2d_mib, args.host_sync_per_layer)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
         print(f"results written to {args.json}")
-    checked = [m for m in modes if m not in ("transfer_only",)]
-    print(f"result checked: {', '.join(checked)} produced the same logits" if len(checked) > 1
-          else "result checked: ran (one mode, nothing to compare)")
+    checked = [name for name, mode, _ in runs]
+    if len(checked) > 1:
+        print(f"result checked: {', '.join(checked)} computed the same logits (largest difference {worst:.3g})")
+    else:
+        print("result checked: ran (one configuration, nothing to compare)")
     return 0
 
 
-def sweep(model: Model, tokens, cfg: ModelConfig) -> list[dict]:  # type: ignore[no-untyped-def]
+def sweep_configs(layers: int) -> list[StreamingConfig]:
+    """The sweep's grid: distances 0..4; for each, the fewest buffers it needs, one more, twice that, and all layers."""
+    out = []
+    for d in range(0, min(4, layers - 1) + 1):
+        out += [StreamingConfig(d, c) for c in sorted({d + 1, d + 2, 2 * d + 2, layers}) if c <= layers]
+    return out
+
+
+def sweep(model: Model, tokens, cfg: ModelConfig, competing_mib: int = 0, host_sync: bool = False) -> list[dict]:  # type: ignore[no-untyped-def]
     """prefetch_distance x max_cached_layers: prefill and decode times, GPU memory held; OOM is a row."""
     torch, gpu = model.torch, model.device == "cuda"
     rows = []
-    for d in range(0, min(4, cfg.layers - 1) + 1):
-        for c in sorted({d + 1, d + 2, 2 * d + 2, cfg.layers}):
-            if c > cfg.layers:
-                continue
-            sc = StreamingConfig(d, c)
-            row: dict[str, object] = {"prefetch_distance": d, "max_cached_layers": c}
-            try:
-                if gpu:
-                    torch.cuda.empty_cache()
-                    torch.cuda.reset_peak_memory_stats()
-                with annotate(f"sweep_d{d}_c{c}"):
-                    _, times = generate(model, "prefetch", sc, tokens)
-                row.update(prefill_ms=times[0], decode_ms=sum(times[1:]) / max(1, len(times) - 1),
-                           peak_gib=torch.cuda.max_memory_allocated() / 2**30 if gpu else None)
-            except torch.cuda.OutOfMemoryError:
-                row["error"] = "out of memory"
-            rows.append(row)
-            print(f"  sweep d={d} c={c}: " + (row.get("error") or f"prefill {row['prefill_ms']:.2f} ms, decode {row['decode_ms']:.2f} ms"))
+    grid = sweep_configs(cfg.layers)
+    for k, sc in enumerate(grid, 1):
+        d, c = sc.prefetch_distance, sc.max_cached_layers
+        row: dict[str, object] = {"prefetch_distance": d, "max_cached_layers": c}
+        try:
+            if gpu:
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
+            with annotate(f"sweep_d{d}_c{c}"):
+                _, times = generate(model, "prefetch", sc, tokens, competing_mib, host_sync)
+            row.update(prefill_ms=times[0], decode_ms=statistics.median(times[1:]) if len(times) > 1 else None,
+                       peak_gib=torch.cuda.max_memory_allocated() / 2**30 if gpu else None)
+        except torch.cuda.OutOfMemoryError:
+            row["error"] = "out of memory"
+            if gpu:
+                torch.cuda.empty_cache()
+        rows.append(row)
+        shown = row.get("error") or f"prefill {row['prefill_ms']:.2f} ms" + (
+            f", decode {row['decode_ms']:.2f} ms" if row.get("decode_ms") is not None else "")
+        print(f"  sweep {k}/{len(grid)} d={d} c={c}: {shown}")
     return rows
 
 

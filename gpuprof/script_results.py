@@ -1,0 +1,56 @@
+"""Run a course script that writes its results as JSON, and keep them with provenance.
+
+Some measurements are best taken without a profiler (a profiler changes timings), by
+a script in its own process (so that its GPU memory and pinned buffers go when it
+ends). ``run_for_json`` runs such a script with ``--json FILE``, shows its progress
+as it goes, and files the JSON in the chapter's folder with the command and machine
+that produced it. Without a GPU it says so and returns the course's reference
+results instead, like every capture in the course.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+from .artifacts import FoundCapture, atomic_write_bytes, chapter_output, find_capture, record_file
+from .backend import describe_machine
+from .errors import GpuprofError
+from .runner import portable_command, python_target
+
+__all__ = ["run_for_json"]
+
+
+def run_for_json(chapter: str, filename: str, script: str | Path, args: Sequence[str] = (), *,
+                 timeout_s: int = 600, echo: bool = True) -> FoundCapture:
+    """Run ``script args --json <chapter>/<filename>`` on this machine's GPU, or fall back to the reference."""
+    machine = describe_machine()
+    if machine.device != "cuda":
+        print(f"No GPU on this machine ({machine.summary()}): showing the course's reference results instead.")
+        return find_capture(chapter, filename, prefer="reference")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / filename
+        cmd = python_target(script, *args, "--json", str(out))
+        shown = portable_command([*python_target(script, *args), "--json", filename])
+        if echo:
+            print("$ " + " ".join(shown), flush=True)
+        lines: list[str] = []
+        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+            assert proc.stdout is not None
+            for line in proc.stdout:  # progress as it happens: long runs should not look hung
+                lines.append(line.rstrip())
+                if echo:
+                    print("  " + line.rstrip(), flush=True)
+            try:
+                code = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                raise GpuprofError(f"{Path(script).name} did not finish within {timeout_s} s.") from None
+        if code != 0 or not out.exists():
+            tail = " | ".join(lines[-3:]) or "no output"
+            raise GpuprofError(f"{Path(script).name} failed (exit {code}): {tail}")
+        atomic_write_bytes(chapter_output(chapter) / filename, out.read_bytes(), overwrite=True)
+    record_file(chapter, filename, " ".join(shown))
+    return find_capture(chapter, filename)
