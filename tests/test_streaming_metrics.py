@@ -70,3 +70,135 @@ def test_report_holds_measured_values_only(windows):
     text = sm.fill_report({"layers": 16}, "NVIDIA H200", {"prefetch_distance": 2}, metrics, 3.25)
     assert "XX" not in text and "[" not in text
     assert f"{metrics[0].value:.1%}" in text and "3.25 ms" in text and "not measurable from a trace" in text
+
+
+# --- The weight-streaming chapter's reference captures (artifacts/ch03) ------------------
+
+import json  # noqa: E402
+
+CH03 = REPO_ROOT / "artifacts" / "ch03"
+MODES = CH03 / "modes.sqlite"
+
+
+@pytest.fixture(scope="module")
+def ch03():
+    results = json.loads((CH03 / "timings.json").read_text())
+    return results, sm.pass_windows(MODES)
+
+
+def test_pass_windows_find_every_mode_and_pass(ch03):
+    _, pw = ch03
+    assert set(pw) == {"resident", "transfer_only", "sync", "prefetch"}
+    for run in ("resident", "sync", "prefetch"):
+        assert {"prefill", "decode_0", "decode_1"} <= set(pw[run])
+        lo, hi = pw[run]["prefill"]
+        assert lo < hi <= pw[run]["decode_0"][0]
+    assert all(name.startswith("transfer_pass_") for name in pw["transfer_only"])
+
+
+def test_streams_are_named_by_what_they_carried(ch03):
+    results, pw = ch03
+    layer = results["layer_bytes"]
+    assert sorted(sm.label_streams(MODES, pw["prefetch"]["prefill"], layer).values()) == ["compute", "weight_h2d (copies)"]
+    assert list(sm.label_streams(MODES, pw["sync"]["prefill"], layer).values()) == ["compute + weight copies"]
+    competing = CH03 / "competing.sqlite"
+    w = sm.pass_windows(competing)["prefetch"]["prefill"]
+    assert "other H2D traffic" in sm.label_streams(competing, w, layer).values()
+
+
+def test_weight_copy_rate_is_a_plausible_pcie_rate(ch03):
+    results, pw = ch03
+    rate = sm.weight_copy_gbps(MODES, pw["prefetch"]["prefill"], results["layer_bytes"])
+    assert 0.5 * results["pinned_h2d_peak_gbps"] < rate < 1.2 * results["pinned_h2d_peak_gbps"]
+    assert np.isnan(sm.weight_copy_gbps(MODES, pw["prefetch"]["prefill"], results["layer_bytes"] + 1))
+
+
+def test_streaming_timings_derive_the_chapters_ratios(ch03):
+    results, _ = ch03
+    t = sm.streaming_timings(results, "prefill")
+    assert t.compute_ms == results["resident"]["prefill_ms"] and t.prefetch_ms == results["prefetch"]["prefill_ms"]
+    assert t.hidden == pytest.approx(1 - (t.prefetch_ms - t.compute_ms) / t.transfer_ms)
+    assert t.bound_ratio == pytest.approx(t.prefetch_ms / max(t.compute_ms, t.transfer_ms))
+    assert t.gain == pytest.approx(t.sync_ms / t.prefetch_ms)
+    d = sm.streaming_timings(results, "decode")
+    assert d.transfer_ms == t.transfer_ms and d.compute_ms < t.compute_ms  # a decoding step computes far less
+
+
+def test_streaming_timings_on_made_up_numbers():
+    results = {"resident": {"prefill_ms": 80.0, "decode_ms": [20.0, 22.0, 30.0]},
+               "sync": {"prefill_ms": 125.0, "decode_ms": [50.0]},
+               "prefetch": {"prefill_ms": 82.0, "decode_ms": [46.0, 47.0]},
+               "transfer_only": {"pass_ms": [45.0, 40.0, 50.0], "weight_copy_gbps": 54.0},
+               "pinned_h2d_peak_gbps": 55.0}
+    t = sm.streaming_timings(results)
+    assert (t.transfer_ms, t.hidden, t.bound_ratio) == (45.0, pytest.approx(1 - 2 / 45), pytest.approx(82 / 80))
+    assert sm.streaming_timings(results, "decode").compute_ms == 22.0  # the median step
+
+
+def test_metrics_matrix_marks_each_verdict(ch03):
+    _, pw = ch03
+    table = {run: sm.seed_metrics(MODES, pw[run]["prefill"], 55.0) for run in ("sync", "prefetch")}
+    text = sm.metrics_matrix(table)
+    lines = text.splitlines()
+    assert len(lines) == 1 + len(table["sync"]) and "sync" in lines[0] and "prefetch" in lines[0]
+    assert "n/a" in text and " ok" in text and "MISS" in text
+    overlap = next(line for line in lines if line.startswith("overlap efficiency"))
+    assert overlap.split()[-2].endswith("%") and "MISS" in overlap  # sync misses overlap
+
+
+def metric(name, value, met=None):
+    return sm.Metric(name, value, "", met, "")
+
+
+def seed(gpu, pcie, overlap, wait):
+    return [metric("GPU utilisation", gpu, gpu > 0.85), metric("memory bandwidth utilisation", None),
+            metric("PCIe utilisation", pcie, 0.5 <= pcie <= 0.7), metric("overlap efficiency", overlap, overlap > 0.6),
+            metric("synchronisation wait", wait, wait < 0.1)]
+
+
+@pytest.mark.parametrize("values,expected", [
+    ((0.07, 0.96, 0.08, 0.9), ["Transfer-bound"]),              # a streamed decoding step
+    ((0.58, 0.35, 0.0, 0.4), ["serialised"]),                   # sync prefill: link not saturated, no overlap
+    ((0.93, 0.59, 0.90, 0.06), ["All measurable targets are met."]),
+    ((0.93, 0.75, 0.90, 0.06), ["little headroom"]),
+    ((0.95, 0.30, 0.90, 0.02), ["compute-bound"]),
+    ((0.80, 0.60, 0.70, 0.15), ["start too late"]),
+    ((0.80, 0.60, 0.70, 0.05), ["No rule applies", "GPU utilisation (80.0%"]),
+])
+def test_recommendation_rules(values, expected):
+    text = " ".join(sm.recommendations(seed(*values)))
+    assert all(e in text for e in expected), text
+    if "Transfer-bound" in expected:
+        assert "serialised" not in text  # decoding has nothing to overlap with: distance advice would mislead
+
+
+def test_report_names_its_step_latency():
+    text = sm.fill_report({"layers": 2}, "GPU", {"prefetch_distance": 1}, seed(0.9, 0.6, 0.9, 0.05), 12.5,
+                          "prefill latency (one pass)")
+    assert "- prefill latency (one pass): 12.50 ms" in text and "mean step latency" not in text
+
+
+def test_memory_usage_reader(ch03):
+    mem = ns.memory_usage(MODES)
+    assert {"start", "bytes", "signed_bytes", "memory", "operation"} <= set(mem.columns)
+    assert (mem["memory"] == "Device").any()
+    assert ((mem["signed_bytes"] < 0) == (mem["operation"] == "Deallocation")).all()
+    assert ns.memory_usage(TRANSFER).empty  # captured without --cuda-memory-usage
+
+
+def test_timeline_names_streams_and_limits_depth(ch03):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from gpuprof.timeline import draw_timeline
+
+    results, pw = ch03
+    w = pw["prefetch"]["prefill"]
+    ax = draw_timeline(MODES, window=w, max_depth=1, stream_labels=sm.label_streams(MODES, w, results["layer_bytes"]))
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    plt.close(ax.figure)
+    assert "weight_h2d (copies)" in labels and "compute" in labels
+    assert not any(lab.startswith("stream ") for lab in labels)
+    assert [lab for lab in labels if lab.startswith("NVTX")] == ["NVTX", "NVTX (depth 1)"]

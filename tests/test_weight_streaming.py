@@ -75,3 +75,59 @@ def test_config_file_with_unknown_keys(tmp_path):
     cfg.write_text(json.dumps({"prefetch_distanse": 1}))
     proc = subprocess.run([sys.executable, str(SCRIPT), "--config", str(cfg)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "unknown keys" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_compare_spec():
+    assert ws.compare_spec("3:5") == ws.StreamingConfig(3, 5)
+    for bad in ("3", "a:b", "-1:2", "2:0", "1:2:3"):
+        with pytest.raises(Exception):
+            ws.compare_spec(bad)
+
+
+def test_logits_check_is_exact_on_the_cpu_and_bf16_aware_on_a_gpu():
+    ref = torch.tensor([[4.0, -2.0]])
+    assert ws.check_same_logits("x", ref.clone(), ref, gpu=False) == 0.0
+    with pytest.raises(GpuprofError, match="different logits"):
+        ws.check_same_logits("x", ref + 1e-6, ref, gpu=False)
+    assert ws.check_same_logits("x", ref + 0.05, ref, gpu=True) == pytest.approx(0.05, rel=1e-4)  # a few bf16 steps at 4.0
+    with pytest.raises(GpuprofError, match="bug in the streamer"):
+        ws.check_same_logits("x", ref + 1.0, ref, gpu=True)  # stale weights change logits by their own size
+
+
+@pytest.mark.parametrize("host_sync,competing", [(True, 0), (False, 1), (True, 1)])
+def test_host_reads_and_competing_traffic_do_not_change_the_result(model_and_tokens, host_sync, competing):
+    model, tokens, reference = model_and_tokens
+    logits, _ = ws.generate(model, "prefetch", ws.StreamingConfig(1, 2), tokens, competing, host_sync)
+    assert torch.equal(logits, reference)
+
+
+def test_sweep_grid_and_an_out_of_memory_row(model_and_tokens, monkeypatch, capsys):
+    model, tokens, _ = model_and_tokens
+    grid = ws.sweep_configs(CFG.layers)
+    assert all(c.max_cached_layers >= c.prefetch_distance + 1 for c in grid)
+    assert {c.prefetch_distance for c in grid} == {0, 1, 2, 3, 4}
+    real = ws.generate
+
+    def oom_at_d1_c2(model, mode, sc, *args):
+        if (sc.prefetch_distance, sc.max_cached_layers) == (1, 2):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(model, mode, sc, *args)
+
+    monkeypatch.setattr(ws, "generate", oom_at_d1_c2)
+    rows = ws.sweep(model, tokens, CFG)
+    assert len(rows) == len(grid)
+    failed = [r for r in rows if "error" in r]
+    assert failed == [{"prefetch_distance": 1, "max_cached_layers": 2, "error": "out of memory"}]
+    assert all("prefill_ms" in r for r in rows if "error" not in r)  # the sweep went on
+    assert "d=1 c=2: out of memory" in capsys.readouterr().out
+
+
+def test_json_results_hold_every_timed_run(tmp_path):
+    out = tmp_path / "r.json"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--mode", "all", "--compare", "0:1", "1:2", "--json", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(out.read_text())
+    assert {"resident", "transfer_only", "sync", "prefetch", "prefetch_d0_c1", "prefetch_d1_c2"} <= set(r)
+    assert r["prefetch_d0_c1"]["max_cached_layers"] == 1 and len(r["transfer_only"]["pass_ms"]) == 1 + r["config"]["decode_steps"]
+    assert "computed the same logits" in proc.stdout
