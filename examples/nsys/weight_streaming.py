@@ -428,8 +428,8 @@ def main(argv: list[str] | None = None) -> int:
     n_tokens = cfg.prompt + cfg.decode_steps
     tokens = torch.randint(0, cfg.vocab, (cfg.batch, n_tokens), generator=torch.Generator().manual_seed(1)).to(backend.device)
     modes = MODES if args.mode == "all" else (args.mode,)
-    # Every timed run: (range and result name, mode, streaming configuration).
-    runs = [(m, m, sc) for m in modes if m != "transfer_only"]
+    # Every timed run, in order: (range and result name, mode, streaming configuration).
+    runs = [(m, m, sc) for m in modes]
     if "prefetch" in modes:
         runs += [(f"prefetch_d{c.prefetch_distance}_c{c.max_cached_layers}", "prefetch", c) for c in args.compare]
     results: dict[str, object] = {"config": asdict(cfg), "streaming": asdict(sc), "device": backend.device,
@@ -439,16 +439,17 @@ def main(argv: list[str] | None = None) -> int:
         results["pinned_h2d_peak_gbps"] = pinned_h2d_peak_gbps(torch)
         print(f"  pinned H2D peak (512 MiB copy, median of 5, this process): {results['pinned_h2d_peak_gbps']:.1f} GB/s")
     print("warming up (allocator, cuBLAS, kernel loading) ...")
-    if "transfer_only" in modes:
-        transfer_only(model, 1)
     for _, mode, streaming in runs:
-        generate(model, mode, streaming, tokens, args.competing_h2d_mib, args.host_sync_per_layer)
+        if mode == "transfer_only":
+            transfer_only(model, 1)
+        else:
+            generate(model, mode, streaming, tokens, args.competing_h2d_mib, args.host_sync_per_layer)
     if gpu:
         torch.cuda.synchronize()
         torch.cuda.profiler.start()  # nsys --capture-range=cudaProfilerApi records from here ...
     reference = None
     worst = 0.0
-    for name, mode, streaming in runs[:1] + [("transfer_only", "transfer_only", sc)] * ("transfer_only" in modes) + runs[1:]:
+    for name, mode, streaming in runs:
         with annotate(f"mode_{name}"):
             if mode == "transfer_only":
                 times = transfer_only(model, 1 + cfg.decode_steps)
@@ -478,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
         print(f"results written to {args.json}")
-    checked = [name for name, mode, _ in runs]
+    checked = [name for name, mode, _ in runs if mode != "transfer_only"]
     if len(checked) > 1:
         print(f"result checked: {', '.join(checked)} computed the same logits (largest difference {worst:.3g})")
     else:
