@@ -1,22 +1,28 @@
 """gpuprof: the helpers that the course's notebooks and example scripts share.
 
-Import what a chapter needs from here; nothing in a notebook re-implements these.
+Import what a chapter needs from here; nothing in a notebook re-implements these. The
+shared core is at the top level; each profiler's code is in a package of its own.
 
+Shared core
 * :mod:`gpuprof.backend`: torch CUDA -> CuPy -> CPU, and the provenance line
 * :mod:`gpuprof.timing`: honest timers (warm-up, sync, CUDA events, median and spread)
 * :mod:`gpuprof.ranges`: NVTX ranges with or without the ``nvtx`` package or a GPU
 * :mod:`gpuprof.tools`: finding nsys / ncu, their versions, counter permission
 * :mod:`gpuprof.runner`: running a profiler over a script, atomically
 * :mod:`gpuprof.artifacts`: captures, provenance, and the reference fallback
-* :mod:`gpuprof.nsys_capture`, :mod:`gpuprof.nsys_session`: nsys captures (and interactive
-  sessions) of course scripts, with the reference-capture fallback
-* :mod:`gpuprof.nsys_sqlite`, :mod:`gpuprof.ncu_csv`: readers for the tools' exports
-* :mod:`gpuprof.trace_analysis`, :mod:`gpuprof.timeline`: measures derived from a capture
-  (nsys-stats summaries, busy time, gaps, overlap, latency) and the timeline figure
+* :mod:`gpuprof.script_results`: a script's JSON results, run here or the reference
+* :mod:`gpuprof.kernels`: compiling, launching and timing the course's hand-written CUDA kernels
 * :mod:`gpuprof.speed_of_light`, :mod:`gpuprof.setup_checks`, :mod:`gpuprof.plots`:
   chapter 0's measurements, machine checks and figures
 * :mod:`gpuprof.cli`, :mod:`gpuprof.book`: example scripts' argument types; glue for the prose
-* :mod:`gpuprof.streaming_metrics`: the weight-streaming seed's metric table and report (issue 4 groundwork)
+
+By tool
+* :mod:`gpuprof.nsys`: Nsight Systems captures, sqlite readers, ``nsys stats`` summaries,
+  derived measures and the timeline figure
+* :mod:`gpuprof.ncu`: Nsight Compute captures, report and CSV readers, derived tables, figures
+
+Case studies
+* :mod:`gpuprof.studies.weight_streaming`: chapter 3's target table and report
 """
 
 from .backend import Backend, MachineInfo, choose_backend, describe_machine, gpu_available

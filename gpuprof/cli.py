@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 
 __all__ = ["positive_int", "nonnegative_int", "positive_float", "add_sections_argument", "resolve_sections",
-           "torch_backend_or_cpu"]
+           "torch_backend_or_cpu", "output_file", "available_memory", "require_memory"]
 
 
 def positive_int(text: str) -> int:
@@ -68,3 +70,61 @@ def torch_backend_or_cpu(choice: str | None, why: str):  # type: ignore[no-untyp
     if backend.is_gpu and backend.name != "torch":
         raise GpuprofError(f"{why}; CuPy alone is not enough.", "Install a CUDA build of PyTorch, or pass --backend cpu.")
     return backend
+
+
+def output_file(text: str) -> Path:
+    """argparse type: a file to write results to, checked before any work is done.
+
+    Its folder must exist and be writable now: finding out after a ten-minute run that
+    ``--json /no/such/dir/x.json`` cannot be written loses the run.
+    """
+    path = Path(text).expanduser()
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder; give a file name")
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot write {text}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise argparse.ArgumentTypeError(f"cannot write {text}: the folder {folder} is not writable")
+    return path
+
+
+def available_memory(device: str) -> int | None:
+    """Bytes that can still be allocated on ``device`` ("cuda" or "cpu"), or None if unknown.
+
+    The host figure is the kernel's ``MemAvailable`` (free plus reclaimable cache); the
+    GPU figure is the driver's free memory on the current device.
+    """
+    if device == "cpu":
+        try:
+            for line in Path("/proc/meminfo").read_text().splitlines():
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+        except OSError:
+            return None
+        return None
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return int(torch.cuda.mem_get_info()[0])
+    except Exception:
+        pass
+    try:
+        import cupy
+
+        return int(cupy.cuda.runtime.memGetInfo()[0])
+    except Exception:
+        return None
+
+
+def require_memory(nbytes: int, device: str, what: str, option: str) -> None:
+    """Refuse up front, in one sentence, a size this machine cannot hold (rather than a
+    traceback from the allocator half-way through a run)."""
+    from .errors import GpuprofError
+
+    free = available_memory(device)
+    if free is not None and nbytes > free:
+        where = "host memory" if device == "cpu" else "GPU memory"
+        raise GpuprofError(f"{what} would take {nbytes / 2**30:.1f} GiB of {where}, but only {free / 2**30:.1f} GiB is available.",
+                           f"Choose a smaller {option}.")

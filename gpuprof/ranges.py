@@ -20,7 +20,7 @@ import contextlib
 import importlib
 from typing import Any, Callable, TypeVar
 
-__all__ = ["annotate", "push_range", "pop_range", "mark", "nvtx_backend"]
+__all__ = ["annotate", "push_range", "pop_range", "mark", "nvtx_backend", "start_range", "end_range", "process_range"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -69,6 +69,35 @@ def mark(message: str, color: str | None = None, domain: str | None = None) -> N
         _MOD.mark(message=message, color=color, domain=domain)
     elif _KIND == "torch.cuda.nvtx":
         _MOD.mark(message)
+
+
+def start_range(message: str, color: str | None = None, domain: str | None = None) -> Any:
+    """Open a start/end range and return its handle for :func:`end_range`.
+
+    Unlike a push/pop range, a start/end range belongs to no thread: it can end on
+    another one, and profilers treat it as process-wide (``ncu --nvtx-include NAME``
+    without the ``/`` of a push/pop range). PyTorch's NVTX binding has no such ranges:
+    without the ``nvtx`` package this is a no-op.
+    """
+    if _KIND == "nvtx":
+        return _MOD.start_range(message=message, color=color, domain=domain)
+    return None
+
+
+def end_range(handle: Any) -> None:
+    """Close a range opened by :func:`start_range`."""
+    if _KIND == "nvtx" and handle is not None:
+        _MOD.end_range(handle)
+
+
+@contextlib.contextmanager
+def process_range(message: str, color: str | None = None, domain: str | None = None):  # type: ignore[no-untyped-def]
+    """``with process_range("timed"):`` a start/end range around a block (see :func:`start_range`)."""
+    handle = start_range(message, color, domain)
+    try:
+        yield handle
+    finally:
+        end_range(handle)
 
 
 class annotate(contextlib.ContextDecorator):  # noqa: N801 - mirrors nvtx.annotate

@@ -21,11 +21,11 @@ import pandas as pd
 from .artifacts import REPO_ROOT, FoundCapture, chapter_output, find_capture, record_file
 from .backend import describe_machine
 from .errors import GpuprofError, ToolNotFound
-from .nsys_capture import nsys_capture
+from .nsys.capture import nsys_capture
 from .runner import ProfilerFailed, portable_command, python_target, run_profiler
 from .tools import find_tool, live_tool, profiling_restricted, tool_version
 
-__all__ = ["Check", "run_checks", "checks_table", "nsys_smoke", "ncu_smoke",
+__all__ = ["Check", "run_checks", "checks_table", "format_checks", "nsys_smoke", "ncu_smoke",
            "TINY_KERNELS", "SAXPY", "NCU_SMOKE_ARGS"]
 
 CHAPTER = "ch00"
@@ -100,6 +100,22 @@ def run_checks() -> list[Check]:
     return checks
 
 
+def format_checks(checks: list[Check]) -> str:
+    """The checks as text, one line each, what to do on the line below a failed one.
+
+    Plain text rather than a DataFrame: pandas' HTML and text renderings truncate or wrap
+    long cells depending on their length (a GPU's name), so the same checks would print
+    differently on two GPUs.
+    """
+    width = max(len(c.item) for c in checks) + 2
+    lines = []
+    for c in checks:
+        lines.append(f"{c.item:<{width}}{'ok' if c.ok else 'NO':<4}{c.result}")
+        if c.todo:
+            lines.append(f"{'':<{width}}    what to do: {c.todo}")
+    return "\n".join(lines)
+
+
 def checks_table(checks: list[Check]) -> pd.DataFrame:
     return pd.DataFrame([{"check": c.item, "result": c.result, "ok": "yes" if c.ok else "NO",
                           "what to do": c.todo} for c in checks]).set_index("check")
@@ -150,8 +166,8 @@ def tiny_kernels_steps(sqlite_path: Path) -> pd.DataFrame:
     to the next one's: when kernels are far shorter than that, the GPU waits on the
     CPU's launches, and the interval *is* the per-launch cost.
     """
-    from .nsys_sqlite import attribute_to_ranges, nvtx_ranges
-    from .trace_analysis import busy_fraction
+    from .nsys.sqlite import attribute_to_ranges, nvtx_ranges
+    from .nsys.analysis import busy_fraction
 
     ranges = nvtx_ranges(sqlite_path)
     steps = sorted({t for t in ranges["text"] if t.startswith("step_")}, key=lambda t: int(t.split("_")[1]))
@@ -187,7 +203,7 @@ SOL_METRICS = ["Duration", "Memory Throughput", "DRAM Throughput", "Compute (SM)
 
 def saxpy_sol(csv_path: Path) -> pd.DataFrame:
     """The Speed Of Light rows of the profiled saxpy launch: metric, unit, value."""
-    from .ncu_csv import read_details
+    from .ncu.csv_reader import read_details
 
     df = read_details(csv_path)
     sol = df[df["Section Name"] == "GPU Speed Of Light Throughput"]

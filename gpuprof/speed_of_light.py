@@ -21,7 +21,7 @@ from .backend import Backend, choose_backend, describe_machine
 from .errors import GpuprofError
 from .timing import Timing, time_call
 
-__all__ = ["Figure", "measure", "save", "load", "GPU_DEFAULTS", "CPU_DEFAULTS", "CHAPTER", "FILENAME"]
+__all__ = ["Figure", "measure", "device_copy", "save", "load", "GPU_DEFAULTS", "CPU_DEFAULTS", "CHAPTER", "FILENAME"]
 
 CHAPTER = "ch00"
 FILENAME = "speed_of_light.json"
@@ -72,6 +72,38 @@ def _launch_cost(launch: Callable[[], object], backend: Backend, launches: int, 
     return Timing(tuple(samples), "perf_counter + synchronize", launches // 10)
 
 
+D2D_LABEL = "Device-to-device copy (read + write)"
+
+
+def _d2d_copy(backend: Backend, src: Any, dst: Any) -> Callable[[], object]:
+    """One device-to-device copy of ``src`` into ``dst``: the memory-bandwidth ceiling's method."""
+    if backend.name == "torch":
+        return lambda: dst.copy_(src)
+    return lambda: backend.xp.copyto(dst, src)
+
+
+def device_copy(backend: Backend, copy_bytes: int | None = None, repeats: int | None = None) -> Figure:
+    """Only the device-to-device copy figure, measured exactly as :func:`measure` does.
+
+    Later chapters call this to compare a kernel's bandwidth with the ceiling measured in
+    the same process, on the same GPU, minutes apart rather than days.
+    """
+    if not backend.is_gpu:
+        raise GpuprofError("A device-to-device copy needs a GPU.", "On a CPU, compare with the reference figures.")
+    copy_bytes = int(copy_bytes or GPU_DEFAULTS["copy_bytes"])
+    repeats = int(repeats or GPU_DEFAULTS["repeats"])
+    xp = backend.xp
+    if backend.name == "torch":
+        src = xp.empty(copy_bytes, dtype=xp.uint8, device="cuda")
+    else:
+        src = xp.empty(copy_bytes, dtype=xp.uint8)
+    dst = xp.empty_like(src)
+    t = time_call(_d2d_copy(backend, src, dst), backend=backend, warmup=3, repeats=repeats)
+    del src, dst
+    return Figure("d2d", D2D_LABEL, _gbps(2 * copy_bytes, t), "GB/s",
+                  f"{copy_bytes / 2**20:.0f} MiB, median of {repeats}, {t.method}", t.relative_spread)
+
+
 def _torch_plan(backend: Backend, copy_bytes: int, n: int) -> list[tuple[str, str, str, Callable[[], object], float]]:
     torch = backend.xp
     pinned = torch.ones(copy_bytes, dtype=torch.uint8, pin_memory=True)
@@ -87,7 +119,7 @@ def _torch_plan(backend: Backend, copy_bytes: int, n: int) -> list[tuple[str, st
         ("h2d_pageable", "H2D copy, pageable host memory", "GB/s", lambda: dev.copy_(pageable), copy_bytes),
         ("d2h_pinned", "D2H copy, pinned host memory", "GB/s", lambda: pinned.copy_(dev, non_blocking=True), copy_bytes),
         ("d2h_pageable", "D2H copy, pageable host memory", "GB/s", lambda: pageable.copy_(dev), copy_bytes),
-        ("d2d", "Device-to-device copy (read + write)", "GB/s", lambda: dev2.copy_(dev), 2 * copy_bytes),
+        ("d2d", D2D_LABEL, "GB/s", _d2d_copy(backend, dev, dev2), 2 * copy_bytes),
         ("matmul_bf16", f"bf16 matmul {n}^3", "TFLOP/s", lambda: a16 @ b16, n),
         ("matmul_fp32", f"fp32 matmul {n}^3 (TF32 off)", "TFLOP/s", lambda: a32 @ b32, n),
     ]
@@ -119,7 +151,7 @@ def _cupy_plan(backend: Backend, copy_bytes: int, n: int) -> list[tuple[str, str
         ("h2d_pageable", "H2D copy, pageable host memory", "GB/s", h2d(pageable), copy_bytes),
         ("d2h_pinned", "D2H copy, pinned host memory", "GB/s", d2h(pinned), copy_bytes),
         ("d2h_pageable", "D2H copy, pageable host memory", "GB/s", d2h(pageable), copy_bytes),
-        ("d2d", "Device-to-device copy (read + write)", "GB/s", lambda: cp.copyto(dev2, dev), 2 * copy_bytes),
+        ("d2d", D2D_LABEL, "GB/s", _d2d_copy(backend, dev, dev2), 2 * copy_bytes),
         ("matmul_fp32", f"fp32 matmul {n}^3 (CuPy, no bf16)", "TFLOP/s", lambda: a32 @ b32, n),
     ]
 

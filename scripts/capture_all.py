@@ -8,7 +8,8 @@ One command for the course's GPU run (``make capture``):
    captures (with provenance), each within its time budget;
 2. writes ``artifacts/provenance.md``, the table the book's provenance page shows;
 3. runs strict nbval over the freshly executed notebooks (captures going to a scratch
-   folder, so the references just written are not touched), with the sanitize file;
+   folder, so the references just written are not touched), with the sanitize file
+   (``--skip-nbval`` leaves it out; ``scripts/gpu_nbval.py`` runs it alone, on any machine);
 4. optionally packs notebooks, artifacts and logs into one archive (``--archive``).
 
 It refuses to run without a GPU: reference captures from a CPU would be worthless.
@@ -36,7 +37,7 @@ from gpuprof.errors import GpuprofError  # noqa: E402
 # nbval takes longer than one 10-minute command of the course's device tool: there it
 # is split with --notebooks (each call refreshes the provenance table and its own rows).
 BUDGET_S = {"00__setting_up.ipynb": 150, "01__nsight_systems.ipynb": 240, "02__nvtx.ipynb": 150,
-            "03__weight_streaming.ipynb": 240}
+            "03__weight_streaming.ipynb": 240, "04__nsight_compute.ipynb": 330}
 DEFAULT_BUDGET_S = 120
 CELL_TIMEOUT_S = 540
 
@@ -155,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"capture: {machine.summary()}", flush=True)
     notebooks = [Path(p).resolve() for p in args.notebooks] if args.notebooks else sorted((ROOT / "notebooks").glob("*.ipynb"))
     args.log_dir.mkdir(parents=True, exist_ok=True)
-    env = {"GPUPROF_OUTPUT_DIR": str(ROOT / "artifacts"), "GPUPROF_OVERWRITE": "1",
+    env = {"GPUPROF_OUTPUT_DIR": str(ROOT / "artifacts"), "GPUPROF_OVERWRITE": "1", "KINETO_LOG_LEVEL": "6",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))}
     over_budget = []
     failed = []
@@ -204,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             for nb in notebooks:
                 tar.add(nb, arcname=str(nb.relative_to(ROOT)))
             for f in sorted((ROOT / "artifacts").rglob("*")):
-                if f.is_file() and f.suffix not in (".nsys-rep", ".qdstrm"):
+                if f.is_file() and f.suffix not in (".nsys-rep", ".qdstrm", ".log"):
                     tar.add(f, arcname=str(f.relative_to(ROOT)))
             for f in sorted(args.log_dir.glob("*.log")):
                 tar.add(f, arcname=f"capture-logs/{f.name}")

@@ -51,12 +51,35 @@ def test_no_errors_or_stderr_in_stored_outputs(nb):
             assert not (o["output_type"] == "stream" and o["name"] == "stderr"), "".join(c["source"])[:80]
 
 
+def tags(cell):
+    return cell.get("metadata", {}).get("tags", [])
+
+
 def test_checked_cells_exist_and_the_book_is_not_asked_to_execute(nb):
     data, _ = nb
-    assert any("NBVAL_CHECK_OUTPUT" in "".join(c["source"]) for c in cells(data)), \
+    assert any("nbval-check-output" in tags(c) for c in cells(data)), \
         "a chapter needs cells whose output CI compares on the reference captures"
     assert data["metadata"]["kernelspec"]["name"] == "python3"
     assert all("id" in c for c in data["cells"])
+
+
+def test_test_scaffolding_stays_out_of_the_rendered_code(nb):
+    """nbval is driven by cell tags, not by comments a reader would see on the page."""
+    data, _ = nb
+    for c in cells(data):
+        assert "NBVAL_" not in "".join(c["source"]), "".join(c["source"])[:80]
+        if "remove-cell" in tags(c):
+            assert "nbval-ignore-output" in tags(c), "a glue cell's output is for the book, not a comparison"
+        assert not {"nbval-check-output", "nbval-ignore-output"} <= set(tags(c))
+
+
+def test_cells_whose_output_depends_on_the_run_say_why(nb):
+    """An ignored output must be explained to the reader in the cell itself (a first-line comment)."""
+    data, _ = nb
+    for c in cells(data):
+        if "nbval-ignore-output" in tags(c) and "remove-cell" not in tags(c):
+            first = "".join(c["source"]).lstrip().splitlines()[0]
+            assert first.startswith("# ("), f"say why this output is not compared: {first[:80]}"
 
 
 def test_small(nb):

@@ -5,10 +5,10 @@ import sqlite3
 
 import pytest
 
-from gpuprof import nsys_sqlite as ns
+from gpuprof.nsys import sqlite as ns
 from gpuprof.artifacts import REPO_ROOT
 from gpuprof.errors import GpuprofError
-from gpuprof.ncu_csv import metric, read_details, to_seconds
+from gpuprof.ncu.csv_reader import metric, read_details, to_seconds
 
 SQLITE = REPO_ROOT / "artifacts" / "ch00" / "tiny_kernels.sqlite"
 NCU_CSV = REPO_ROOT / "artifacts" / "ch00" / "saxpy_sol.csv"

@@ -8,12 +8,15 @@ import pytest
 from gpuprof.artifacts import REPO_ROOT
 
 EXAMPLES = sorted((REPO_ROOT / "examples").rglob("*.py"))
-SCRIPTS = EXAMPLES + [REPO_ROOT / "scripts" / "capture_all.py", REPO_ROOT / "scripts" / "bench_trace_analysis.py"]
+SCRIPTS = EXAMPLES + [REPO_ROOT / "scripts" / "capture_all.py", REPO_ROOT / "scripts" / "bench_trace_analysis.py",
+                      REPO_ROOT / "scripts" / "gpu_nbval.py"]
 SMALL_ARGS = {"tiny_kernels.py": ["--steps", "2", "--kernels", "10"], "saxpy.py": ["--n", "10000", "--repeats", "2"],
               "data_transfer.py": ["--size-mib", "2", "--curve-max-mib", "1", "--repeats", "2"],
               "memory_allocation.py": ["--size-mib", "2", "--iterations", "5"],
               "nvtx_features.py": ["--steps", "2", "--cost-calls", "1000"],
-              "weight_streaming.py": ["--mode", "all"]}
+              "weight_streaming.py": ["--mode", "all"],
+              "transpose.py": ["--n", "256"], "occupancy.py": ["--mib", "2"], "divergence.py": ["--iters", "64"],
+              "matmul.py": ["--n", "128"], "torch_conv.py": ["--steps", "2", "--batch", "8"]}
 
 
 def run(script, *args):
@@ -59,6 +62,14 @@ BAD_INPUT = {
                             (["--compare", "two"], "is not D:C"),
                             (["--competing-h2d-mib", "-4"], "must not be negative"),
                             (["--backend", "torch"], "PyTorch with a usable CUDA GPU was asked for, but not found")],
+    "transpose.py": [(["--n", "100"], "must be a multiple of 64"), (["--kernels", "transpose_fast"], "unknown kernel(s) transpose_fast"),
+                     (["--json", "/no/such/dir/t.json"], "the folder /no/such/dir does not exist")],
+    "occupancy.py": [(["--blocks", "48"], "multiple of 32"), (["--blocks", "x"], "whole numbers separated by commas"),
+                     (["--mib", "0"], "must be at least 1")],
+    "divergence.py": [(["--block", "96"], "multiple of 64"), (["--threads", "1000"], "must be a multiple of --block"),
+                      (["--iters", "0"], "must be at least 1")],
+    "matmul.py": [(["--n", "100"], "must be a multiple of 64"), (["--kernels", "cublas_fp8"], "unknown kernel(s) cublas_fp8")],
+    "torch_conv.py": [(["--steps", "1"], "must be at least 2"), (["--batch", "-3"], "must be at least 1")],
 }
 BAD_CASES = [(script, args, message) for script in EXAMPLES for args, message in BAD_INPUT[script.name]]
 
@@ -68,6 +79,40 @@ def test_bad_input_gets_one_sentence_not_a_traceback(script, args, message):
     proc = run(script, *args)
     assert proc.returncode == 2
     assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_strict_nbval_refuses_without_a_gpu():
+    proc = run(REPO_ROOT / "scripts" / "gpu_nbval.py", "--part", "1")
+    assert proc.returncode == 2
+    assert "there is no GPU here" in proc.stderr and "lax mode" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_strict_nbval_parts_cover_every_notebook_once():
+    sys.path.insert(0, str(REPO_ROOT / "scripts"))
+    from gpu_nbval import PARTS
+
+    named = [n for part in PARTS.values() for n in part]
+    assert sorted(named) == sorted(p.name for p in (REPO_ROOT / "notebooks").glob("*.ipynb"))
+
+
+def test_memory_the_machine_lacks_is_refused_before_any_work():
+    proc = run(REPO_ROOT / "examples" / "nsys" / "data_transfer.py", "--size-mib", "10000000")
+    assert proc.returncode == 2 and "would take" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_emit_nvtx_without_a_gpu_runs_without_pytorchs_ranges():
+    proc = run(REPO_ROOT / "examples" / "nsys" / "nvtx_features.py", "--sections", "training", "--emit-nvtx", "--steps", "2")
+    assert proc.returncode == 0 and "needs a CUDA build of PyTorch" in proc.stdout, proc.stderr
+
+
+def test_nvtx_profile_cost_is_reported_with_its_noise():
+    proc = run(REPO_ROOT / "examples" / "nsys" / "nvtx_features.py", "--sections", "auto")
+    import re
+
+    m = re.search(r"auto: (-?[\d.]+) ns added per call \(noise ([\d.]+) ns\)", proc.stdout)
+    assert proc.returncode == 0 and m, proc.stdout
+    if abs(float(m.group(1))) <= float(m.group(2)):
+        assert "within noise" in proc.stdout
 
 
 def test_capture_refuses_without_a_gpu():

@@ -4,8 +4,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpuprof import nsys_sqlite as ns
-from gpuprof import trace_analysis as ta
+from gpuprof.nsys import sqlite as ns
+from gpuprof.nsys import analysis as ta
+from gpuprof.nsys import stats as st
 from gpuprof.artifacts import REPO_ROOT
 
 SQLITE = REPO_ROOT / "artifacts" / "ch00" / "tiny_kernels.sqlite"
@@ -72,7 +73,7 @@ def test_sync_wait_share():
 def test_kernel_summary_statistics():
     k = frame([(0, 10), (20, 40), (50, 80), (90, 91)])
     k["name"] = ["a", "a", "a", "b"]
-    s = ta.kernel_summary(k, by="name").set_index("Name")
+    s = st.kernel_summary(k, by="name").set_index("Name")
     assert s.loc["a", "Instances"] == 3 and s.loc["a", "Total Time (ns)"] == 60
     assert s.loc["a", "Med (ns)"] == 20 and s.loc["a", "StdDev (ns)"] == pytest.approx(10.0)
     assert s["Time (%)"].sum() == pytest.approx(100)
@@ -91,5 +92,5 @@ def test_on_the_reference_capture():
     assert len(lat) == len(k) and (lat > 0).all()
     gaps = ta.idle_gaps(k, rt, min_gap_ns=2_000, window=window)
     assert len(gaps) > 100 and gaps["cpu_call"].str.startswith("cuda").any()
-    summary = ta.nvtx_summary(steps)
+    summary = st.nvtx_summary(steps)
     assert set(summary["Range"]) == {":warmup", ":step_0", ":step_1", ":step_2", ":step_3", ":step_4"}

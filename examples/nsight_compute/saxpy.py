@@ -34,11 +34,12 @@ extern "C" __global__ void saxpy(const float a, const float* __restrict__ x, flo
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--n", type=positive_int, default=1 << 26, help="vector length (elements)")
-    p.add_argument("--block", type=positive_int, default=256, help="threads per block (CuPy kernel, at most 1024)")
-    p.add_argument("--repeats", type=positive_int, default=5, help="timed launches after one warm-up")
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--n", type=positive_int, default=1 << 26, help="vector length in elements (default: 67108864)")
+    p.add_argument("--block", type=positive_int, default=256,
+                   help="threads per block of the CuPy kernel, at most 1024 (default: 256)")
+    p.add_argument("--repeats", type=positive_int, default=5, help="timed launches after one warm-up (default: 5)")
     p.add_argument("--backend", choices=["torch", "cupy", "cpu"], default=None,
                    help="force a backend (default: torch CUDA, then CuPy, then CPU)")
     args = p.parse_args(argv)

@@ -30,7 +30,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere in the repo
 
 from gpuprof import annotate, exit_on_error, time_call  # noqa: E402
-from gpuprof.cli import add_sections_argument, positive_int, resolve_sections, torch_backend_or_cpu  # noqa: E402
+from gpuprof.cli import (add_sections_argument, output_file, positive_int, require_memory,  # noqa: E402
+                         resolve_sections, torch_backend_or_cpu)
 from gpuprof.errors import GpuprofError  # noqa: E402
 
 SECTIONS = ("pageable_vs_pinned", "pin_per_call", "d2h_sync", "overlap", "curve")
@@ -48,7 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=positive_int, default=5, help="timed repeats per measurement (default: 5)")
     p.add_argument("--profiler-range", default=None, metavar="SECTION",
                    help="wrap this section in cudaProfilerStart/Stop, for nsys --capture-range=cudaProfilerApi")
-    p.add_argument("--json", type=Path, default=None, help="also write the results to this JSON file")
+    p.add_argument("--json", type=output_file, default=None, metavar="FILE", help="also write the results to FILE")
     p.add_argument("--backend", choices=["torch", "cpu"], default=None, help="force a backend (default: torch CUDA, else CPU)")
     args = p.parse_args(argv)
     args.sections = chosen = resolve_sections(p, args.sections, SECTIONS)
@@ -245,10 +246,32 @@ class Transfers:
             print(f"  {r['bytes'] / 1024:>8.0f} K {r['pinned_gbps']:12.2f} {r['pageable_gbps']:14.2f}")
 
 
+def memory_needed(args: argparse.Namespace) -> tuple[int, int]:
+    """(host bytes, device bytes) the chosen sections hold at their peak, each section on its own:
+    checked before anything is allocated, so that a size the machine cannot hold is refused in a
+    sentence instead of failing half-way through the run."""
+    per_section = {
+        "pageable_vs_pinned": (2 * args.size_mib, args.size_mib),
+        "pin_per_call": (3 * args.size_mib, args.size_mib),
+        "d2h_sync": (128, 256),  # fixed: four 4096 x 4096 float matrices and a pinned result
+        "overlap": (args.chunks * args.chunk_mib, 2 * args.chunk_mib),
+        "curve": (2 * args.curve_max_mib, args.curve_max_mib),
+    }
+    host = max(per_section.get(s, (0, 0))[0] for s in args.sections)
+    dev = max(per_section.get(s, (0, 0))[1] for s in args.sections)
+    return host * MIB, dev * MIB
+
+
 @exit_on_error
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    host, dev = memory_needed(args)
     t = Transfers(args)
+    if t.gpu:
+        require_memory(host, "cpu", "These sections", "--size-mib, --curve-max-mib or --chunks x --chunk-mib")
+        require_memory(dev, "cuda", "These sections", "--size-mib, --curve-max-mib or --chunk-mib")
+    else:  # the 'device' buffers are host memory too
+        require_memory(host + dev, "cpu", "These sections", "--size-mib, --curve-max-mib or --chunks x --chunk-mib")
     print(f"data_transfer: {t.backend}" + ("" if t.gpu else " (no GPU: host memory copies stand in for transfers)"))
     for name in args.sections:
         print(f"[{name}]")

@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere in the repo
 
 from gpuprof import annotate, exit_on_error  # noqa: E402
-from gpuprof.cli import add_sections_argument, positive_int, resolve_sections, torch_backend_or_cpu  # noqa: E402
+from gpuprof.cli import add_sections_argument, output_file, positive_int, resolve_sections, torch_backend_or_cpu  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
 
 SECTIONS = ("caching", "raw", "churn", "pinned_host")
@@ -44,7 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_sections_argument(p, SECTIONS)
     p.add_argument("--size-mib", type=positive_int, default=64, help="allocation size (default: 64)")
     p.add_argument("--iterations", type=positive_int, default=50, help="allocations per section (default: 50)")
-    p.add_argument("--json", type=Path, default=None, help="also write the results to this JSON file")
+    p.add_argument("--json", type=output_file, default=None, metavar="FILE", help="also write the results to FILE")
     p.add_argument("--backend", choices=["torch", "cpu"], default=None, help="force a backend (default: torch CUDA, else CPU)")
     args = p.parse_args(argv)
     args.sections = resolve_sections(p, args.sections, SECTIONS)

@@ -30,14 +30,14 @@ from gpuprof.cli import positive_float, positive_int  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--steps", type=positive_int, default=5, help="measured steps after one warm-up step")
-    p.add_argument("--kernels", type=positive_int, default=200, help="tiny kernels launched per step")
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=positive_int, default=5, help="measured steps after one warm-up step (default: 5)")
+    p.add_argument("--kernels", type=positive_int, default=200, help="tiny kernels launched per step (default: 200)")
     p.add_argument("--seconds", type=positive_float, default=None,
                    help="keep running steps for this long instead of --steps (for attaching a profiler later)")
     p.add_argument("--pause-ms", type=float, default=0.0,
-                   help="sleep between steps (keeps long runs' captures small)")
+                   help="sleep between steps, which keeps long runs' captures small (default: 0)")
     p.add_argument("--backend", choices=["torch", "cupy", "cpu"], default=None,
                    help="force a backend (default: torch CUDA, then CuPy, then CPU)")
     args = p.parse_args(argv)

@@ -13,7 +13,7 @@ Modes (--mode), to compare in one run with --mode all:
                  into at most --max-cached-layers GPU buffers reused round-robin; CUDA events
                  make each layer's compute wait for its own weights only
 
-NVTX ranges (the names of the seed notes): ensure_layer_X, prefetch_layers_[X,Y],
+NVTX ranges (the names the weight-streaming design uses): ensure_layer_X, prefetch_layers_[X,Y],
 h2d_transfer_layer_X, layer_X_attention, layer_X_ffn, layer_X_kv_fetch; plus one range
 per pass (prefill, decode_N) and per mode.
 
@@ -47,7 +47,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere in the repo
 
 from gpuprof import annotate, exit_on_error  # noqa: E402
-from gpuprof.cli import nonnegative_int, positive_int, torch_backend_or_cpu  # noqa: E402
+from gpuprof.cli import nonnegative_int, output_file, positive_int, torch_backend_or_cpu  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
 
 MODES = ("resident", "transfer_only", "sync", "prefetch")
@@ -332,21 +332,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="more prefetch configurations to time in the same run, e.g. 0:1 1:2")
     p.add_argument("--config", type=Path, default=None,
                    help='JSON file like {"prefetch_distance": 3, "max_cached_layers": 6, "model": {"layers": 8}}')
+    what = {"layers": "decoder layers", "d_model": "model width", "heads": "attention heads",
+            "ffn": "feed-forward width", "vocab": "vocabulary size", "batch": "sequences per pass",
+            "prompt": "prompt tokens per sequence (the prefill pass)", "decode_steps": "decoding steps after the prefill"}
     for field, default in asdict(ModelConfig()).items():
         p.add_argument(f"--{field.replace('_', '-')}", type=positive_int, default=None,
-                       help=f"model size (default on a GPU: {default})")
+                       help=f"{what.get(field, field)} (default on a GPU: {default})")
     p.add_argument("--host-sync-per-layer", action="store_true",
                    help="read a value back to the CPU after every layer (the CPU can no longer run ahead)")
     p.add_argument("--competing-h2d-mib", type=nonnegative_int, default=0,
                    help="other host-to-device traffic: MiB copied per layer on another stream (default: 0)")
     p.add_argument("--sweep", action="store_true", help="sweep prefetch_distance x max_cached_layers (prefetch mode)")
-    p.add_argument("--json", type=Path, default=None, help="also write the results here")
+    p.add_argument("--json", type=output_file, default=None, metavar="FILE", help="also write the results to FILE")
     p.add_argument("--backend", choices=["torch", "cpu"], default=None, help="force a backend (default: torch CUDA, else CPU)")
     return p.parse_args(argv)
 
 
 def load_settings(args: argparse.Namespace, gpu: bool) -> tuple[ModelConfig, StreamingConfig]:
-    """Defaults, then the --config file, then flags: the seed's streaming_config, as a file or as flags."""
+    """Defaults, then the --config file, then flags: the design's streaming_config, as a file or as flags."""
     base = asdict(ModelConfig() if gpu else CPU_CONFIG)
     streaming = asdict(StreamingConfig())
     if args.config is not None:
@@ -416,7 +419,8 @@ def main(argv: list[str] | None = None) -> int:
     if gpu:
         check_fits(cfg, torch, 2)
     layer_bytes = cfg.layer_params * (2 if gpu else 4)
-    print(f"weight_streaming: {backend}; {cfg.layers} layers of {layer_bytes / 2**20:.0f} MiB; "
+    size = f"{layer_bytes / 2**20:.0f} MiB" if layer_bytes >= 2**20 else f"{layer_bytes / 2**10:.0f} KiB"
+    print(f"weight_streaming: {backend}; {cfg.layers} layers of {size}; "
           f"batch {cfg.batch} x prompt {cfg.prompt}, {cfg.decode_steps} decode steps; "
           f"prefetch_distance={sc.prefetch_distance}, max_cached_layers={sc.max_cached_layers}"
           + (f"; compare {' '.join(f'{c.prefetch_distance}:{c.max_cached_layers}' for c in args.compare)}" if args.compare else "")

@@ -1,10 +1,8 @@
 """Measures derived from an Nsight Systems capture: the numbers a timeline makes you guess at.
 
-All inputs are the tables of :mod:`gpuprof.nsys_sqlite`; all times are integer
-nanoseconds. The two summaries reproduce ``nsys stats`` (``cuda_gpu_kern_sum`` and
-``nvtx_sum``) column for column, so a reader can trust either and the tests can hold
-one against the other. The rest are what the course's chapters need to turn a picture
-into a verdict:
+All inputs are the tables of :mod:`gpuprof.nsys.sqlite`; all times are integer
+nanoseconds. (The summaries that reproduce ``nsys stats`` are in :mod:`gpuprof.nsys.stats`.)
+These are what the course's chapters need to turn a picture into a verdict:
 
 * **GPU busy fraction**: the union of kernel intervals over a window (overlapping
   kernels on different streams count once);
@@ -26,9 +24,11 @@ import warnings
 import numpy as np
 import pandas as pd
 
-__all__ = ["merge_intervals", "busy_fraction", "idle_gaps", "kernel_summary", "nvtx_summary", "copy_summary",
-           "copy_compute_overlap", "launch_latency", "sync_wait_share", "window_of", "range_window",
-           "last_repeat_window", "inside", "calls_by_range", "copy_curve", "compare_summaries", "exposed_copy_fraction"]
+from .stats import api_name
+
+__all__ = ["merge_intervals", "busy_fraction", "idle_gaps", "copy_summary", "copy_compute_overlap", "launch_latency",
+           "sync_wait_share", "window_of", "range_window", "last_repeat_window", "inside", "calls_by_range", "copy_curve",
+           "exposed_copy_fraction"]
 
 SYNC_API = r"Synchronize"
 
@@ -105,45 +105,9 @@ def idle_gaps(kernels: pd.DataFrame, runtime: pd.DataFrame | None = None, *, min
             ov = np.minimum(re_[first:last], ge) - np.maximum(rs[first:last], gs)
             j = int(np.argmax(ov))
             if ov[j] > 0:
-                gaps.iat[i, 3] = str(names[first + j]).split("_v")[0]
+                gaps.iat[i, 3] = api_name(str(names[first + j]))
                 gaps.iat[i, 4] = float(ov[j]) / (ge - gs)
     return gaps.sort_values("duration_ns", ascending=False, ignore_index=True)[cols]
-
-
-def _summary(durations: pd.Series, keys: pd.Series, key_name: str) -> pd.DataFrame:
-    """The statistics ``nsys stats`` prints per name: time share, total, count, avg, median, min, max, stddev."""
-    g = pd.DataFrame({"key": keys.to_numpy(), "d": durations.to_numpy(dtype=np.int64)}).groupby("key", sort=False)["d"]
-    out = pd.DataFrame({
-        "Total Time (ns)": g.sum(),
-        "Instances": g.size(),
-        "Avg (ns)": g.mean(),
-        "Med (ns)": g.median(),
-        "Min (ns)": g.min(),
-        "Max (ns)": g.max(),
-        "StdDev (ns)": g.std(ddof=1).fillna(0.0),
-    })
-    out.insert(0, "Time (%)", 100 * out["Total Time (ns)"] / out["Total Time (ns)"].sum())
-    out.index.name = key_name
-    return out.sort_values(["Total Time (ns)"], ascending=False).reset_index()
-
-
-def kernel_summary(kernels: pd.DataFrame, by: str = "demangled") -> pd.DataFrame:
-    """Per kernel, like ``nsys stats --report cuda_gpu_kern_sum`` (columns and order).
-
-    ``by="demangled"`` groups by full names, as nsys stats does; ``by="name"`` by short
-    names, which merges template instances into one row and reads better in a table.
-    """
-    return _summary(kernels["duration_ns"], kernels[by], "Name")
-
-
-def nvtx_summary(ranges: pd.DataFrame) -> pd.DataFrame:
-    """Per NVTX range name, like ``nsys stats --report nvtx_sum``: push/pop and start/end ranges.
-
-    ``nsys stats`` names a range ``:text`` (its domain before the colon, empty for the
-    default domain); so does this summary, so that the two can be compared directly.
-    """
-    domain = ranges["domain"].where(ranges["domain"] != "default", "")
-    return _summary(ranges["duration_ns"], domain + ":" + ranges["text"], "Range")
 
 
 def copy_summary(copies: pd.DataFrame) -> pd.DataFrame:
@@ -244,7 +208,7 @@ def calls_by_range(runtime: pd.DataFrame, ranges: pd.DataFrame, pattern: str, te
     for text in texts:
         for r in ranges[ranges["text"] == text].itertuples():
             c = calls[(calls["globalTid"] == r.globalTid) & (calls["start"] >= r.start) & (calls["end"] <= r.end)]
-            for name, g in c.groupby(c["name"].str.replace(r"_v\d+$", "", regex=True)):
+            for name, g in c.groupby(c["name"].astype(str).map(api_name)):
                 rows.append({"range": text, "call": name, "count": len(g), "total_us": (g["end"] - g["start"]).sum() / 1e3})
     return pd.DataFrame(rows, columns=["range", "call", "count", "total_us"])
 
@@ -253,37 +217,6 @@ def copy_curve(copies: pd.DataFrame) -> pd.DataFrame:
     """Median bandwidth per (direction, source memory, size): the transfer-size curve, from the GPU's own timings."""
     g = copies.groupby(["kind", "src_memory", "bytes"])
     return g.agg(copies=("gbps", "size"), median_gbps=("gbps", "median")).reset_index()
-
-
-EXACT_COLUMNS = ["Total Time (ns)", "Instances", "Min (ns)", "Max (ns)"]
-FLOAT_COLUMNS = ["Avg (ns)", "Med (ns)", "StdDev (ns)"]
-
-
-def compare_summaries(mine: pd.DataFrame, theirs: pd.DataFrame, key: str, *, float_tol_ns: float = 1.0) -> str:
-    """Check a summary from this module against the CSV ``nsys stats`` wrote; raise on any disagreement.
-
-    Integer columns (totals, counts, min, max) must be identical; averages, medians and
-    standard deviations, which nsys prints rounded, must agree within ``float_tol_ns``.
-    Keys are compared after stripping surrounding whitespace. Returns a one-line verdict.
-    """
-    a = mine.assign(_k=mine[key].astype(str).str.strip()).set_index("_k")
-    b = theirs.assign(_k=theirs[key].astype(str).str.strip()).set_index("_k")
-    if set(a.index) != set(b.index):
-        only_a, only_b = sorted(set(a.index) - set(b.index))[:5], sorted(set(b.index) - set(a.index))[:5]
-        raise AssertionError(f"different {key} sets: only here {only_a}, only in nsys stats {only_b}")
-    b = b.loc[a.index]
-    for col in EXACT_COLUMNS:
-        diff = (a[col].astype("int64") - b[col].astype("int64")).abs()
-        if diff.max() != 0:
-            raise AssertionError(f"{col} differs for {list(diff[diff > 0].index[:3])}: max {diff.max()} ns")
-    worst = 0.0
-    for col in FLOAT_COLUMNS:
-        d = float((a[col].astype(float) - b[col].astype(float)).abs().max())
-        if d > float_tol_ns:
-            raise AssertionError(f"{col} differs by up to {d:.3f} ns (tolerance {float_tol_ns} ns)")
-        worst = max(worst, d)
-    return (f"{len(a)} {key.lower()}s: totals, counts, min and max identical to nsys stats; "
-            f"avg, median and stddev within {worst:.2f} ns")
 
 
 def exposed_copy_fraction(copies: pd.DataFrame, kernels: pd.DataFrame, window: tuple[int, int]) -> float:
@@ -299,3 +232,67 @@ def exposed_copy_fraction(copies: pd.DataFrame, kernels: pd.DataFrame, window: t
     cum = np.concatenate([[0], np.cumsum(ke - ks)])
     hidden = sum(_covered(ks, ke, cum, int(a), int(b)) for a, b in zip(cs, ce))
     return (float((ce - cs).sum()) - hidden) / (hi - lo)
+
+
+ATTRIBUTION_RULES = ("thread", "window")
+
+
+def attribute_kernels(kernels: pd.DataFrame, runtime: pd.DataFrame, ranges: pd.DataFrame, *,
+                      rule: str = "thread") -> pd.DataFrame:
+    """Pair every kernel with each of ``ranges`` whose span holds the CPU call that launched it.
+
+    A kernel runs after the CPU launches it, often after the range has closed, so the
+    kernel's own start says little; the launching call (same ``correlationId`` in the
+    runtime table) is what lies inside the range. Two rules answer two questions:
+
+    * ``"thread"``: the launch happened inside the range **on the range's thread**. This is
+      nsys's rule; it answers "what did *this code* launch?".
+    * ``"window"``: the launch happened while the range was open, **on any thread**. It
+      answers "what did the program launch during this phase?", including work that
+      libraries launch from threads of their own (PyTorch's autograd engine runs the
+      backward pass on one).
+
+    Returns the kernel rows (a kernel inside nested ranges appears once per range) with
+    ``range_text``, ``range_index`` (0 for the first occurrence of that name, in time
+    order), ``range_start``, ``range_end``, ``launch_start`` and ``launch_tid``. All
+    ranges are handled in one pass over sorted launches: thousands of ranges cost a
+    binary search each, not a read of the file each.
+    """
+    if rule not in ATTRIBUTION_RULES:
+        raise ValueError(f"rule must be one of {ATTRIBUTION_RULES}, not {rule!r}")
+    extra = ["range_text", "range_index", "range_start", "range_end", "launch_start", "launch_tid"]
+    if kernels.empty or runtime.empty or ranges.empty:
+        out = kernels.iloc[0:0].copy()
+        for c in extra:
+            out[c] = pd.Series(dtype="int64" if c != "range_text" else object)
+        return out
+    launches = kernels.merge(runtime[["correlationId", "start", "globalTid"]]
+                             .rename(columns={"start": "launch_start", "globalTid": "launch_tid"}),
+                             on="correlationId", how="inner")
+    ranges = ranges.sort_values("start", kind="stable").reset_index(drop=True)
+    occurrence = ranges.groupby("text", sort=False).cumcount().to_numpy()
+    picked: list[np.ndarray] = []
+    owner: list[np.ndarray] = []
+    if rule == "window":
+        groups = [(None, launches.sort_values("launch_start", kind="stable"))]
+    else:
+        groups = [(tid, g.sort_values("launch_start", kind="stable")) for tid, g in launches.groupby("launch_tid")]
+    for tid, group in groups:
+        starts = group["launch_start"].to_numpy()
+        rows = group.index.to_numpy()
+        mine = ranges.index.to_numpy() if tid is None else np.flatnonzero(ranges["globalTid"].to_numpy() == tid)
+        lo = np.searchsorted(starts, ranges["start"].to_numpy()[mine], side="left")
+        hi = np.searchsorted(starts, ranges["end"].to_numpy()[mine], side="right")
+        for r, a, b in zip(mine, lo, hi):
+            if b > a:
+                picked.append(rows[a:b])
+                owner.append(np.full(b - a, r))
+    if not picked:
+        return attribute_kernels(kernels.iloc[0:0], runtime, ranges.iloc[0:0], rule=rule)
+    idx, who = np.concatenate(picked), np.concatenate(owner)
+    out = launches.loc[idx].reset_index(drop=True)
+    out["range_text"] = ranges["text"].to_numpy()[who]
+    out["range_index"] = occurrence[who]
+    out["range_start"] = ranges["start"].to_numpy()[who]
+    out["range_end"] = ranges["end"].to_numpy()[who]
+    return out.sort_values(["range_start", "start"], kind="stable", ignore_index=True)

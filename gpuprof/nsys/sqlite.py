@@ -14,15 +14,16 @@ from __future__ import annotations
 import sqlite3
 from contextlib import closing
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
 
-from .errors import GpuprofError
+from ..errors import GpuprofError
 
 __all__ = ["NoKernelRows", "open_export", "table_names", "kernels", "nvtx_ranges", "runtime_calls", "scrub_environment",
            "attribute_to_ranges", "nvtx_marks", "ensure_sqlite", "memcpy", "memset", "synchronization", "streams", "gpu_info",
-           "memory_usage"]
+           "memory_usage", "thread_names", "LAUNCH_COLUMNS"]
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
@@ -46,8 +47,8 @@ def ensure_sqlite(path: str | Path) -> Path:
         return target
     if not path.exists():
         raise GpuprofError(f"{path} does not exist.", "Check the path.")
-    from .runner import run_profiler
-    from .tools import find_tool
+    from ..runner import run_profiler
+    from ..tools import find_tool
 
     try:
         nsys = find_tool("nsys")
@@ -128,11 +129,21 @@ def _resolve(ids: pd.Series, strings: dict[int, str]) -> pd.Series:
     return out.where(out.notna(), ids.astype(str))
 
 
+LAUNCH_COLUMNS = ("gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ", "registersPerThread",
+                  "staticSharedMemory", "dynamicSharedMemory", "localMemoryPerThread")
+
+
 def kernels(path: str | Path) -> pd.DataFrame:
-    """One row per kernel: start, end, duration_ns, name (short), demangled (full), stream, device, correlation id.
+    """One row per kernel: start, end, duration_ns, name (short), demangled (full), stream, device,
+    correlation id, and its launch configuration: grid and block sizes (``gridX`` ... ``blockZ``),
+    ``registersPerThread``, ``staticSharedMemory`` and ``dynamicSharedMemory`` (bytes per block),
+    ``localMemoryPerThread``, plus ``threads`` (grid x block, all dimensions), where the export
+    records them.
 
     ``nsys stats`` reports kernels by their demangled names; the short name is what the
-    timeline shows and what fits in a table.
+    timeline shows and what fits in a table. The launch configuration is what Nsight
+    Compute's Launch Statistics section starts from: a timeline already tells you whether
+    a kernel ran 40 blocks on a 132-SM GPU.
     """
     with closing(open_export(path)) as conn:
         if KERNEL_TABLE not in table_names(conn):
@@ -145,7 +156,7 @@ def kernels(path: str | Path) -> pd.DataFrame:
         cols = _columns(conn, KERNEL_TABLE)
         short = next((c for c in ("shortName", "demangledName", "mangledName") if c in cols), None)
         full = next((c for c in ("demangledName", "mangledName", "shortName") if c in cols), None)
-        wanted = [c for c in ("start", "end", "deviceId", "streamId", "correlationId") if c in cols]
+        wanted = [c for c in ("start", "end", "deviceId", "streamId", "correlationId", *LAUNCH_COLUMNS) if c in cols]
         names = sorted({c for c in (short, full) if c})
         df = _read_table(conn, KERNEL_TABLE, wanted + names)
         strings = _strings(conn)
@@ -158,6 +169,8 @@ def kernels(path: str | Path) -> pd.DataFrame:
     df["name"], df["demangled"] = text(short), text(full)
     df = df.drop(columns=names)
     df["duration_ns"] = df["end"] - df["start"]
+    if all(c in df for c in ("gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ")):
+        df["threads"] = (df["gridX"] * df["gridY"] * df["gridZ"] * df["blockX"] * df["blockY"] * df["blockZ"]).astype("int64")
     return df.sort_values("start", ignore_index=True)
 
 
@@ -264,6 +277,16 @@ def runtime_calls(path: str | Path) -> pd.DataFrame:
     return df.sort_values("start", ignore_index=True)
 
 
+def thread_names(path: str | Path) -> dict[int, str]:
+    """{globalTid: name} for the threads the capture named (``ThreadNames``); empty if none were."""
+    with closing(open_export(path)) as conn:
+        if "ThreadNames" not in table_names(conn):
+            return {}
+        rows = conn.execute("SELECT globalTid, nameId FROM ThreadNames").fetchall()
+        strings = _strings(conn)
+    return {int(tid): strings.get(int(name_id), str(name_id)) for tid, name_id in rows}
+
+
 NVTX_MARK, NVTX_CATEGORY, NVTX_DOMAIN_CREATE = 34, 33, 75
 _PAYLOAD_COLUMNS = ("int64Value", "uint64Value", "doubleValue", "int32Value", "uint32Value", "floatValue")
 
@@ -340,28 +363,27 @@ def nvtx_marks(path: str | Path) -> pd.DataFrame:
     return df[df["eventType"] == NVTX_MARK][["start", "text", "domain", "globalTid"]].reset_index(drop=True)
 
 
-def attribute_to_ranges(path: str | Path, range_text: str) -> pd.DataFrame:
-    """Kernels whose *launch* happened inside an NVTX range named ``range_text``.
+def attribute_to_ranges(path: str | Path, names: str | Sequence[str], *, rule: str = "thread") -> pd.DataFrame:
+    """Kernels launched inside the NVTX ranges called ``names`` (one name or several), read from
+    the file once, with each kernel's range (``range_text``, ``range_index``: which occurrence).
 
-    A kernel runs after the CPU launches it, often after the range closed; so we
-    follow the runtime API call that launched it (same ``correlationId``) and ask
-    whether that call lay inside the range on the same thread. Adds a column
-    ``range_index`` (which occurrence of the range).
+    ``rule="thread"`` is nsys's own rule (its NVTX projection, ``nvtx_kern_sum``): the CPU
+    call that launched the kernel lay inside the range *on the range's thread*.
+    ``rule="window"`` asks only whether the launch fell inside the range's time window, on
+    any thread. They differ when a program hands work to other threads: PyTorch's autograd
+    engine launches the backward pass from a thread of its own, so under nsys's rule the
+    backward kernels belong to no ``step_N`` range of the main thread. See
+    :func:`gpuprof.nsys.analysis.attribute_kernels`.
     """
-    k = kernels(path)
-    rt = runtime_calls(path)
+    from .analysis import attribute_kernels
+
+    wanted = [names] if isinstance(names, str) else list(names)
     ranges = nvtx_ranges(path)
-    ranges = ranges[ranges["text"] == range_text].reset_index(drop=True)
-    if ranges.empty or rt.empty:
-        return k.iloc[0:0].assign(range_index=pd.Series(dtype="int64"))
-    launches = k.merge(rt[["correlationId", "start", "globalTid"]].rename(columns={"start": "launch_start"}),
-                       on="correlationId", how="inner")
-    out = []
-    for idx, r in ranges.iterrows():
-        inside = launches[(launches["globalTid"] == r["globalTid"]) & (launches["launch_start"] >= r["start"])
-                          & (launches["launch_start"] <= r["end"])]
-        out.append(inside.assign(range_index=idx))
-    return pd.concat(out, ignore_index=True) if out else launches.iloc[0:0]
+    ranges = ranges[ranges["text"].isin(wanted)]
+    if ranges.empty:
+        return attribute_kernels(pd.DataFrame(columns=["start", "end", "correlationId"]), runtime_calls(path), ranges,
+                                 rule=rule)
+    return attribute_kernels(kernels(path), runtime_calls(path), ranges, rule=rule)
 
 
 ENV_REMOVED = "(removed by gpuprof: the capture machine's environment variables are not kept)"

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from .artifacts import FoundCapture, chapter_output, find_capture, record_file
-from .nsys_capture import QUIET
-from .nsys_sqlite import scrub_environment
-from .runner import portable_command, python_target, run_profiler
-from .tools import live_tool
+from ..artifacts import FoundCapture, chapter_output, find_capture, record_file
+from .capture import QUIET
+from .sqlite import scrub_environment
+from ..runner import portable_command, python_target, run_profiler
+from ..tools import live_tool
 
 __all__ = ["SessionTranscript", "interactive_capture"]
 

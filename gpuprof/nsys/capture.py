@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from .artifacts import FoundCapture, chapter_output, find_capture, record_file
-from .nsys_sqlite import scrub_environment
-from .runner import ProfilerFailed, portable_command, python_target, run_profiler
-from .tools import live_tool
+from ..artifacts import FoundCapture, chapter_output, find_capture, record_file
+from .sqlite import scrub_environment
+from ..runner import ProfilerFailed, portable_command, python_target, run_profiler
+from ..tools import live_tool
 
 __all__ = ["NsysCapture", "nsys_capture", "QUIET", "capture_overhead", "launch_cost", "build_cuda_example"]
 
@@ -158,7 +158,7 @@ def build_cuda_example(source: str | Path) -> list[str] | None:
     import subprocess
     import tempfile
 
-    from .backend import describe_machine
+    from ..backend import describe_machine
 
     machine = describe_machine()
     nvcc = os.environ.get("NVCC") or shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)

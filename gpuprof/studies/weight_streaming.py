@@ -1,12 +1,16 @@
-"""The weight-streaming seed's metric table, computed from a capture, and its report filled in.
+"""The weight-streaming chapter's measurements: the design's target table from a capture, and its report.
 
-The seed notes (in Chinese) judge a weight-streaming system by five targets: GPU
-utilisation above 85%, memory-bandwidth utilisation above 80%, PCIe utilisation between
-50% and 70%, copy/compute overlap above 60%, synchronisation wait below 10%. This module
-measures each one that a CUDA trace can measure, over a window of a capture, and says
-which cannot be measured from a trace (device-memory bandwidth needs GPU metrics or
-Nsight Compute), instead of inventing a number. The report template of the seed is then
-filled from the measured values only.
+The weight-streaming design that chapter 3 builds (see the book's references) judges a
+streaming system by five targets: GPU utilisation above 85%, memory-bandwidth
+utilisation above 80%, PCIe utilisation between 50% and 70%, copy/compute overlap above
+60%, synchronisation wait below 10%. :func:`pass_metrics` measures each one that a CUDA
+trace can measure over one pass of a capture, and says which cannot be measured from a
+trace (device-memory bandwidth needs GPU metrics or Nsight Compute) instead of inventing
+a number. The design's report template is then filled from measured values only.
+
+A verdict against a threshold is only as firm as the distance from it: each
+:class:`Metric` carries its margin, and :func:`metrics_matrix` can leave verdicts out
+where a chapter compares outputs between runs.
 """
 
 from __future__ import annotations
@@ -14,11 +18,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import nsys_sqlite as ns
-from . import trace_analysis as ta
+from ..nsys import analysis as ta
+from ..nsys import sqlite as ns
 
-__all__ = ["Metric", "seed_metrics", "format_metrics", "recommendations", "fill_report", "pass_windows", "label_streams",
-           "weight_copy_gbps", "StreamingTimings", "streaming_timings", "metrics_matrix"]
+__all__ = ["Metric", "pass_metrics", "format_metrics", "recommendations", "fill_report", "pass_windows", "label_streams",
+           "weight_copy_gbps", "StreamingTimings", "streaming_timings", "metrics_matrix", "TARGETS"]
+
+# The design's targets: (low, high) bounds on a fraction; None where a side is open.
+TARGETS = {
+    "GPU utilisation": (0.85, None),
+    "memory bandwidth utilisation": (0.80, None),
+    "PCIe utilisation": (0.50, 0.70),
+    "overlap efficiency": (0.60, None),
+    "synchronisation wait": (None, 0.10),
+}
 
 
 @dataclass(frozen=True)
@@ -32,9 +45,28 @@ class Metric:
     def shown(self) -> str:
         return "not measurable from a trace" if self.value is None else f"{self.value:.1%}"
 
+    @property
+    def margin(self) -> float | None:
+        """Distance to the nearest target bound, as a fraction: positive inside the target, negative outside."""
+        bounds = TARGETS.get(self.name)
+        if self.value is None or bounds is None:
+            return None
+        low, high = bounds
+        sides = [self.value - low] if low is not None else []
+        sides += [high - self.value] if high is not None else []
+        return min(sides)
 
-def seed_metrics(path: str | Path, window: tuple[int, int], pinned_peak_gbps: float) -> list[Metric]:
-    """The seed's five metrics over ``window`` (ns) of the capture at ``path``."""
+    def verdict(self) -> str:
+        """The value against its target with the distance in points: '5.7% against < 10%: met by 4.3 points'."""
+        if self.margin is None:
+            return f"{self.shown()} ({self.target})"
+        word = "met" if self.margin >= 0 else "missed"
+        return f"{self.shown()} against {self.target}: {word} by {abs(self.margin) * 100:.1f} points"
+
+
+def pass_metrics(path: str | Path, window: tuple[int, int], pinned_peak_gbps: float) -> list[Metric]:
+    """The design's five metrics over ``window`` (ns) of the capture at ``path``, plus the CPU's share in
+    ``*Synchronize`` calls for information."""
     lo, hi = window
     kernels = ta.inside(ns.kernels(path), window)
     copies = ta.inside(ns.memcpy(path), window)
@@ -69,7 +101,7 @@ def format_metrics(metrics: list[Metric]) -> str:
 
 
 def recommendations(metrics: list[Metric]) -> list[str]:
-    """Rules from the seed's three diagnosed problems, applied to measured values only."""
+    """Rules from the three problems the design diagnoses, applied to measured values only."""
     by = {m.name: m for m in metrics}
     overlap, pcie, gpu = by["overlap efficiency"].value, by["PCIe utilisation"].value, by["GPU utilisation"].value
     wait = by["synchronisation wait"].value
@@ -98,7 +130,7 @@ def recommendations(metrics: list[Metric]) -> list[str]:
 
 def fill_report(model: dict, device: str, streaming: dict, metrics: list[Metric], step_ms: float,
                 step_label: str = "mean step latency") -> str:
-    """The seed's report template, every value taken from the arguments (measured, not typed)."""
+    """The design's report template, every value taken from the arguments (measured, not typed)."""
     by = {m.name: m for m in metrics}
     lines = [
         "Weight-streaming performance report",
@@ -202,9 +234,14 @@ def streaming_timings(results: dict, phase: str = "prefill") -> StreamingTimings
                             float(results["pinned_h2d_peak_gbps"]))
 
 
-def metrics_matrix(columns: dict[str, list[Metric]]) -> str:
-    """Several runs' seed metrics side by side: one row per metric, one column per run, with the
-    verdict against the seed's target after each value (ok / MISS; - where there is none)."""
+def metrics_matrix(columns: dict[str, list[Metric]], *, verdicts: bool = True) -> str:
+    """Several runs' metrics side by side: one row per metric, one column per run.
+
+    With ``verdicts`` each value is followed by its verdict against the design's target
+    (ok / MISS; nothing where there is no target). A verdict on a value within run-to-run
+    noise of its threshold flips between runs; pass ``verdicts=False`` where the output
+    must not depend on the run, and state margins with :meth:`Metric.verdict` instead.
+    """
     names = [m.name for m in next(iter(columns.values()))]
     width = max(14, *(len(c) + 1 for c in columns))
     lines = [f"{'metric':<34}{'target':<8}" + "".join(f"{c:>{width}}" for c in columns)]
@@ -215,7 +252,7 @@ def metrics_matrix(columns: dict[str, list[Metric]]) -> str:
             if m.value is None:
                 cells.append(f"{'n/a':>{width}}")
                 continue
-            mark = "" if m.met is None else (" ok" if m.met else " MISS")
+            mark = "" if (m.met is None or not verdicts) else (" ok" if m.met else " MISS")
             cells.append(f"{f'{m.value:.1%}{mark}':>{width}}")
         lines.append(f"{name[:33]:<34}{metrics[i].target:<8}" + "".join(cells))
     return "\n".join(lines)

@@ -1,0 +1,188 @@
+"""Compile, launch and time the course's hand-written CUDA kernels (``examples/nsight_compute``).
+
+The kernels live in ``.cu`` files beside their scripts, so that a reader can read them
+whole and the book can include them. They are compiled when a script starts (nvcc when
+it is installed, else CuPy's NVRTC) with ``-lineinfo``, so that Nsight Compute's Source
+Counters map every SASS instruction back to a line of the ``.cu`` file, and loaded with
+CuPy. Kernels are ``extern "C"``: ncu and nsys
+show them under the plain names the files give them (``-k regex:transpose_naive``).
+
+Every script runs everywhere: on a machine where CuPy cannot use a GPU, the script
+says so and lets NumPy compute the same result (there is then nothing to profile).
+:class:`Variant` and :func:`bench` time each kernel the same way (warm-up launches,
+then CUDA events around each repeat, median and spread) and wrap its launches in an
+NVTX range named after it (a push/pop range: ``ncu --nvtx --nvtx-include NAME/`` selects
+it) inside a start/end range ``timed`` (``--nvtx-include timed`` selects the timed launches of
+every kernel, and none of the set-up, fills and checks around them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, Sequence
+
+from .backend import Backend, describe_machine
+from .errors import GpuprofError
+from .ranges import annotate, process_range
+from .timing import time_call
+
+__all__ = ["cupy_gpu", "compile_kernels", "Variant", "Result", "bench", "format_results", "write_json",
+           "NVRTC_OPTIONS", "add_bench_arguments", "sample_rows"]
+
+NVRTC_OPTIONS = ("-lineinfo", "-std=c++17")
+
+
+def cupy_gpu() -> ModuleType | None:
+    """CuPy, if it can use a CUDA GPU here (the hand-written kernels need it); else None."""
+    if os.environ.get("GPUPROF_BACKEND", "").strip().lower() == "cpu":
+        return None
+    try:
+        import cupy as cp
+
+        if cp.cuda.is_available():
+            cp.cuda.runtime.getDeviceCount()
+            return cp
+    except Exception:  # not installed, no driver, no device
+        return None
+    return None
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every kernel script shares: warm-up, repeats, where to write results, CPU-only."""
+    from .cli import nonnegative_int, output_file, positive_int
+
+    parser.add_argument("--warmup", type=nonnegative_int, default=2, help="untimed launches of each kernel first (default: 2)")
+    parser.add_argument("--repeats", type=positive_int, default=10,
+                        help="timed launches of each kernel; the median is reported (default: 10; use 1 under ncu)")
+    parser.add_argument("--json", type=output_file, default=None, metavar="FILE", help="also write the results to FILE")
+    parser.add_argument("--cpu", action="store_true", help="run the NumPy stand-in even where a GPU is available")
+
+
+def sample_rows(n: int, count: int = 8, seed: int = 0) -> list[int]:
+    """A few row indices spread over ``n`` (always the first and the last), for spot checks against NumPy."""
+    import random
+
+    rng = random.Random(seed)
+    picks = {0, n - 1, *(rng.randrange(n) for _ in range(max(0, count - 2)))}
+    return sorted(picks)
+
+
+def _nvcc() -> str | None:
+    import shutil
+
+    for candidate in (os.environ.get("NVCC"), shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
+        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def compile_kernels(cu_file: str | Path, names: Sequence[str], cp: ModuleType) -> dict[str, Any]:
+    """Compile ``cu_file`` with ``-lineinfo`` for this GPU and return its kernels by name.
+
+    With ``nvcc`` (the CUDA toolkit that ships ncu has it) the file is compiled where it
+    lies, so the line table names the real ``.cu`` file and ``ncu --import-source yes``
+    can embed it in the report. Without nvcc, CuPy's NVRTC compiles the same text (line
+    numbers still match the file; ncu then cannot find the source by itself). A
+    compile error is reported with the compiler's own message, which names the line.
+    """
+    cu_file = Path(cu_file).resolve()
+    arch = f"sm_{cp.cuda.Device().compute_capability}"  # CuPy gives e.g. "90"
+    nvcc = _nvcc()
+    if nvcc:
+        import subprocess
+        import tempfile
+
+        out = Path(tempfile.mkdtemp(prefix="gpuprof-cubin-")) / (cu_file.stem + ".cubin")
+        proc = subprocess.run([nvcc, "-cubin", f"-arch={arch}", "-lineinfo", "-std=c++17", "-o", str(out), str(cu_file)],
+                              capture_output=True, text=True, timeout=600, check=False)
+        if proc.returncode != 0:
+            first = next((line for line in proc.stderr.splitlines() if "error" in line), proc.stderr.strip()[-300:])
+            raise GpuprofError(f"{cu_file.name} did not compile: {first.strip()[:300]}",
+                               "If you edited the file, the line number in the message points at the mistake.")
+        module = cp.RawModule(path=str(out))
+    else:
+        include = Path(cp.cuda.get_cuda_path() or "/usr/local/cuda") / "include"
+        try:
+            module = cp.RawModule(code=cu_file.read_text(), options=(*NVRTC_OPTIONS, f"-I{include}"))
+            module.get_function(names[0])  # compiles now, so that errors surface here
+        except cp.cuda.compiler.CompileException as exc:
+            lines = [line for line in str(exc).splitlines() if "error" in line] or str(exc).strip().splitlines()[-1:]
+            raise GpuprofError(f"{cu_file.name} did not compile (NVRTC): {lines[0].strip()[:300]}",
+                               "If you edited the file, the line number in the message points at the mistake.") from None
+    return {name: module.get_function(name) for name in names}
+
+
+@dataclass
+class Variant:
+    """One kernel (or library call) to time: how to launch it once and what one launch does.
+
+    ``work`` is the bytes one launch moves (for ``unit="GB/s"``) or the floating-point
+    operations it performs (``unit="TFLOP/s"``).
+    """
+
+    name: str
+    label: str
+    launch: Callable[[], object]
+    work: float
+    unit: str = "GB/s"
+    check: Callable[[], str] | None = None  # returns a sentence, raises GpuprofError when wrong
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Result:
+    name: str
+    label: str
+    median_ms: float
+    q1_ms: float
+    q3_ms: float
+    rate: float  # work per second, in ``unit``
+    unit: str
+    checked: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def bench(variants: Sequence[Variant], backend: Backend, *, warmup: int = 2, repeats: int = 10,
+          progress: Callable[[str], None] | None = print) -> list[Result]:
+    """Time each variant (inside NVTX ranges ``timed`` and its name), then run its check."""
+    results = []
+    scale = {"GB/s": 1e9, "TFLOP/s": 1e12, "Gop/s": 1e9}
+    for v in variants:
+        with process_range("timed"), annotate(v.name):
+            t = time_call(v.launch, backend=backend, warmup=warmup, repeats=repeats)
+        checked = v.check() if v.check else "not checked"
+        rate = v.work / t.median / scale[v.unit] if t.median > 0 else float("nan")
+        lo, hi = t.iqr
+        r = Result(v.name, v.label, t.median * 1e3, lo * 1e3, hi * 1e3, rate, v.unit, checked, dict(v.extra))
+        results.append(r)
+        if progress:
+            progress(f"  {v.label:<44} {r.median_ms:9.3f} ms  {r.rate:9.1f} {v.unit}   {checked}")
+    return results
+
+
+def format_results(results: Sequence[Result], reference: Result | None = None, ref_label: str = "") -> str:
+    """A fixed-width table: time, rate, and each row against ``reference`` (e.g. the first step)."""
+    lines = [f"{'kernel':<44}{'median':>11}{'rate':>16}" + (f"{ref_label:>14}" if reference else "")]
+    for r in results:
+        row = f"{r.label:<44}{r.median_ms:>8.3f} ms{r.rate:>9.1f} {r.unit:<7}"
+        if reference:
+            row += f"{reference.median_ms / r.median_ms:>13.2f}x"
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def write_json(path: str | Path | None, payload: dict[str, Any]) -> None:
+    """Write a script's results with the machine that produced them (no-op when ``path`` is None)."""
+    if path is None:
+        return
+    payload = {"machine": describe_machine().as_dict(), **payload}
+    for key, value in list(payload.items()):
+        if isinstance(value, list) and value and isinstance(value[0], Result):
+            payload[key] = [asdict(r) for r in value]
+    Path(path).write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    print(f"results written to {path}")

@@ -1,0 +1,151 @@
+"""Quantities derived from a report's counters: the numbers the Nsight Compute chapter reasons with.
+
+Counters say how much happened (sectors, requests, wavefronts, cycles); a diagnosis
+needs ratios of them. Each table here is one row per profiled kernel launch, with the
+metric names it uses listed in a constant, so that a capture can ask for exactly those
+(``--metrics`` on top of the sections) and a reader can see where every column comes from:
+
+* :func:`memory_table`: sectors per request (coalescing), shared-memory wavefronts per
+  instruction (bank conflicts), L2 and DRAM throughput, DRAM bytes;
+* :func:`occupancy_table`: theoretical and achieved occupancy, the blocks per SM each
+  resource allows and which one limits, eligible warps;
+* :func:`divergence_table`: active threads per instruction and uniform branches;
+* :func:`compute_table`: pipe utilisation and the FLOP counters;
+* :func:`stall_table`: the warp-state stall reasons.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from .plots import OCCUPANCY_LIMITS, PIPES, STALL_REASONS, stall_metric
+from .report import metric_table
+
+__all__ = ["MEMORY_METRICS", "OCCUPANCY_METRICS", "DIVERGENCE_METRICS", "COMPUTE_METRICS", "SOL_METRICS",
+           "memory_table", "occupancy_table", "divergence_table", "compute_table", "stall_table", "sol_table",
+           "metrics_option"]
+
+DURATION = "gpu__time_duration.sum"
+SOL_METRICS = [DURATION, "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+               "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
+               "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
+               "lts__throughput.avg.pct_of_peak_sustained_elapsed",
+               "l1tex__throughput.avg.pct_of_peak_sustained_active"]
+MEMORY_METRICS = [DURATION,
+                  "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum", "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum",
+                  "l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum", "l1tex__t_requests_pipe_lsu_mem_global_op_st.sum",
+                  "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum", "smsp__sass_inst_executed_op_shared_ld.sum",
+                  "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
+                  "lts__throughput.avg.pct_of_peak_sustained_elapsed",
+                  "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
+                  "dram__bytes_read.sum", "dram__bytes_write.sum", "lts__t_bytes.sum"]
+OCCUPANCY_METRICS = [DURATION, "launch__block_size", "launch__registers_per_thread",
+                     "launch__shared_mem_per_block_static", "launch__shared_mem_per_block_dynamic",
+                     "sm__maximum_warps_per_active_cycle_pct", "sm__warps_active.avg.pct_of_peak_sustained_active",
+                     "smsp__warps_eligible.avg.per_cycle_active", "smsp__issue_active.avg.pct_of_peak_sustained_active",
+                     "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed", *OCCUPANCY_LIMITS.values()]
+DIVERGENCE_METRICS = [DURATION, "smsp__average_thread_inst_executed_per_inst_executed.ratio",
+                      "smsp__sass_average_branch_targets_threads_uniform.pct",
+                      "smsp__sass_branch_targets_threads_divergent.sum", "smsp__inst_executed.sum",
+                      "sm__throughput.avg.pct_of_peak_sustained_elapsed"]
+COMPUTE_METRICS = [DURATION, *PIPES.values(), "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+                   "smsp__sass_thread_inst_executed_op_ffma_pred_on.sum",
+                   "smsp__sass_thread_inst_executed_op_fadd_pred_on.sum",
+                   "smsp__sass_thread_inst_executed_op_fmul_pred_on.sum",
+                   "sm__inst_executed_pipe_tensor_op_hmma.sum", "sm__inst_executed_pipe_tensor_op_gmma.sum",
+                   "sm__ops_path_tensor_op_hmma_src_bf16_dst_fp32_sparsity_off.sum",
+                   "sm__ops_path_tensor_op_hmma_src_tf32_dst_fp32_sparsity_off.sum",
+                   "dram__bytes_read.sum", "dram__bytes_write.sum"]
+
+
+def metrics_option(*groups: list[str]) -> list[str]:
+    """``--metrics a,b,...`` for the union of metric lists (in first-seen order), to add to sections."""
+    names = list(dict.fromkeys(n for g in groups for n in g if not n.startswith("launch__")))
+    return ["--metrics", ",".join(names)]
+
+
+def _ratio(a: pd.Series, b: pd.Series) -> pd.Series:
+    return a / b.where(b > 0)
+
+
+def sol_table(path: str | Path) -> pd.DataFrame:
+    """The Speed Of Light section's first table, per kernel launch (percent of each unit's peak)."""
+    return metric_table(path, SOL_METRICS, missing="nan")
+
+
+def memory_table(path: str | Path) -> pd.DataFrame:
+    """Per launch: duration, global load and store sectors per request (4 is fully coalesced 4-byte
+    access by a warp, 32 is one sector per thread), shared-memory wavefronts per shared load
+    instruction (1: no bank conflict; 32: a 32-way conflict), L2 and DRAM throughput and DRAM bytes."""
+    t = metric_table(path, MEMORY_METRICS, missing="nan")
+    out = pd.DataFrame({"kernel": t["kernel"], "duration_us": t[DURATION] / 1e3})
+    out["ld_sectors_per_request"] = _ratio(t["l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum"],
+                                           t["l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum"])
+    out["st_sectors_per_request"] = _ratio(t["l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum"],
+                                           t["l1tex__t_requests_pipe_lsu_mem_global_op_st.sum"])
+    out["shared_ld_wavefronts_per_inst"] = _ratio(t["l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum"],
+                                                  t["smsp__sass_inst_executed_op_shared_ld.sum"])
+    out["shared_ld_bank_conflicts"] = t["l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum"]
+    out["l2_pct"] = t["lts__throughput.avg.pct_of_peak_sustained_elapsed"]
+    out["dram_pct"] = t["gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed"]
+    out["dram_gb"] = (t["dram__bytes_read.sum"] + t["dram__bytes_write.sum"]) / 1e9
+    return out
+
+
+def occupancy_table(path: str | Path) -> pd.DataFrame:
+    """Per launch: block size, theoretical and achieved occupancy (% of the SM's warp slots), the
+    blocks per SM that each resource allows and the one that limits, eligible warps per scheduler
+    cycle, issue-slot use, DRAM throughput."""
+    t = metric_table(path, OCCUPANCY_METRICS, missing="nan")
+    out = pd.DataFrame({"kernel": t["kernel"], "block": t["launch__block_size"], "duration_us": t[DURATION] / 1e3,
+                        "theoretical_pct": t["sm__maximum_warps_per_active_cycle_pct"],
+                        "achieved_pct": t["sm__warps_active.avg.pct_of_peak_sustained_active"]})
+    limits = pd.DataFrame({name: t[metric] for name, metric in OCCUPANCY_LIMITS.items()})
+    for name in limits:
+        out[f"limit_{name.replace(' ', '_')}"] = limits[name]
+    lim = limits.astype(float)
+    lowest = lim.min(axis=1)
+    out["limiter"] = [" = ".join(c for c in lim.columns if row[c] == low) for (_, row), low in zip(lim.iterrows(), lowest)]
+    out["eligible_warps"] = t["smsp__warps_eligible.avg.per_cycle_active"]
+    out["issue_active_pct"] = t["smsp__issue_active.avg.pct_of_peak_sustained_active"]
+    out["dram_pct"] = t["gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed"]
+    return out
+
+
+def divergence_table(path: str | Path) -> pd.DataFrame:
+    """Per launch: active threads per executed warp instruction (32 when no lane is idle), the share
+    of branches whose threads all went the same way, divergent branch targets, instructions."""
+    t = metric_table(path, DIVERGENCE_METRICS, missing="nan")
+    return pd.DataFrame({"kernel": t["kernel"], "duration_us": t[DURATION] / 1e3,
+                         "threads_per_inst": t["smsp__average_thread_inst_executed_per_inst_executed.ratio"],
+                         "uniform_branch_pct": t["smsp__sass_average_branch_targets_threads_uniform.pct"],
+                         "divergent_targets": t["smsp__sass_branch_targets_threads_divergent.sum"],
+                         "warp_instructions": t["smsp__inst_executed.sum"],
+                         "sm_pct": t["sm__throughput.avg.pct_of_peak_sustained_elapsed"]})
+
+
+def compute_table(path: str | Path) -> pd.DataFrame:
+    """Per launch: how busy each pipe was, the FP32 operations ncu counted (an FFMA is two), the tensor
+    operations and instructions (``mma.sync``, Hopper's ``wgmma``), and DRAM bytes."""
+    t = metric_table(path, COMPUTE_METRICS, missing="nan")
+    out = pd.DataFrame({"kernel": t["kernel"], "duration_us": t[DURATION] / 1e3})
+    for label, metric in PIPES.items():
+        out[f"{label} pipe %"] = t[metric]
+    out["fp32_flop"] = (2 * t["smsp__sass_thread_inst_executed_op_ffma_pred_on.sum"]
+                        + t["smsp__sass_thread_inst_executed_op_fadd_pred_on.sum"]
+                        + t["smsp__sass_thread_inst_executed_op_fmul_pred_on.sum"])
+    out["tensor_ops"] = (t["sm__ops_path_tensor_op_hmma_src_bf16_dst_fp32_sparsity_off.sum"].fillna(0)
+                         + t["sm__ops_path_tensor_op_hmma_src_tf32_dst_fp32_sparsity_off.sum"].fillna(0))
+    out["mma_sync_inst"] = t["sm__inst_executed_pipe_tensor_op_hmma.sum"]
+    out["wgmma_inst"] = t["sm__inst_executed_pipe_tensor_op_gmma.sum"]
+    out["dram_bytes"] = t["dram__bytes_read.sum"] + t["dram__bytes_write.sum"]
+    return out
+
+
+def stall_table(path: str | Path) -> pd.DataFrame:
+    """Per launch: cycles stalled per issued instruction, by reason (Warp State Statistics); NaN where
+    the report lacks the section."""
+    t = metric_table(path, [stall_metric(r) for r in STALL_REASONS], missing="nan")
+    return t

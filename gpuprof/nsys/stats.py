@@ -1,0 +1,162 @@
+"""The ``nsys stats`` summary reports, computed from a sqlite export, column for column.
+
+``nsys stats --report NAME`` prints a table per report; these functions compute the same
+tables from the tables :mod:`gpuprof.nsys.sqlite` reads, so that a reader can move
+between the tool's report and their own code, filter first (one NVTX range, one
+stream), and trust that the numbers mean the same thing. Each is tested against CSVs
+that ``nsys stats --format csv`` wrote for a real capture.
+
+=========================  ===============================================================
+report                     function
+=========================  ===============================================================
+``cuda_gpu_kern_sum``      :func:`kernel_summary` (GPU time per kernel name)
+``nvtx_sum``               :func:`nvtx_summary` (time per NVTX range name)
+``cuda_gpu_mem_time_sum``  :func:`memop_time_summary` (GPU time per copy direction / memset)
+``cuda_gpu_mem_size_sum``  :func:`memop_size_summary` (megabytes per copy direction / memset)
+``cuda_api_sum``           :func:`api_summary` (CPU time per CUDA API function)
+=========================  ===============================================================
+
+Conventions taken from nsys itself: statistics are over integer nanoseconds, the
+standard deviation is the sample one (n - 1), megabytes are 10**6 bytes, and an API
+name that ends in a six-character version suffix (``_v7000``, ``_v3020``) is reported
+without it, while longer or shorter suffixes stay (``cudaStreamIsCapturing_v10000``,
+``cuGetProcAddress_v2``): see :func:`api_name`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["kernel_summary", "nvtx_summary", "memop_time_summary", "memop_size_summary", "api_summary", "api_name",
+           "memop_operations", "compare_summaries", "EXACT_COLUMNS", "FLOAT_COLUMNS"]
+
+
+def _summary(values: pd.Series, keys: pd.Series, key_name: str, *, count: str = "Instances", unit: str = "ns",
+             scale: float = 1.0) -> pd.DataFrame:
+    """The statistics ``nsys stats`` prints per name: share, total, count, mean, median, min, max, stddev.
+
+    ``values`` are integers (nanoseconds or bytes); ``scale`` divides them for display
+    units (bytes to MB) after the integer statistics are taken.
+    """
+    g = pd.DataFrame({"key": keys.to_numpy(), "v": values.to_numpy(dtype=np.int64)}).groupby("key", sort=False)["v"]
+    out = pd.DataFrame({
+        f"Total{' Time' if unit == 'ns' else ''} ({unit})": g.sum() / scale,
+        count: g.size(),
+        f"Avg ({unit})": g.mean() / scale,
+        f"Med ({unit})": g.median() / scale,
+        f"Min ({unit})": g.min() / scale,
+        f"Max ({unit})": g.max() / scale,
+        f"StdDev ({unit})": g.std(ddof=1).fillna(0.0) / scale,
+    })
+    total = out.columns[0]
+    if unit == "ns":
+        out.insert(0, "Time (%)", 100 * out[total] / out[total].sum())
+    out.index.name = key_name
+    return out.sort_values([total], ascending=False, kind="stable").reset_index()
+
+
+def kernel_summary(kernels: pd.DataFrame, by: str = "demangled") -> pd.DataFrame:
+    """Per kernel, like ``cuda_gpu_kern_sum`` (same columns, same order).
+
+    ``by="demangled"`` groups by full names, as nsys stats does; ``by="name"`` by short
+    names, which merges template instances into one row and reads better in a table.
+    """
+    return _summary(kernels["duration_ns"], kernels[by], "Name")
+
+
+def nvtx_summary(ranges: pd.DataFrame) -> pd.DataFrame:
+    """Per NVTX range name, like ``nvtx_sum``: push/pop and start/end ranges.
+
+    ``nsys stats`` names a range ``:text`` (its domain before the colon, empty for the
+    default domain); so does this summary, so that the two can be compared directly.
+    """
+    domain = ranges["domain"].where(ranges["domain"] != "default", "")
+    return _summary(ranges["duration_ns"], domain + ":" + ranges["text"], "Range")
+
+
+def memop_operations(copies: pd.DataFrame, memsets: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Copies and memsets as one table of operations named the way nsys names them:
+    ``[CUDA memcpy Host-to-Device]``, ``[CUDA memset]``; columns operation, duration_ns, bytes."""
+    parts = []
+    if copies is not None and not copies.empty:
+        parts.append(pd.DataFrame({"operation": "[CUDA memcpy " + copies["kind"].astype(str) + "]",
+                                   "duration_ns": copies["duration_ns"], "bytes": copies["bytes"]}))
+    if memsets is not None and not memsets.empty:
+        parts.append(pd.DataFrame({"operation": "[CUDA memset]", "duration_ns": memsets["duration_ns"],
+                                   "bytes": memsets["bytes"]}))
+    if not parts:
+        return pd.DataFrame(columns=["operation", "duration_ns", "bytes"])
+    return pd.concat(parts, ignore_index=True)
+
+
+def memop_time_summary(copies: pd.DataFrame, memsets: pd.DataFrame | None = None) -> pd.DataFrame:
+    """GPU time per memory operation, like ``cuda_gpu_mem_time_sum``."""
+    ops = memop_operations(copies, memsets)
+    return _summary(ops["duration_ns"], ops["operation"], "Operation", count="Count")
+
+
+def memop_size_summary(copies: pd.DataFrame, memsets: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Megabytes (10**6 bytes) per memory operation, like ``cuda_gpu_mem_size_sum``."""
+    ops = memop_operations(copies, memsets)
+    return _summary(ops["bytes"], ops["operation"], "Operation", count="Count", unit="MB", scale=1e6)
+
+
+def api_name(name: str) -> str:
+    """An API function's name as ``nsys stats`` reports it.
+
+    The export stores the versioned entry point (``cudaLaunchKernel_v7000``). nsys drops
+    a suffix of exactly six characters that starts with ``_v`` (the four-digit CUDA
+    version that introduced the entry point) and keeps every other name as it is, so
+    ``cuGetProcAddress_v2`` (a different function from ``cuGetProcAddress``) and the
+    five-digit ``cudaStreamIsCapturing_v10000`` keep theirs.
+    """
+    return name[:-6] if len(name) > 6 and name[-6:-4] == "_v" else name
+
+
+def api_summary(runtime: pd.DataFrame) -> pd.DataFrame:
+    """CPU time per CUDA API function, like ``cuda_api_sum``."""
+    names = runtime["name"].astype(str).map(api_name)
+    return _summary(runtime["end"] - runtime["start"], names, "Name", count="Num Calls")
+
+
+EXACT_COLUMNS = ["Total Time (ns)", "Instances", "Count", "Num Calls", "Min (ns)", "Max (ns)"]
+FLOAT_COLUMNS = ["Avg (ns)", "Med (ns)", "StdDev (ns)"]
+MB_COLUMNS = ["Total (MB)", "Avg (MB)", "Med (MB)", "Min (MB)", "Max (MB)", "StdDev (MB)"]
+
+
+def compare_summaries(mine: pd.DataFrame, theirs: pd.DataFrame, key: str, *, float_tol_ns: float = 1.0,
+                      mb_tol: float = 0.0006) -> str:
+    """Check a summary from this module against the CSV ``nsys stats`` wrote; raise on any disagreement.
+
+    Integer columns (totals, counts, min, max in ns) must be identical; means, medians and
+    standard deviations, which nsys prints rounded to one decimal, must agree within
+    ``float_tol_ns``; megabyte columns, printed with three decimals, within ``mb_tol``.
+    Keys are compared after stripping surrounding whitespace. Returns a one-line verdict.
+    """
+    a = mine.assign(_k=mine[key].astype(str).str.strip()).set_index("_k")
+    b = theirs.assign(_k=theirs[key].astype(str).str.strip()).set_index("_k")
+    if set(a.index) != set(b.index):
+        only_a, only_b = sorted(set(a.index) - set(b.index))[:5], sorted(set(b.index) - set(a.index))[:5]
+        raise AssertionError(f"different {key} sets: only here {only_a}, only in nsys stats {only_b}")
+    b = b.loc[a.index]
+    exact = [c for c in EXACT_COLUMNS if c in a and c in b]
+    for col in exact:
+        diff = (a[col].astype("int64") - b[col].astype("int64")).abs()
+        if diff.max() != 0:
+            raise AssertionError(f"{col} differs for {list(diff[diff > 0].index[:3])}: max {diff.max()}")
+    worst_ns = worst_mb = 0.0
+    for cols, tol, unit in ((FLOAT_COLUMNS, float_tol_ns, "ns"), (MB_COLUMNS, mb_tol, "MB")):
+        for col in (c for c in cols if c in a and c in b):
+            d = float((a[col].astype(float) - b[col].astype(float)).abs().max())
+            if d > tol:
+                raise AssertionError(f"{col} differs by up to {d:.4f} {unit} (tolerance {tol} {unit})")
+            if unit == "ns":
+                worst_ns = max(worst_ns, d)
+            else:
+                worst_mb = max(worst_mb, d)
+    if any(c in a for c in MB_COLUMNS):
+        return (f"{len(a)} {key.lower()}s: counts identical to nsys stats; "
+                f"megabytes within {worst_mb:.4f} MB (nsys prints three decimals)")
+    return (f"{len(a)} {key.lower()}s: totals, counts, min and max identical to nsys stats; "
+            f"avg, median and stddev within {worst_ns:.2f} ns")

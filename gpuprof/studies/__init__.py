@@ -1,0 +1,1 @@
+"""Helpers of the case-study chapters: analyses specific to one example program."""

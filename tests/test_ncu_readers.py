@@ -1,0 +1,192 @@
+"""The Nsight Compute readers (report and CSV), the parsers of ncu's printed output, and bad input.
+
+The report reader runs NVIDIA's ncu_report (the pinned `ncu-report` package) in a helper
+process; these tests read the course's real reports, so they need no GPU and no ncu.
+"""
+
+import json
+import sys
+
+import pytest
+
+from gpuprof import gpu_available
+from gpuprof.artifacts import REPO_ROOT
+from gpuprof.errors import GpuprofError
+from gpuprof.ncu import capture as ncap
+from gpuprof.ncu import csv_reader, report as nr, runs
+
+SAXPY_REP = REPO_ROOT / "artifacts" / "ch00" / "saxpy_sol.ncu-rep"
+SAXPY_CSV = REPO_ROOT / "artifacts" / "ch00" / "saxpy_sol.csv"
+LIST_SETS = REPO_ROOT / "artifacts" / "tools" / "ncu-list-sets.txt"
+
+
+def test_report_and_csv_agree_on_the_kernel_and_its_duration():
+    k = nr.kernels(SAXPY_REP)
+    assert list(k["name"]) == ["saxpy"]
+    d = csv_reader.read_details(SAXPY_CSV)
+    row = d[d["Metric Name"] == "Duration"].iloc[0]
+    csv_ns = csv_reader.to_seconds(row["value"], row["Metric Unit"]) * 1e9
+    assert k["duration_ns"].iloc[0] == pytest.approx(csv_ns, rel=0.005)
+
+
+def test_launch_configuration_from_the_report():
+    k = nr.kernels(SAXPY_REP).iloc[0]
+    assert k["block_size"] == 256 and k["grid_size"] * k["block_size"] == 1 << 26
+    assert k["registers_per_thread"] > 0
+
+
+def test_metrics_long_and_wide():
+    long = nr.metrics(SAXPY_REP, r"^gpu__time_duration\.")
+    assert set(long["unit"]) == {"ns"} and len(long) >= 1
+    wide = nr.metric_table(SAXPY_REP, ["gpu__time_duration.sum", "launch__block_size"])
+    assert list(wide.columns) == ["kernel", "gpu__time_duration.sum", "launch__block_size"]
+    assert wide["launch__block_size"].iloc[0] == 256
+
+
+def test_a_missing_metric_is_named_with_similar_ones():
+    with pytest.raises(GpuprofError, match=r"has no metric 'gpu__time_duration\.summ'.*similar names here: \['gpu__time"):
+        nr.metric_table(SAXPY_REP, ["gpu__time_duration.summ"])
+    nan = nr.metric_table(SAXPY_REP, ["gpu__time_duration.summ"], missing="nan")
+    assert nan["gpu__time_duration.summ"].isna().all()
+
+
+def test_rules_are_read_with_their_type_and_plain_messages():
+    r = nr.rules(SAXPY_REP)
+    assert len(r) and set(r["type"]) <= set(nr.RULE_TYPES.values())
+    assert not r["message"].str.contains("@section:|@url:", regex=True).any()
+
+
+def test_rule_link_markup_is_reduced_to_its_text():
+    msg = ("Start with @section:MemoryWorkloadAnalysis:Memory Workload Analysis@, see the "
+           "@url:CUDA Best Practices Guide:https://docs.nvidia.com/x@ and line @source:k.cu:12:twelve@.")
+    assert nr.clean_message(msg) == "Start with Memory Workload Analysis, see the CUDA Best Practices Guide and line twelve."
+
+
+@pytest.mark.parametrize("name,content,message", [
+    ("x.csv", "ID,Kernel Name\n", "is ncu's CSV output, not a report"),
+    ("x.sqlite", "SQLite format 3\x00", "is an Nsight Systems file"),
+    ("x.ncu-rep", "not a report at all", "holds no profiled kernel"),
+])
+def test_wrong_files_get_one_sentence(tmp_path, name, content, message):
+    f = tmp_path / name
+    f.write_text(content)
+    with pytest.raises(GpuprofError, match=message):
+        nr.kernels(f)
+
+
+def test_missing_report(tmp_path):
+    with pytest.raises(GpuprofError, match="does not exist"):
+        nr.rules(tmp_path / "nope.ncu-rep")
+
+
+def test_a_report_given_to_the_csv_reader_says_which_reader_to_use():
+    with pytest.raises(GpuprofError, match="is an Nsight Compute report, not its CSV export.*gpuprof.ncu.report"):
+        csv_reader.read_details(SAXPY_REP)
+
+
+def test_section_tables_without_ncu_say_how_to_export_them(tmp_path, clean_tool_env, monkeypatch):
+    monkeypatch.setattr("gpuprof.tools._INSTALL_GLOBS", {"nsys": [], "ncu": []})
+    rep = tmp_path / "copy.ncu-rep"
+    rep.write_bytes(SAXPY_REP.read_bytes())
+    with pytest.raises(GpuprofError, match=r"rendered by ncu, which is not installed here.*--page details"):
+        nr.sections(rep)
+    (tmp_path / "copy.details.csv").write_bytes(SAXPY_CSV.read_bytes())
+    assert "GPU Speed Of Light Throughput" in set(nr.sections(rep)["Section Name"])
+
+
+def test_reader_survives_torch_and_matplotlib_loaded_first():
+    """ncu_report crashes a process that loaded PyTorch or matplotlib before it; ours never loads it."""
+    import subprocess
+
+    code = ("import torch, matplotlib.pyplot; from gpuprof.ncu import report as nr; "
+            f"print(nr.kernels({str(SAXPY_REP)!r})['name'].iloc[0])")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
+    assert proc.returncode == 0 and proc.stdout.strip() == "saxpy", proc.stderr[-500:]
+
+
+def test_ncu_report_is_found():
+    assert nr.ncu_report_available()
+
+
+def test_raw_page_with_its_units_row():
+    text = ('==PROF== Connected to process 1\n"ID","Kernel Name","gpu__time_duration.sum","launch__block_size"\n'
+            '"","","ns",""\n"0","saxpy","232,640","256"\n"1","saxpy","231,000","256"\nprogram output\n')
+    df, units = csv_reader.parse_raw(text)
+    assert list(df["gpu__time_duration.sum"]) == [232640, 231000] and units == {"gpu__time_duration.sum": "ns"}
+    assert list(df["Kernel Name"]) == ["saxpy", "saxpy"]
+
+
+def test_details_page_from_printed_output():
+    text = "program says hi\n" + SAXPY_CSV.read_text() + "==PROF== Disconnected\n"
+    df = csv_reader.parse_details(text)
+    assert df["value"].notna().any() and set(df["Kernel Name"]) == {"saxpy"}
+
+
+def test_list_sets_parsed_with_wrapped_section_lists():
+    rows = {r["set"]: r for r in runs.parse_list_sets(LIST_SETS.read_text())}
+    assert set(rows) == {"basic", "detailed", "full", "nvlink", "pmsampling", "roofline"}
+    assert rows["basic"]["enabled"] and not rows["full"]["enabled"]
+    assert "MemoryWorkloadAnalysis_Chart" in rows["detailed"]["sections"]  # wrapped over two lines in the listing
+    assert rows["full"]["estimated_metrics"] > rows["detailed"]["estimated_metrics"] > rows["basic"]["estimated_metrics"]
+
+
+def test_list_sets_rejects_other_text():
+    with pytest.raises(GpuprofError, match="not `ncu --list-sets` output"):
+        runs.parse_list_sets("hello")
+
+
+def test_passes_and_profiled_kernels_from_ncu_output():
+    text = ('==PROF== Connected to process 7\n==PROF== Profiling "copy_tile": 0%....50%....100% - 20 passes\n'
+            '==PROF== Profiling "transpose_naive": 0%....50%....100% - 1 pass\n==PROF== Disconnected\n')
+    assert ncap.parse_passes(text) == [("copy_tile", 20), ("transpose_naive", 1)]
+    assert ncap.parse_profiled(text) == ["copy_tile", "transpose_naive"]
+
+
+QUERY = """Device NVIDIA H100 80GB HBM3 (GH100)
+---------------------------------------- --------------- --------------- ----------------------------------------
+Metric Name                              Metric Type     Metric Unit     Metric Description
+---------------------------------------- --------------- --------------- ----------------------------------------
+dram__bytes.sum.per_second               Counter         byte/s          # of bytes accessed in DRAM (This counter
+                                                                         metric represents the sum)
+sm__warps_active.avg.pct_of_peak_sustained_active Counter %               cumulative # of warps in flight
+smsp__thread_inst_executed_per_inst_executed.ratio Ratio                  [DEPRECATED: use smsp__average_thread_inst_executed_per_inst_executed.ratio] x
+"""
+
+
+def test_metric_names_checked_against_the_query_listing():
+    rows = {r["metric"]: r for r in runs.check_metric_names(
+        ["dram__bytes.sum.per_second", "sm__warps_active.avg.pct", "smsp__thread_inst_executed_per_inst_executed.ratio",
+         "Occupancy"], QUERY)}
+    assert rows["dram__bytes.sum.per_second"]["exists"] and not rows["dram__bytes.sum.per_second"]["deprecated"]
+    assert not rows["sm__warps_active.avg.pct"]["exists"]
+    assert rows["sm__warps_active.avg.pct"]["use_instead"] == "sm__warps_active.avg.pct_of_peak_sustained_active"
+    dep = rows["smsp__thread_inst_executed_per_inst_executed.ratio"]
+    assert dep["exists"] and dep["deprecated"] and dep["use_instead"].startswith("smsp__average_thread_inst")
+    assert rows["Occupancy"]["use_instead"] == "(no metric of this base name)"
+
+
+NO_GPU = pytest.mark.skipif(gpu_available(), reason="checks the CPU-only fallback")
+
+
+@NO_GPU
+def test_capture_without_a_gpu_falls_back_to_the_reference(isolated_dirs, capsys):
+    _, ref = isolated_dirs
+    folder = ref / "ch04"
+    folder.mkdir()
+    (folder / "demo.ncu-rep").write_bytes(SAXPY_REP.read_bytes())
+    (folder / "demo.details.csv").write_bytes(SAXPY_CSV.read_bytes())
+    prov = {"chapter": "ch04", "files": {"demo.ncu-rep": {"captured_at": "2026-11-22T00:00:00Z", "command": "ncu -o demo",
+                                                           "machine": {"gpu_name": "NVIDIA H100"}, "passes": [["saxpy", 8]]}}}
+    (folder / "provenance.json").write_text(json.dumps(prov))
+    cap = ncap.ncu_capture("ch04", "demo", "script.py")
+    assert "No live ncu capture" in capsys.readouterr().out
+    assert cap.report.source == "reference" and cap.details == folder / "demo.details.csv"
+    assert cap.passes == [("saxpy", 8)]
+    with pytest.raises(GpuprofError, match="No capture named missing.ncu-rep"):
+        ncap.ncu_capture("ch04", "missing", "script.py")
+
+
+@NO_GPU
+def test_listing_without_a_gpu_is_one_sentence():
+    with pytest.raises(GpuprofError, match="ncu cannot run here"):
+        ncap.ncu_listing(["--list-sets"])
