@@ -40,7 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mib", type=positive_int, default=None,
                    help="array size in MiB (a multiple of 32 KiB chunks; default: 1024 on a GPU, 16 on a CPU)")
-    p.add_argument("--blocks", default="64,128,256,512,1024",
+    p.add_argument("--blocks", default="32,64,128,256,512,1024",
                    help="threads per block to try, comma-separated, each a multiple of 32 up to 1024 (default: %(default)s)")
     gk.add_bench_arguments(p)
     args = p.parse_args(argv)

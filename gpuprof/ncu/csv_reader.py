@@ -48,7 +48,9 @@ def _table_lines(text: str, source: str) -> list[str]:
     if start is None:
         raise GpuprofError(f"{source} holds no ncu CSV table (no header line starting with \"ID\").",
                            "Was the report empty? ncu prints 'No kernels were profiled' when the filter matched nothing.")
-    return [line for line in lines[start:] if line.startswith('"')]
+    header = lines[start]
+    # ncu may repeat the header (one table per profiled process, or per kernel while profiling)
+    return [header] + [line for line in lines[start + 1:] if line.startswith('"') and line != header]
 
 
 def _numbers(col: pd.Series) -> pd.Series:

@@ -66,20 +66,35 @@ def metrics_option(*groups: list[str]) -> list[str]:
     return ["--metrics", ",".join(names)]
 
 
+Source = "str | Path | pd.DataFrame"
+
+
+def _wide(source: str | Path | pd.DataFrame, names: list[str]) -> pd.DataFrame:
+    """Metric columns from a report, or from a table already read (a row per kernel with a
+    ``kernel`` column and metric columns, e.g. :func:`gpuprof.ncu.runs.metric_rows`); NaN where absent."""
+    if isinstance(source, pd.DataFrame):
+        out = source.copy()
+        for n in names:
+            if n not in out:
+                out[n] = float("nan")
+        return out[["kernel", *names]].astype({n: float for n in names})
+    return metric_table(source, names, missing="nan")
+
+
 def _ratio(a: pd.Series, b: pd.Series) -> pd.Series:
     return a / b.where(b > 0)
 
 
-def sol_table(path: str | Path) -> pd.DataFrame:
+def sol_table(path: str | Path | pd.DataFrame) -> pd.DataFrame:
     """The Speed Of Light section's first table, per kernel launch (percent of each unit's peak)."""
-    return metric_table(path, SOL_METRICS, missing="nan")
+    return _wide(path, SOL_METRICS)
 
 
-def memory_table(path: str | Path) -> pd.DataFrame:
+def memory_table(path: str | Path | pd.DataFrame) -> pd.DataFrame:
     """Per launch: duration, global load and store sectors per request (4 is fully coalesced 4-byte
     access by a warp, 32 is one sector per thread), shared-memory wavefronts per shared load
     instruction (1: no bank conflict; 32: a 32-way conflict), L2 and DRAM throughput and DRAM bytes."""
-    t = metric_table(path, MEMORY_METRICS, missing="nan")
+    t = _wide(path, MEMORY_METRICS)
     out = pd.DataFrame({"kernel": t["kernel"], "duration_us": t[DURATION] / 1e3})
     out["ld_sectors_per_request"] = _ratio(t["l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum"],
                                            t["l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum"])
@@ -94,11 +109,11 @@ def memory_table(path: str | Path) -> pd.DataFrame:
     return out
 
 
-def occupancy_table(path: str | Path) -> pd.DataFrame:
+def occupancy_table(path: str | Path | pd.DataFrame) -> pd.DataFrame:
     """Per launch: block size, theoretical and achieved occupancy (% of the SM's warp slots), the
     blocks per SM that each resource allows and the one that limits, eligible warps per scheduler
     cycle, issue-slot use, DRAM throughput."""
-    t = metric_table(path, OCCUPANCY_METRICS, missing="nan")
+    t = _wide(path, OCCUPANCY_METRICS)
     out = pd.DataFrame({"kernel": t["kernel"], "block": t["launch__block_size"], "duration_us": t[DURATION] / 1e3,
                         "theoretical_pct": t["sm__maximum_warps_per_active_cycle_pct"],
                         "achieved_pct": t["sm__warps_active.avg.pct_of_peak_sustained_active"]})
@@ -114,10 +129,10 @@ def occupancy_table(path: str | Path) -> pd.DataFrame:
     return out
 
 
-def divergence_table(path: str | Path) -> pd.DataFrame:
+def divergence_table(path: str | Path | pd.DataFrame) -> pd.DataFrame:
     """Per launch: active threads per executed warp instruction (32 when no lane is idle), the share
     of branches whose threads all went the same way, divergent branch targets, instructions."""
-    t = metric_table(path, DIVERGENCE_METRICS, missing="nan")
+    t = _wide(path, DIVERGENCE_METRICS)
     return pd.DataFrame({"kernel": t["kernel"], "duration_us": t[DURATION] / 1e3,
                          "threads_per_inst": t["smsp__average_thread_inst_executed_per_inst_executed.ratio"],
                          "uniform_branch_pct": t["smsp__sass_average_branch_targets_threads_uniform.pct"],
@@ -126,26 +141,29 @@ def divergence_table(path: str | Path) -> pd.DataFrame:
                          "sm_pct": t["sm__throughput.avg.pct_of_peak_sustained_elapsed"]})
 
 
-def compute_table(path: str | Path) -> pd.DataFrame:
+def compute_table(path: str | Path | pd.DataFrame) -> pd.DataFrame:
     """Per launch: how busy each pipe was, the FP32 operations ncu counted (an FFMA is two), the tensor
     operations and instructions (``mma.sync``, Hopper's ``wgmma``), and DRAM bytes."""
-    t = metric_table(path, COMPUTE_METRICS, missing="nan")
+    t = _wide(path, COMPUTE_METRICS)
     out = pd.DataFrame({"kernel": t["kernel"], "duration_us": t[DURATION] / 1e3})
     for label, metric in PIPES.items():
         out[f"{label} pipe %"] = t[metric]
     out["fp32_flop"] = (2 * t["smsp__sass_thread_inst_executed_op_ffma_pred_on.sum"]
                         + t["smsp__sass_thread_inst_executed_op_fadd_pred_on.sum"]
                         + t["smsp__sass_thread_inst_executed_op_fmul_pred_on.sum"])
-    out["tensor_ops"] = (t["sm__ops_path_tensor_op_hmma_src_bf16_dst_fp32_sparsity_off.sum"].fillna(0)
-                         + t["sm__ops_path_tensor_op_hmma_src_tf32_dst_fp32_sparsity_off.sum"].fillna(0))
-    out["mma_sync_inst"] = t["sm__inst_executed_pipe_tensor_op_hmma.sum"]
+    # Tensor-core operations of mma.sync (HMMA) instructions, BF16 and TF32 inputs: for a
+    # product, 2 n^3. Hopper's wgmma instructions are counted apart (their operations are not
+    # in these counters), and the tensor pipe's instruction counter includes them.
+    out["mma_sync_ops"] = (t["sm__ops_path_tensor_op_hmma_src_bf16_dst_fp32_sparsity_off.sum"].fillna(0)
+                           + t["sm__ops_path_tensor_op_hmma_src_tf32_dst_fp32_sparsity_off.sum"].fillna(0))
+    out["tensor_pipe_inst"] = t["sm__inst_executed_pipe_tensor_op_hmma.sum"]
     out["wgmma_inst"] = t["sm__inst_executed_pipe_tensor_op_gmma.sum"]
     out["dram_bytes"] = t["dram__bytes_read.sum"] + t["dram__bytes_write.sum"]
     return out
 
 
-def stall_table(path: str | Path) -> pd.DataFrame:
+def stall_table(path: str | Path | pd.DataFrame) -> pd.DataFrame:
     """Per launch: cycles stalled per issued instruction, by reason (Warp State Statistics); NaN where
     the report lacks the section."""
-    t = metric_table(path, [stall_metric(r) for r in STALL_REASONS], missing="nan")
+    t = _wide(path, [stall_metric(r) for r in STALL_REASONS])
     return t

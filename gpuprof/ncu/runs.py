@@ -23,7 +23,7 @@ from .capture import ncu_listing, parse_passes
 from .csv_reader import parse_details
 
 __all__ = ["parse_list_sets", "set_table", "filter_table", "clock_cache_durations", "nsys_durations",
-           "CLOCK_CACHE_CONFIGS", "check_metric_names"]
+           "CLOCK_CACHE_CONFIGS", "check_metric_names", "kernels_with_ranges", "metric_rows"]
 
 CLOCK_CACHE_CONFIGS = [("base", "all"), ("base", "none"), ("none", "all"), ("none", "none")]
 
@@ -92,6 +92,50 @@ def set_table(script: str | Path, script_args: Sequence[str], kernel_regex: str,
     return rows
 
 
+def kernels_with_ranges(script: str | Path, script_args: Sequence[str], options: Sequence[str] = ()) -> list[dict]:
+    """Every kernel launch of a program with the NVTX ranges open on its launching thread and its
+    duration, from one ncu run (``--nvtx``, one metric: one pass per launch).
+
+    The report itself is not kept: for a framework program it embeds the binaries of every
+    library kernel it profiled (a hundred megabytes for a few cuDNN convolutions), while
+    the table is a few kilobytes.
+    """
+    from .report import kernels
+
+    live = live_tool("ncu")
+    if isinstance(live, str):
+        raise GpuprofError(f"ncu cannot run here: {live}.")
+    ncu, _ = live
+    with tempfile.TemporaryDirectory() as tmp:
+        cap = run_profiler(ncu, ["--nvtx", "--metrics", "gpu__time_duration.sum", *options, "-o", "{output}"],
+                           python_target(script, *script_args), out_dir=Path(tmp), name="kernels", overwrite=True)
+        k = kernels(cap.file(".ncu-rep"))
+    return [{"id": int(r.id), "name": r.name, "nvtx": r.nvtx, "duration_ns": r.duration_ns} for r in k.itertuples()]
+
+
+def metric_rows(script: str | Path, script_args: Sequence[str], options: Sequence[str], metrics: Sequence[str]) -> list[dict]:
+    """One ncu run with ``options`` (plus ``--nvtx``); per kernel launch: name, NVTX ranges and the
+    values of ``metrics`` (None where the report lacks one). The report is not kept: a library
+    kernel's report embeds its binary, tens of megabytes for a few cuBLAS kernels."""
+    from .report import kernels, metric_table
+
+    live = live_tool("ncu")
+    if isinstance(live, str):
+        raise GpuprofError(f"ncu cannot run here: {live}.")
+    ncu, _ = live
+    with tempfile.TemporaryDirectory() as tmp:
+        cap = run_profiler(ncu, ["--nvtx", *options, "-o", "{output}"], python_target(script, *script_args),
+                           out_dir=Path(tmp), name="metrics", overwrite=True)
+        report = cap.file(".ncu-rep")
+        k = kernels(report).set_index("id")
+        t = metric_table(report, list(metrics), missing="nan")
+    rows = []
+    for i, row in t.iterrows():
+        values = {m: (None if row[m] != row[m] else float(row[m])) for m in metrics}
+        rows.append({"id": int(i), "kernel": row["kernel"], "nvtx": k.loc[i, "nvtx"], **values})
+    return rows
+
+
 def filter_table(script: str | Path, script_args: Sequence[str], filters: dict[str, list[str]],
                  *, metric: str = "gpu__time_duration.sum") -> list[dict]:
     """For each filter (a list of ncu options), the kernels it selected, collecting one metric (one pass each)."""
@@ -122,10 +166,10 @@ def clock_cache_durations(script: str | Path, script_args: Sequence[str], kernel
     for clock, cache in configs:
         listing = ncu_listing(["--clock-control", clock, "--cache-control", cache, "--metrics", metrics,
                                "-k", f"regex:{kernel_regex}", "--csv"], python_target(script, *script_args))
-        if listing.returncode != 0 or not listing.profiled:
-            raise GpuprofError(f"ncu with --clock-control {clock} --cache-control {cache} profiled nothing "
+        if listing.returncode != 0:
+            raise GpuprofError(f"ncu with --clock-control {clock} --cache-control {cache} failed "
                                f"(exit {listing.returncode}).")
-        df = parse_details(listing.output, "ncu's output")
+        df = parse_details(listing.output, "ncu's output")  # with --csv, ncu prints no progress lines
         for kernel, part in df.groupby("Kernel Name", sort=False):
             def median(name: str) -> tuple[float, str]:
                 sel = part[part["Metric Name"] == name]
@@ -161,7 +205,7 @@ def nsys_durations(script: str | Path, script_args: Sequence[str], kernel_regex:
         export = run_profiler(nsys, ["export", "--type", "sqlite", "-o", "{output}.sqlite", str(cap.file(".nsys-rep"))],
                               out_dir=Path(tmp), name="durations", overwrite=True)
         k = ns.kernels(export.file(".sqlite"))
-    mine = k[k["name"].str.fullmatch(kernel_regex)]
+    mine = k[k["name"].str.contains(kernel_regex, regex=True)]  # searched, as ncu -k regex: does
     if mine.empty:
         raise GpuprofError(f"nsys recorded no kernel matching {kernel_regex!r}.")
     rows = []
