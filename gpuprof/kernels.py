@@ -63,6 +63,18 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cpu", action="store_true", help="run the NumPy stand-in even where a GPU is available")
 
 
+def choose_kernels(parser: argparse.ArgumentParser, text: str, choices: Sequence[str]) -> list[str]:
+    """The kernels named by a ``--kernels`` value ("all" or a comma-separated subset), in the order given.
+
+    An unknown or empty choice ends the script through ``parser.error`` with the valid names, not a traceback.
+    """
+    chosen = list(choices) if text == "all" else [k.strip() for k in text.split(",") if k.strip()]
+    unknown = [k for k in chosen if k not in choices]
+    if unknown or not chosen:
+        parser.error(f"unknown kernel(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(choices)}")
+    return chosen
+
+
 def sample_rows(n: int, count: int = 8, seed: int = 0) -> list[int]:
     """A few row indices spread over ``n`` (always the first and the last), for spot checks against NumPy."""
     import random

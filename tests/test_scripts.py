@@ -111,8 +111,8 @@ def test_nvtx_profile_cost_is_reported_with_its_noise():
 
     m = re.search(r"auto: (-?[\d.]+) ns added per call \(noise ([\d.]+) ns\)", proc.stdout)
     assert proc.returncode == 0 and m, proc.stdout
-    if abs(float(m.group(1))) <= float(m.group(2)):
-        assert "within noise" in proc.stdout
+    within = abs(float(m.group(1))) <= float(m.group(2))
+    assert ("within noise" in proc.stdout) == within, proc.stdout
 
 
 def test_capture_refuses_without_a_gpu():

@@ -54,11 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.n is not None and args.n % 64:
         p.error(f"--n must be a multiple of 64 (the tile size), not {args.n}")
-    chosen = list(KERNELS) if args.kernels == "all" else [k.strip() for k in args.kernels.split(",") if k.strip()]
-    unknown = [k for k in chosen if k not in KERNELS]
-    if unknown or not chosen:
-        p.error(f"unknown kernel(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(KERNELS)}")
-    args.kernels = chosen
+    args.kernels = gk.choose_kernels(p, args.kernels, list(KERNELS))
     return args
 
 

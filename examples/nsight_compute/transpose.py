@@ -53,11 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.n is not None and args.n % 64:
         p.error(f"--n must be a multiple of 64 (the largest tile), not {args.n}")
-    chosen = list(STEPS) if args.kernels == "all" else [k.strip() for k in args.kernels.split(",") if k.strip()]
-    unknown = [k for k in chosen if k not in STEPS]
-    if unknown or not chosen:
-        p.error(f"unknown kernel(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(STEPS)}")
-    args.kernels = chosen
+    args.kernels = gk.choose_kernels(p, args.kernels, list(STEPS))
     return args
 
 
