@@ -5,6 +5,7 @@
   measured on the same GPU (memory bandwidth, FP32 and BF16 matrix-multiply rates);
 * :func:`stall_bars`: the Warp State Statistics section (cycles per issued instruction, by reason);
 * :func:`occupancy_limits`: the Occupancy section's limiters, blocks per SM by resource;
+* :func:`occupancy_bandwidth`: achieved bandwidth per block size, labelled with theoretical occupancy;
 * :func:`pipe_bars`: the Compute Workload Analysis section's pipe utilisation.
 """
 
@@ -16,8 +17,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
+from matplotlib.ticker import NullFormatter, ScalarFormatter
 
-__all__ = ["throughput_bars", "roofline", "stall_bars", "occupancy_limits", "pipe_bars", "STALL_REASONS",
+__all__ = ["throughput_bars", "roofline", "stall_bars", "occupancy_limits", "occupancy_bandwidth",
+           "pipe_bars", "STALL_REASONS",
            "stall_metric", "OCCUPANCY_LIMITS", "PIPES"]
 
 STALL_REASONS = ["long_scoreboard", "barrier", "mio_throttle", "short_scoreboard", "lg_throttle", "math_pipe_throttle",
@@ -67,25 +70,29 @@ def throughput_bars(table: pd.DataFrame, labels: Sequence[str], ax: Axes | None 
 def roofline(points: pd.DataFrame, *, bandwidth_gbps: float, ceilings: dict[str, float], ax: Axes | None = None,
              title: str = "") -> Axes:
     """Log-log roofline. ``points`` has columns label, intensity (FLOP per DRAM byte) and tflops;
-    ``ceilings`` maps a label to a compute rate in TFLOP/s; ``bandwidth_gbps`` is the memory ceiling."""
+    ``ceilings`` maps a label to a compute rate in TFLOP/s; ``bandwidth_gbps`` is the memory ceiling.
+
+    Points and ceilings are named in a legend under the axes rather than next to the marks:
+    kernels of one study sit close together (and close to a ceiling), where labels would collide.
+    """
     ax = _axes(ax, (7.5, 4.8))
     lo = max(min(points["intensity"].min() / 4, 0.1), 1e-3)
     hi = max(points["intensity"].max() * 4, 1e4)
     x = np.logspace(np.log10(lo), np.log10(hi), 200)
     bw = bandwidth_gbps / 1e3  # TB/s: TFLOP/s per FLOP/byte
-    ax.plot(x, bw * x, color="gray", lw=1)
-    ax.text(lo * 1.5, bw * lo * 1.5 * 1.3, f"memory {bandwidth_gbps:,.0f} GB/s", fontsize=7, color="gray", rotation=0)
+    ax.plot(x, bw * x, color="gray", lw=1, label=f"memory: {bandwidth_gbps:,.0f} GB/s")
     for label, rate in ceilings.items():
         ridge = rate / bw
         xs = x[x >= ridge]
-        ax.plot(xs, np.full_like(xs, rate), lw=1, ls="--")
-        ax.text(hi, rate * 1.08, f"{label} {rate:,.0f} TFLOP/s (ridge {ridge:,.0f} FLOP/B)", fontsize=7, ha="right")
-    for r in points.itertuples():
-        ax.scatter(r.intensity, r.tflops, s=30, zorder=3)
-        ax.annotate(r.label, (r.intensity, r.tflops), textcoords="offset points", xytext=(5, -10), fontsize=7)
+        ax.plot(xs, np.full_like(xs, rate), lw=1, ls="--", label=f"{label}: {rate:,.0f} TFLOP/s (ridge {ridge:,.0f} FLOP/B)")
+    markers = "osD^vP*Xh"
+    for i, r in enumerate(points.itertuples()):
+        ax.scatter(r.intensity, r.tflops, s=36, zorder=3, marker=markers[i % len(markers)],
+                   label=f"{r.label}: {r.tflops:,.1f} TFLOP/s")
     ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP per DRAM byte)", ylabel="TFLOP/s",
            title=title, xlim=(lo, hi))
-    ax.grid(alpha=0.3, which="both")
+    ax.grid(alpha=0.3)  # decades only: minor lines over five decades crowd the marks
+    ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
     return ax
 
 
@@ -120,17 +127,46 @@ def occupancy_limits(table: pd.DataFrame, labels: Sequence[str], ax: Axes | None
     x = np.arange(len(table))
     width = 0.8 / len(cols)
     values = table[list(cols.values())].to_numpy(dtype=float)
-    limiter = values.argmin(axis=1)
     for i, (label, col) in enumerate(cols.items()):
         bars = ax.bar(x + (i - (len(cols) - 1) / 2) * width, table[col].to_numpy(dtype=float), width, label=label)
         for j, b in enumerate(bars):
-            if limiter[j] == i:
+            if values[j, i] == np.nanmin(values[j]):  # every resource at the minimum limits (ties included)
                 b.set_hatch("///")
                 b.set_edgecolor("black")
     ax.set_xticks(x, labels, fontsize=8)
-    ax.set(ylabel="blocks per SM allowed", yscale="log", title=title)
+    ax.set(ylabel="blocks per SM allowed", yscale="log", title=title, ylim=(1, None))
+    top = int(np.nanmax(values))
+    ax.set_yticks([2**k for k in range(int(np.log2(max(top, 1))) + 1)])
+    ax.yaxis.set_major_formatter(ScalarFormatter())
+    ax.yaxis.set_minor_formatter(NullFormatter())
     ax.legend(fontsize=7, ncol=len(cols), loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
-    ax.grid(axis="y", alpha=0.3, which="both")
+    ax.grid(axis="y", alpha=0.3)
+    return ax
+
+
+def occupancy_bandwidth(blocks: Sequence[int], occupancy_pct: Sequence[float], gbps: Sequence[float], *,
+                        reference_gbps: float | None = None, reference_label: str = "", ax: Axes | None = None,
+                        title: str = "") -> Axes:
+    """Achieved bandwidth per block size (log2 axis), each point labelled with its theoretical occupancy.
+
+    Block size, not occupancy, is the x axis: several block sizes can share one occupancy
+    (100% for both 512 and 1024 threads), and their points would fall on each other.
+    """
+    ax = _axes(ax, (6, 3.6))
+    ax.plot(list(blocks), list(gbps), "o-")
+    for b, occ, y in zip(blocks, occupancy_pct, gbps):
+        ax.annotate(f"{occ:.0f}%", (b, y), textcoords="offset points", xytext=(0, -13), fontsize=7, ha="center")
+    top = max(gbps)
+    if reference_gbps is not None:
+        ax.axhline(reference_gbps, color="gray", ls=":", label=reference_label or f"{reference_gbps:,.0f} GB/s")
+        top = max(top, reference_gbps)
+        ax.legend(fontsize=7, loc="lower right")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(blocks), [str(b) for b in blocks])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set(xlabel="threads per block (labels: theoretical occupancy)", ylabel="GB/s (CUDA events)", title=title,
+           ylim=(0, top * 1.12))
+    ax.grid(alpha=0.3)
     return ax
 
 
