@@ -165,12 +165,17 @@ def merge_runs(new: str, old: str | None, ran: set[str]) -> str:
     """The new run's summary first, then earlier runs' summaries for notebooks this run did not execute.
 
     A run over some notebooks (``--notebooks``) must not erase the record of the run that
-    produced the others; a summary whose notebooks were all executed again is dropped.
+    produced the others; a summary whose notebooks were all executed again since, by this
+    run or by later ones (summaries are kept newest first), is dropped.
     """
     import re
 
-    kept = [sec for sec in (old.split(RUN_SEPARATOR) if old else [])
-            if sec.strip() and not set(re.findall(r"`(\d\d__\w+\.ipynb)`", sec)) <= ran]
+    kept, covered = [], set(ran)
+    for sec in (old.split(RUN_SEPARATOR) if old else []):
+        notebooks = set(re.findall(r"`(\d\d__\w+\.ipynb)`", sec))
+        if sec.strip() and not notebooks <= covered:
+            kept.append(sec)
+        covered |= notebooks
     return RUN_SEPARATOR.join([new.rstrip("\n") + "\n", *kept])
 
 

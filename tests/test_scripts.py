@@ -144,6 +144,10 @@ def test_a_partial_capture_run_keeps_the_record_of_the_others():
     full = merge_runs("* run D\n", third, {"00__setting_up.ipynb", "01__nsight_systems.ipynb", "03__weight_streaming.ipynb"})
     assert full.strip() == "* run D"
     assert merge_runs("* only\n", None, set()) == "* only\n"
+    # a run superseded piecemeal by later partial runs goes too
+    e = merge_runs("* run E\n| `01__nsight_systems.ipynb` | 91 s |\n", first, {"01__nsight_systems.ipynb"})
+    f = merge_runs("* run F\n| `00__setting_up.ipynb` | 31 s |\n", e, {"00__setting_up.ipynb"})
+    assert "run E" in f and "run F" in f and "run A" not in f
 
 
 def test_benchmark_runs_on_a_small_export(tmp_path):
