@@ -11,6 +11,8 @@ Shared core
 * :mod:`gpuprof.runner`: running a profiler over a script, atomically
 * :mod:`gpuprof.artifacts`: captures, provenance, and the reference fallback
 * :mod:`gpuprof.script_results`: a script's JSON results, run here or the reference
+* :mod:`gpuprof.activity`: busy time, idle gaps, overlap, launch latency and attribution to
+  ranges over GPU activity tables, from any tool's capture
 * :mod:`gpuprof.kernels`: compiling, launching and timing the course's hand-written CUDA kernels
 * :mod:`gpuprof.speed_of_light`, :mod:`gpuprof.setup_checks`, :mod:`gpuprof.plots`:
   chapter 0's measurements, machine checks and figures
@@ -20,6 +22,8 @@ By tool
 * :mod:`gpuprof.nsys`: Nsight Systems captures, sqlite readers, ``nsys stats`` summaries,
   derived measures and the timeline figure
 * :mod:`gpuprof.ncu`: Nsight Compute captures, report and CSV readers, derived tables, figures
+* :mod:`gpuprof.torch_profiler`: PyTorch profiler traces read as tables, ``key_averages`` as records,
+  schedules
 
 Case studies
 * :mod:`gpuprof.studies.weight_streaming`: chapter 3's target table and report

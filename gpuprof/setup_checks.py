@@ -167,7 +167,7 @@ def tiny_kernels_steps(sqlite_path: Path) -> pd.DataFrame:
     CPU's launches, and the interval *is* the per-launch cost.
     """
     from .nsys.sqlite import attribute_to_ranges, nvtx_ranges
-    from .nsys.analysis import busy_fraction
+    from .activity import busy_fraction
 
     ranges = nvtx_ranges(sqlite_path)
     steps = sorted({t for t in ranges["text"] if t.startswith("step_")}, key=lambda t: int(t.split("_")[1]))

@@ -24,7 +24,6 @@ import os
 import platform
 import shutil
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 from gpuprof import exit_on_error  # noqa: E402
 from gpuprof.cli import positive_int  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
+from fresh_process import measure  # noqa: E402  (beside this script)
 
 
 def build(source: Path, target: Path, rows: int) -> int:
@@ -101,26 +101,6 @@ k["d"] = k["end"] - k["start"]
 s = k.groupby("name")["d"].agg(["sum", "count", "mean", "median", "min", "max", "std"])
 RESULT = {"kernels": len(k), "names": len(s)}
 """
-
-RUNNER = """
-import json, resource, sys, time
-sys.path.insert(0, {root!r})
-PATH = {path!r}
-t0 = time.perf_counter()
-exec({code!r})
-RESULT["seconds"] = time.perf_counter() - t0
-RESULT["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print(json.dumps(RESULT))
-"""
-
-
-def measure(code: str, path: Path) -> dict:
-    proc = subprocess.run([sys.executable, "-c", RUNNER.format(root=str(ROOT), path=str(path), code=code)],
-                          capture_output=True, text=True, timeout=600, check=False)
-    if proc.returncode != 0:
-        raise GpuprofError(f"benchmark step failed: {proc.stderr.strip().splitlines()[-1] if proc.stderr else '?'}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
 
 @exit_on_error
 def main(argv: list[str] | None = None) -> int:

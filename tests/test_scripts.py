@@ -9,7 +9,7 @@ from gpuprof.artifacts import REPO_ROOT
 
 EXAMPLES = sorted((REPO_ROOT / "examples").rglob("*.py"))
 SCRIPTS = EXAMPLES + [REPO_ROOT / "scripts" / "capture_all.py", REPO_ROOT / "scripts" / "bench_trace_analysis.py",
-                      REPO_ROOT / "scripts" / "gpu_nbval.py"]
+                      REPO_ROOT / "scripts" / "bench_torch_trace.py", REPO_ROOT / "scripts" / "gpu_nbval.py"]
 SMALL_ARGS = {"tiny_kernels.py": ["--steps", "2", "--kernels", "10"], "saxpy.py": ["--n", "10000", "--repeats", "2"],
               "data_transfer.py": ["--size-mib", "2", "--curve-max-mib", "1", "--repeats", "2"],
               "memory_allocation.py": ["--size-mib", "2", "--iterations", "5"],
@@ -159,6 +159,24 @@ def test_benchmark_runs_on_a_small_export(tmp_path):
     result = json.loads(out.read_text())
     assert result["rows"] == 20000 == result["toolkit"]["kernels"] == result["baseline"]["kernels"]
     assert result["toolkit"]["names"] == result["baseline"]["names"]
+
+
+def test_torch_trace_benchmark_agrees_with_its_baseline(tmp_path):
+    pytest.importorskip("torch")
+    from test_torch_profiler import gpu_events, write
+
+    source = write(tmp_path, gpu_events(), gz=True)
+    out = tmp_path / "bench.json"
+    proc = run(REPO_ROOT / "scripts" / "bench_torch_trace.py", "--mb", "1", "--source", str(source), "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    import json
+
+    result = json.loads(out.read_text())
+    assert result["mb"] >= 1 and result["toolkit"]["kernels"] == result["baseline"]["kernels"] > 1000
+    assert result["toolkit"]["kernel_names"] == result["baseline"]["kernel_names"] == 2
+    assert result["toolkit"]["steps"] == 2 * result["toolkit"]["kernels"] // 3  # two steps and three kernels per copy
+    bad = run(REPO_ROOT / "scripts" / "bench_torch_trace.py", "--source", str(tmp_path / "missing.json"))
+    assert bad.returncode == 2 and "does not exist" in bad.stderr and "Traceback" not in bad.stderr
 
 
 @pytest.mark.skipif(not __import__("shutil").which("nvcc"), reason="nvcc is not installed here")

@@ -6,5 +6,6 @@
 * :mod:`gpuprof.nsys.sqlite`: readers of the sqlite export (kernels, copies, API calls, NVTX, ...)
 * :mod:`gpuprof.nsys.stats`: the ``nsys stats`` summary reports, column for column
 * :mod:`gpuprof.nsys.analysis`: busy time, idle gaps, overlap, launch latency, attribution to ranges
+  (re-exported from :mod:`gpuprof.activity`: the same measures serve PyTorch profiler traces)
 * :mod:`gpuprof.nsys.timeline`: the timeline figure
 """

@@ -373,9 +373,9 @@ def attribute_to_ranges(path: str | Path, names: str | Sequence[str], *, rule: s
     any thread. They differ when a program hands work to other threads: PyTorch's autograd
     engine launches the backward pass from a thread of its own, so under nsys's rule the
     backward kernels belong to no ``step_N`` range of the main thread. See
-    :func:`gpuprof.nsys.analysis.attribute_kernels`.
+    :func:`gpuprof.activity.attribute_kernels`.
     """
-    from .analysis import attribute_kernels
+    from ..activity import attribute_kernels
 
     wanted = [names] if isinstance(names, str) else list(names)
     ranges = nvtx_ranges(path)

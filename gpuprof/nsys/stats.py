@@ -28,6 +28,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ..activity import api_name
+
 __all__ = ["kernel_summary", "nvtx_summary", "memop_time_summary", "memop_size_summary", "api_summary", "api_name",
            "memop_operations", "compare_summaries", "EXACT_COLUMNS", "FLOAT_COLUMNS"]
 
@@ -100,18 +102,6 @@ def memop_size_summary(copies: pd.DataFrame, memsets: pd.DataFrame | None = None
     """Megabytes (10**6 bytes) per memory operation, like ``cuda_gpu_mem_size_sum``."""
     ops = memop_operations(copies, memsets)
     return _summary(ops["bytes"], ops["operation"], "Operation", count="Count", unit="MB", scale=1e6)
-
-
-def api_name(name: str) -> str:
-    """An API function's name as ``nsys stats`` reports it.
-
-    The export stores the versioned entry point (``cudaLaunchKernel_v7000``). nsys drops
-    a suffix of exactly six characters that starts with ``_v`` (the four-digit CUDA
-    version that introduced the entry point) and keeps every other name as it is, so
-    ``cuGetProcAddress_v2`` (a different function from ``cuGetProcAddress``) and the
-    five-digit ``cudaStreamIsCapturing_v10000`` keep theirs.
-    """
-    return name[:-6] if len(name) > 6 and name[-6:-4] == "_v" else name
 
 
 def api_summary(runtime: pd.DataFrame) -> pd.DataFrame:

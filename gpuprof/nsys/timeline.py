@@ -22,7 +22,7 @@ from matplotlib.axes import Axes
 from matplotlib.patches import Patch
 
 from . import sqlite as ns
-from .analysis import SYNC_API
+from ..activity import SYNC_API
 
 __all__ = ["draw_timeline", "resolve_window", "fit_label", "COLORS"]
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..nsys import analysis as ta
+from .. import activity as ta
 from ..nsys import sqlite as ns
 
 __all__ = ["Metric", "pass_metrics", "format_metrics", "recommendations", "fill_report", "pass_windows", "label_streams",

@@ -1,0 +1,316 @@
+"""Measures over GPU activity tables, whichever tool recorded them: the numbers a timeline makes you guess at.
+
+The inputs are tables with the same columns whether they come from an Nsight Systems
+export (:mod:`gpuprof.nsys.sqlite`) or a PyTorch profiler trace
+(:mod:`gpuprof.torch_profiler.trace`): ``start`` and ``end`` in integer nanoseconds,
+``name``, ``correlationId`` (pairs a kernel with the CPU call that launched it),
+``streamId`` and ``globalTid`` (the CPU thread). So the two tools' captures are judged
+by one definition of each measure:
+
+* **GPU busy fraction**: the union of kernel intervals over a window (overlapping
+  kernels on different streams count once);
+* **idle gaps**: where the GPU ran nothing, each labelled with the CUDA API call the
+  CPU was in at the time (a synchronisation, a blocking copy, or nothing: Python);
+* **copy/compute overlap**: the share of copy time hidden under kernels running on
+  other streams;
+* **launch latency**: from the CPU's launch call to the kernel's start;
+* **synchronisation wait share**: CPU time spent in ``*Synchronize`` calls over a window;
+* **attribution** of kernels to ranges (NVTX ranges, ``record_function`` or
+  ``ProfilerStep#N`` annotations) by the launching thread or by time window.
+
+Everything is vectorised with NumPy/pandas so that a capture of a million kernels is
+analysed in seconds (see ``scripts/bench_trace_analysis.py``). The ``nsys stats``
+summaries are in :mod:`gpuprof.nsys.stats`.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pandas as pd
+
+
+
+def api_name(name: str) -> str:
+    """A CUDA API function's name without its entry-point version suffix, by nsys's rule.
+
+    An Nsight Systems export stores the versioned entry point (``cudaLaunchKernel_v7000``).
+    nsys drops a suffix of exactly six characters that starts with ``_v`` (the four-digit
+    CUDA version that introduced the entry point) and keeps every other name as it is, so
+    ``cuGetProcAddress_v2`` (a different function from ``cuGetProcAddress``) and the
+    five-digit ``cudaStreamIsCapturing_v10000`` keep theirs. PyTorch profiler traces
+    carry plain names, which this leaves as they are.
+    """
+    return name[:-6] if len(name) > 6 and name[-6:-4] == "_v" else name
+
+__all__ = ["api_name", "merge_intervals", "busy_fraction", "idle_gaps", "copy_summary", "copy_compute_overlap", "launch_latency",
+           "sync_wait_share", "window_of", "range_window", "last_repeat_window", "inside", "calls_by_range", "copy_curve",
+           "exposed_copy_fraction", "attribute_kernels", "ATTRIBUTION_RULES"]
+
+SYNC_API = r"Synchronize"
+
+
+def merge_intervals(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Union of [start, end) intervals as sorted, disjoint arrays."""
+    if len(starts) == 0:
+        return np.array([], dtype=np.int64), np.array([], dtype=np.int64)
+    order = np.argsort(starts, kind="stable")
+    s = np.asarray(starts, dtype=np.int64)[order]
+    e = np.asarray(ends, dtype=np.int64)[order]
+    run_end = np.maximum.accumulate(e)
+    new = np.empty(len(s), dtype=bool)
+    new[0] = True
+    new[1:] = s[1:] > run_end[:-1]
+    idx = np.flatnonzero(new)
+    merged_s = s[idx]
+    merged_e = np.maximum.reduceat(e, idx)
+    return merged_s, merged_e
+
+
+def _clip(s: np.ndarray, e: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+    s2, e2 = np.clip(s, lo, hi), np.clip(e, lo, hi)
+    keep = e2 > s2
+    return s2[keep], e2[keep]
+
+
+def window_of(df: pd.DataFrame) -> tuple[int, int]:
+    """From the first start to the last end of a table's rows."""
+    return int(df["start"].min()), int(df["end"].max())
+
+
+def busy_fraction(intervals: pd.DataFrame, window: tuple[int, int] | None = None) -> float:
+    """Share of ``window`` (default: the rows' own span) covered by at least one interval."""
+    if intervals.empty:
+        return 0.0
+    lo, hi = window or window_of(intervals)
+    s, e = merge_intervals(intervals["start"].to_numpy(), intervals["end"].to_numpy())
+    s, e = _clip(s, e, lo, hi)
+    return float((e - s).sum()) / (hi - lo) if hi > lo else 0.0
+
+
+def idle_gaps(kernels: pd.DataFrame, runtime: pd.DataFrame | None = None, *, min_gap_ns: int = 10_000,
+              window: tuple[int, int] | None = None) -> pd.DataFrame:
+    """Stretches of at least ``min_gap_ns`` where no kernel ran, longest first.
+
+    With the runtime table, each gap is labelled with the CUDA API call that overlaps
+    it most (``cpu_call``) and how much of the gap that call covers: a gap covered by
+    ``cudaStreamSynchronize`` is the GPU waiting for nothing while the CPU waits for
+    the GPU; a gap covered by no call at all is the CPU busy elsewhere (Python).
+    """
+    cols = ["start", "end", "duration_ns", "cpu_call", "cpu_call_share"]
+    if kernels.empty:
+        return pd.DataFrame(columns=cols)
+    s, e = merge_intervals(kernels["start"].to_numpy(), kernels["end"].to_numpy())
+    lo, hi = window or (int(s[0]), int(e[-1]))
+    s, e = _clip(s, e, lo, hi)
+    gap_s = np.concatenate([[lo], e])
+    gap_e = np.concatenate([s, [hi]])
+    keep = (gap_e - gap_s) >= min_gap_ns
+    gaps = pd.DataFrame({"start": gap_s[keep], "end": gap_e[keep]})
+    gaps["duration_ns"] = gaps["end"] - gaps["start"]
+    gaps["cpu_call"], gaps["cpu_call_share"] = "", 0.0
+    if runtime is not None and not runtime.empty and not gaps.empty:
+        rs, re_, names = runtime["start"].to_numpy(), runtime["end"].to_numpy(), runtime["name"].to_numpy()
+        order = np.argsort(rs)
+        rs, re_, names = rs[order], re_[order], names[order]
+        longest = np.maximum.accumulate(re_ - rs).max() if len(rs) else 0
+        for i, (gs, ge) in enumerate(zip(gaps["start"].to_numpy(), gaps["end"].to_numpy())):
+            first = np.searchsorted(rs, gs - longest)
+            last = np.searchsorted(rs, ge)
+            if last <= first:
+                continue
+            ov = np.minimum(re_[first:last], ge) - np.maximum(rs[first:last], gs)
+            j = int(np.argmax(ov))
+            if ov[j] > 0:
+                gaps.iat[i, 3] = api_name(str(names[first + j]))
+                gaps.iat[i, 4] = float(ov[j]) / (ge - gs)
+    return gaps.sort_values("duration_ns", ascending=False, ignore_index=True)[cols]
+
+
+def copy_summary(copies: pd.DataFrame) -> pd.DataFrame:
+    """Per copy direction and memory kinds: count, bytes, time, and bandwidth (bytes over busy time)."""
+    if copies.empty:
+        return pd.DataFrame(columns=["kind", "src_memory", "dst_memory", "count", "bytes", "time_ns", "gbps"])
+    keys = [c for c in ("kind", "src_memory", "dst_memory") if c in copies]
+    g = copies.groupby(keys)
+    out = g.agg(count=("bytes", "size"), bytes=("bytes", "sum"), time_ns=("duration_ns", "sum")).reset_index()
+    out["gbps"] = out["bytes"] / out["time_ns"]
+    return out.sort_values(keys, ignore_index=True)  # a fixed order, whatever the timings
+
+
+def copy_compute_overlap(copies: pd.DataFrame, kernels: pd.DataFrame) -> float:
+    """Share of total copy time during which a kernel on *another* stream was running.
+
+    1.0: every copy was hidden under compute; 0.0: copies and kernels were serialised.
+    """
+    if copies.empty:
+        return 0.0
+    total = float(copies["duration_ns"].sum())
+    hidden = 0.0
+    for stream, group in copies.groupby("streamId"):
+        others = kernels[kernels["streamId"] != stream]
+        if others.empty:
+            continue
+        ks, ke = merge_intervals(others["start"].to_numpy(), others["end"].to_numpy())
+        cum = np.concatenate([[0], np.cumsum(ke - ks)])
+        for cs, ce in zip(group["start"].to_numpy(), group["end"].to_numpy()):
+            hidden += _covered(ks, ke, cum, int(cs), int(ce))
+    return hidden / total if total else 0.0
+
+
+def _covered(ks: np.ndarray, ke: np.ndarray, cum: np.ndarray, lo: int, hi: int) -> float:
+    """Length of [lo, hi) covered by the disjoint sorted intervals (ks, ke), via prefix sums."""
+    i = np.searchsorted(ke, lo, side="right")  # first interval ending after lo
+    j = np.searchsorted(ks, hi, side="left")   # first interval starting at or after hi
+    if j <= i:
+        return 0.0
+    inner = cum[j] - cum[i]
+    inner -= max(0, lo - ks[i])
+    inner -= max(0, ke[j - 1] - hi)
+    return float(max(0, inner))
+
+
+def launch_latency(kernels: pd.DataFrame, runtime: pd.DataFrame) -> pd.Series:
+    """Per kernel: ns from the start of the CPU call that launched it to the kernel's start."""
+    launches = runtime[["correlationId", "start"]].rename(columns={"start": "launch_start"})
+    m = kernels[["correlationId", "start"]].merge(launches, on="correlationId", how="inner")
+    return (m["start"] - m["launch_start"]).rename("launch_latency_ns")
+
+
+def sync_wait_share(runtime: pd.DataFrame, window: tuple[int, int]) -> float:
+    """Share of ``window`` the CPU spent inside ``*Synchronize`` calls (explicit waits for the GPU)."""
+    lo, hi = window
+    sync = runtime[runtime["name"].str.contains(SYNC_API, regex=True)]
+    if sync.empty or hi <= lo:
+        return 0.0
+    s, e = merge_intervals(sync["start"].to_numpy(), sync["end"].to_numpy())
+    s, e = _clip(s, e, lo, hi)
+    return float((e - s).sum()) / (hi - lo)
+
+
+def range_window(ranges: pd.DataFrame, text: str, index: int = -1) -> tuple[int, int]:
+    """(start, end) of one occurrence of an NVTX range (default: the last one)."""
+    rows = ranges[ranges["text"] == text]
+    if rows.empty:
+        raise KeyError(f"no NVTX range named {text!r} in this capture")
+    r = rows.iloc[index]
+    return int(r["start"]), int(r["end"])
+
+
+def last_repeat_window(ranges: pd.DataFrame, outer: str, first: str) -> tuple[int, int]:
+    """From the last ``first`` range inside the ``outer`` range to the end of ``outer``.
+
+    A timed section repeats its work several times inside one range; this is the window
+    of the final repetition, the one to draw.
+    """
+    lo, hi = range_window(ranges, outer)
+    inner = ranges[(ranges["text"] == first) & (ranges["start"] >= lo) & (ranges["end"] <= hi)]
+    if inner.empty:
+        raise KeyError(f"no {first!r} range inside {outer!r}")
+    return int(inner["start"].max()), hi
+
+
+def inside(df: pd.DataFrame, window: tuple[int, int]) -> pd.DataFrame:
+    """Rows that start inside ``window``."""
+    lo, hi = window
+    return df[(df["start"] >= lo) & (df["start"] < hi)]
+
+
+def calls_by_range(runtime: pd.DataFrame, ranges: pd.DataFrame, pattern: str, texts: list[str]) -> pd.DataFrame:
+    """Count and total time of CUDA API calls matching ``pattern`` made inside each named range (same thread)."""
+    rows = []
+    with warnings.catch_warnings():  # a pattern with groups is fine here: we only test for a match
+        warnings.simplefilter("ignore", UserWarning)
+        calls = runtime[runtime["name"].str.contains(pattern, regex=True)]
+    for text in texts:
+        for r in ranges[ranges["text"] == text].itertuples():
+            c = calls[(calls["globalTid"] == r.globalTid) & (calls["start"] >= r.start) & (calls["end"] <= r.end)]
+            for name, g in c.groupby(c["name"].astype(str).map(api_name)):
+                rows.append({"range": text, "call": name, "count": len(g), "total_us": (g["end"] - g["start"]).sum() / 1e3})
+    return pd.DataFrame(rows, columns=["range", "call", "count", "total_us"])
+
+
+def copy_curve(copies: pd.DataFrame) -> pd.DataFrame:
+    """Median bandwidth per (direction, source memory, size): the transfer-size curve, from the GPU's own timings."""
+    g = copies.groupby(["kind", "src_memory", "bytes"])
+    return g.agg(copies=("gbps", "size"), median_gbps=("gbps", "median")).reset_index()
+
+
+def exposed_copy_fraction(copies: pd.DataFrame, kernels: pd.DataFrame, window: tuple[int, int]) -> float:
+    """Share of ``window`` in which a copy was running and no kernel was: time the GPU's compute
+    spent waiting for data in flight (the part of the transfers that overlap did not hide)."""
+    lo, hi = window
+    if copies.empty or hi <= lo:
+        return 0.0
+    cs, ce = _clip(*merge_intervals(copies["start"].to_numpy(), copies["end"].to_numpy()), lo, hi)
+    if kernels.empty:
+        return float((ce - cs).sum()) / (hi - lo)
+    ks, ke = merge_intervals(kernels["start"].to_numpy(), kernels["end"].to_numpy())
+    cum = np.concatenate([[0], np.cumsum(ke - ks)])
+    hidden = sum(_covered(ks, ke, cum, int(a), int(b)) for a, b in zip(cs, ce))
+    return (float((ce - cs).sum()) - hidden) / (hi - lo)
+
+
+ATTRIBUTION_RULES = ("thread", "window")
+
+
+def attribute_kernels(kernels: pd.DataFrame, runtime: pd.DataFrame, ranges: pd.DataFrame, *,
+                      rule: str = "thread") -> pd.DataFrame:
+    """Pair every kernel with each of ``ranges`` whose span holds the CPU call that launched it.
+
+    A kernel runs after the CPU launches it, often after the range has closed, so the
+    kernel's own start says little; the launching call (same ``correlationId`` in the
+    runtime table) is what lies inside the range. Two rules answer two questions:
+
+    * ``"thread"``: the launch happened inside the range **on the range's thread**. This is
+      nsys's rule; it answers "what did *this code* launch?".
+    * ``"window"``: the launch happened while the range was open, **on any thread**. It
+      answers "what did the program launch during this phase?", including work that
+      libraries launch from threads of their own (PyTorch's autograd engine runs the
+      backward pass on one).
+
+    Returns the kernel rows (a kernel inside nested ranges appears once per range) with
+    ``range_text``, ``range_index`` (0 for the first occurrence of that name, in time
+    order), ``range_start``, ``range_end``, ``launch_start`` and ``launch_tid``. All
+    ranges are handled in one pass over sorted launches: thousands of ranges cost a
+    binary search each, not a read of the file each.
+    """
+    if rule not in ATTRIBUTION_RULES:
+        raise ValueError(f"rule must be one of {ATTRIBUTION_RULES}, not {rule!r}")
+    extra = ["range_text", "range_index", "range_start", "range_end", "launch_start", "launch_tid"]
+    if kernels.empty or runtime.empty or ranges.empty:
+        out = kernels.iloc[0:0].copy()
+        for c in extra:
+            out[c] = pd.Series(dtype="int64" if c != "range_text" else object)
+        return out
+    launches = kernels.merge(runtime[["correlationId", "start", "globalTid"]]
+                             .rename(columns={"start": "launch_start", "globalTid": "launch_tid"}),
+                             on="correlationId", how="inner")
+    ranges = ranges.sort_values("start", kind="stable").reset_index(drop=True)
+    occurrence = ranges.groupby("text", sort=False).cumcount().to_numpy()
+    picked: list[np.ndarray] = []
+    owner: list[np.ndarray] = []
+    if rule == "window":
+        groups = [(None, launches.sort_values("launch_start", kind="stable"))]
+    else:
+        groups = [(tid, g.sort_values("launch_start", kind="stable")) for tid, g in launches.groupby("launch_tid")]
+    for tid, group in groups:
+        starts = group["launch_start"].to_numpy()
+        rows = group.index.to_numpy()
+        mine = ranges.index.to_numpy() if tid is None else np.flatnonzero(ranges["globalTid"].to_numpy() == tid)
+        lo = np.searchsorted(starts, ranges["start"].to_numpy()[mine], side="left")
+        hi = np.searchsorted(starts, ranges["end"].to_numpy()[mine], side="right")
+        for r, a, b in zip(mine, lo, hi):
+            if b > a:
+                picked.append(rows[a:b])
+                owner.append(np.full(b - a, r))
+    if not picked:
+        return attribute_kernels(kernels.iloc[0:0], runtime, ranges.iloc[0:0], rule=rule)
+    idx, who = np.concatenate(picked), np.concatenate(owner)
+    out = launches.loc[idx].reset_index(drop=True)
+    out["range_text"] = ranges["text"].to_numpy()[who]
+    out["range_index"] = occurrence[who]
+    out["range_start"] = ranges["start"].to_numpy()[who]
+    out["range_end"] = ranges["end"].to_numpy()[who]
+    return out.sort_values(["range_start", "start"], kind="stable", ignore_index=True)

@@ -1,0 +1,10 @@
+"""The PyTorch profiler: its traces read as tables, its ``key_averages`` kept as records.
+
+* :mod:`gpuprof.torch_profiler.trace`: a Kineto trace (``.json`` / ``.json.gz``) split into
+  CPU operators, annotations, ``ProfilerStep#N``, CUDA API calls, kernels, copies,
+  memsets, flows and memory events, with the Nsight Systems readers' column names
+* :mod:`gpuprof.torch_profiler.summary`: ``key_averages``-style tables computed from a trace,
+  and per-step GPU busy time and launch latency (the measures of :mod:`gpuprof.activity`)
+* :mod:`gpuprof.torch_profiler.key_averages`: ``key_averages()`` saved as records, and which of
+  its attribute names and sort keys work on the installed PyTorch
+"""

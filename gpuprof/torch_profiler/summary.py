@@ -1,0 +1,196 @@
+"""What a PyTorch profiler trace says, summarised: the tables ``key_averages()`` prints, and per-step measures.
+
+``prof.key_averages()`` exists only in the process that profiled; a trace file outlives
+it, and is what a colleague sends. These functions compute from the file the columns a
+reader knows from ``key_averages().table()``, so the two can be checked against each
+other (the course's tests do, on traces and ``key_averages`` records saved from the same
+run), and then go where ``key_averages`` cannot: per-step GPU busy and idle time, and
+launch latency, with the same definitions the Nsight Systems chapters use
+(:mod:`gpuprof.activity`).
+
+* :func:`self_times`: each CPU event's self time (its duration less its children's on the
+  same thread);
+* :func:`op_summary`: per name, calls, CPU total and self CPU time, as ``key_averages``;
+* :func:`kernel_summary`: per kernel name, calls and GPU time (``key_averages``' self
+  device time of the kernel's row);
+* :func:`step_summary`: per ``ProfilerStep#N``, CPU time, launches, GPU busy time and share;
+* :func:`launch_latency`: per kernel, from the launch call to the kernel's start.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .. import activity
+from .trace import STEP_PATTERN, Trace
+
+__all__ = ["self_times", "op_summary", "kernel_summary", "step_summary", "launch_latency", "gpu_activity",
+           "key_name"]
+
+CPU_KINDS = ("cpu_op", "user_annotation")
+
+
+def key_name(name: str) -> str:
+    """The key ``key_averages()`` files an event under: ``ProfilerStep#7`` becomes ``ProfilerStep*``."""
+    return "ProfilerStep*" if STEP_PATTERN.match(name) else name
+
+
+def _parents(events: pd.DataFrame) -> np.ndarray:
+    """Position of each event's parent (-1 for none): the innermost event on the same thread that encloses it.
+
+    Events nest properly on one thread, so one pass over each thread's events, sorted by
+    start (longest first on ties), with a stack of open events, finds every parent.
+    """
+    n = len(events)
+    parent = np.full(n, -1, dtype=np.int64)
+    order = np.lexsort((-events["end"].to_numpy(), events["start"].to_numpy(), events["globalTid"].to_numpy()))
+    tids = events["globalTid"].to_numpy()[order]
+    starts = events["start"].to_numpy()[order]
+    ends = events["end"].to_numpy()[order]
+    stack: list[int] = []
+    current = None
+    for i in range(n):
+        if tids[i] != current:
+            stack, current = [], tids[i]
+        while stack and ends[stack[-1]] <= starts[i]:
+            stack.pop()
+        if stack:
+            parent[order[i]] = order[stack[-1]]
+        stack.append(i)
+    return parent
+
+
+def _drop_duplicate_children(names: np.ndarray, parent: np.ndarray) -> np.ndarray:
+    """Which events ``key_averages`` keeps: it drops an event that is the only child of a parent of the
+    same name (``aten::sum`` calling another overload of ``aten::sum``), handing its children to the
+    parent, and repeats until no such pair is left. Returns a mask of the kept events; ``parent``
+    is updated in place to point past the dropped ones."""
+    keep = np.ones(len(names), dtype=bool)
+    while True:
+        live = np.flatnonzero(keep & (parent >= 0))
+        counts = np.bincount(parent[live], minlength=len(names))
+        drop = live[(names[live] == names[parent[live]]) & (counts[parent[live]] == 1)]
+        if len(drop) == 0:
+            return keep
+        keep[drop] = False
+        up = parent.copy()
+        while True:  # re-point children of dropped events at the nearest kept ancestor
+            moved = (parent >= 0) & ~keep[np.maximum(parent, 0)]
+            if not moved.any():
+                break
+            parent[moved] = up[parent[moved]]
+
+
+def self_times(events: pd.DataFrame, *, merge_duplicates: bool = True) -> pd.Series:
+    """Self time (ns) of each event: its duration less the durations of its direct children.
+
+    A child is an event on the same thread that starts inside its parent. With
+    ``merge_duplicates`` (``key_averages``' rule, see :func:`_drop_duplicate_children`) an only
+    child of the same name is not an event of its own: its row gets ``NA`` and its parent's
+    self time is computed over its children instead.
+    """
+    if events.empty:
+        return pd.Series(np.zeros(0, dtype=np.int64), index=events.index, name="self_ns")
+    parent = _parents(events)
+    keep = _drop_duplicate_children(events["name"].astype(str).to_numpy(), parent) if merge_duplicates \
+        else np.ones(len(events), dtype=bool)
+    dur = events["duration_ns"].to_numpy().astype(np.int64)
+    live = np.flatnonzero(keep & (parent >= 0))
+    children = np.bincount(parent[live], weights=dur[live], minlength=len(events)).astype(np.int64)
+    out = pd.Series(dur - children, index=events.index, name="self_ns").astype("Int64")
+    out[~keep] = pd.NA
+    return out
+
+
+def op_summary(trace: Trace, *, kinds: tuple[str, ...] = CPU_KINDS) -> pd.DataFrame:
+    """Per key: calls, CPU total and self CPU time in microseconds, like ``key_averages()``' CPU columns.
+
+    Self time is computed over operators and ``record_function`` ranges together, as the
+    profiler does, and an only child with its parent's name is merged into the parent, as
+    the profiler does. With ``with_stack=True`` the profiler also nests Python frames and its
+    self times can go negative (a known trap); these, from time nesting alone, cannot.
+    Sorted by self CPU time, largest first.
+    """
+    ev = pd.concat([trace.events(k) for k in kinds if len(trace.events(k))], ignore_index=True) \
+        if any(len(trace.events(k)) for k in kinds) else pd.DataFrame(columns=["start", "end", "name", "globalTid"])
+    cols = ["key", "calls", "cpu_total_us", "self_cpu_us"]
+    if ev.empty:
+        return pd.DataFrame(columns=cols)
+    ev = ev.assign(self_ns=self_times(ev), key=ev["name"].astype(str).map(key_name))
+    ev = ev[ev["self_ns"].notna()]  # only children of a parent of the same name: merged into it
+    g = ev.groupby("key")
+    out = pd.DataFrame({"calls": g.size(), "cpu_total_us": g["duration_ns"].sum() / 1e3,
+                        "self_cpu_us": g["self_ns"].sum() / 1e3}).reset_index()
+    return out.sort_values(["self_cpu_us", "key"], ascending=[False, True], ignore_index=True)[cols]
+
+
+def gpu_activity(trace: Trace) -> pd.DataFrame:
+    """Kernels, copies and memsets in one table (start, end, duration_ns, name, kind, deviceId, streamId,
+    correlationId): everything that kept a GPU busy."""
+    parts = []
+    for kind, t in (("kernel", trace.kernels()), ("memcpy", trace.copies()), ("memset", trace.memsets())):
+        if len(t):
+            cols = [c for c in ("start", "end", "duration_ns", "name", "deviceId", "streamId", "correlationId") if c in t]
+            parts.append(t[cols].assign(kind=kind))
+    if not parts:
+        return pd.DataFrame(columns=["start", "end", "duration_ns", "name", "deviceId", "streamId", "correlationId",
+                                     "kind"])
+    return pd.concat(parts, ignore_index=True).sort_values("start", ignore_index=True)
+
+
+def kernel_summary(trace: Trace, *, include_memory: bool = False) -> pd.DataFrame:
+    """Per kernel name: calls, total, mean, min and max GPU time (us), and share of the total; longest first.
+
+    The total equals ``key_averages()``' *self device time* of the kernel's row (a kernel
+    has no children). With ``include_memory`` copies and memsets are rows too, under the
+    names the trace gives them (``Memcpy HtoD (Pageable -> Device)``...).
+    """
+    t = gpu_activity(trace) if include_memory else trace.kernels()
+    cols = ["name", "calls", "total_us", "mean_us", "min_us", "max_us", "share"]
+    if t.empty:
+        return pd.DataFrame(columns=cols)
+    g = t.groupby(t["name"].astype(str))["duration_ns"]
+    out = pd.DataFrame({"calls": g.size(), "total_us": g.sum() / 1e3, "mean_us": g.mean() / 1e3,
+                        "min_us": g.min() / 1e3, "max_us": g.max() / 1e3}).reset_index()
+    out["share"] = out["total_us"] / out["total_us"].sum()
+    return out.sort_values(["total_us", "name"], ascending=[False, True], ignore_index=True)[cols]
+
+
+def launch_latency(trace: Trace) -> pd.Series:
+    """Per kernel: ns from the start of the CPU call that launched it to the kernel's start (as in the
+    Nsight Systems chapter: :func:`gpuprof.activity.launch_latency`)."""
+    return activity.launch_latency(trace.kernels().dropna(subset=["correlationId"]),
+                                   trace.runtime_calls().dropna(subset=["correlationId"]))
+
+
+def step_summary(trace: Trace, *, rule: str = "window") -> pd.DataFrame:
+    """Per ``ProfilerStep#N``: CPU time, GPU work launched in it, and how busy that kept the GPU.
+
+    Columns: step, cpu_ms (the step's range), launches (kernels, copies and memsets whose
+    launching call fell in the step), gpu_busy_ms (the union of their intervals: work on
+    two streams at once counts once), gpu_span_ms (first start to last end of that work)
+    and busy_share (busy over span: below 1, the GPU waited between pieces of the step's
+    work). ``rule`` is :func:`gpuprof.activity.attribute_kernels`' rule: ``"window"`` (any
+    thread, the default, since autograd launches the backward pass from a thread of its
+    own) or ``"thread"``.
+    """
+    steps = trace.steps()
+    cols = ["step", "cpu_ms", "launches", "gpu_busy_ms", "gpu_span_ms", "busy_share"]
+    if steps.empty:
+        return pd.DataFrame(columns=cols)
+    ranges = steps.assign(text=steps["step"].astype(str))
+    work = gpu_activity(trace).dropna(subset=["correlationId"])
+    runtime = trace.runtime_calls().dropna(subset=["correlationId"])
+    hits = activity.attribute_kernels(work, runtime, ranges, rule=rule)
+    rows = []
+    for s in steps.itertuples():
+        mine = hits[hits["range_text"] == str(s.step)]
+        busy = span = 0.0
+        if len(mine):
+            ms, me = activity.merge_intervals(mine["start"].to_numpy(), mine["end"].to_numpy())
+            busy = float((me - ms).sum())
+            span = float(mine["end"].max() - mine["start"].min())
+        rows.append({"step": s.step, "cpu_ms": s.duration_ns / 1e6, "launches": len(mine), "gpu_busy_ms": busy / 1e6,
+                     "gpu_span_ms": span / 1e6, "busy_share": busy / span if span else float("nan")})
+    return pd.DataFrame(rows, columns=cols)

@@ -1,0 +1,356 @@
+"""Read a PyTorch profiler trace (Kineto's Chrome-trace JSON) into tables.
+
+``prof.export_chrome_trace(path)`` and ``tensorboard_trace_handler`` write one JSON
+object: a few top-level fields (``schemaVersion``, ``deviceProperties``,
+``distributedInfo``, ``baseTimeNanoseconds``, the profiler's options...) and
+``traceEvents``, a list of Chrome-trace events. This module reads that list once and
+splits it by kind, reading the schema from the file rather than assuming it:
+
+* every category the file uses is kept (an unknown one becomes kind ``"other"``, not
+  dropped), and the spellings of older Kineto versions (``Kernel``, ``Memcpy``,
+  ``Runtime``, ``Operator``...) map to the same kinds as today's;
+* every argument a file's events carry becomes a column of that kind's table, under its
+  own name; the few the analyses need get the names the Nsight Systems readers use
+  (``correlationId``, ``streamId``, ``deviceId``, ``externalId``), so the measures of
+  :mod:`gpuprof.activity` apply to both tools' captures unchanged.
+
+Times become integer nanoseconds (``start``, ``end``), like the Nsight Systems readers'.
+Kineto writes microseconds with three decimals. Read as float64, a timestamp of the
+order of 10**12 us (a clock counted from boot, as PyTorch 2.x writes) keeps its
+nanoseconds; one counted from 1970 (about 1.7 * 10**15 us, as some older writers did)
+keeps a quarter of a microsecond, and so did the file that printed it.
+
+The kinds, and the tables that hold them (:class:`Trace` methods):
+
+=======================  =====================================================  ==================
+kind                     what it is                                             table
+=======================  =====================================================  ==================
+``cpu_op``               an ATen operator on a CPU thread                       :meth:`Trace.cpu_ops`
+``user_annotation``      ``record_function`` ranges, ``ProfilerStep#N``          :meth:`Trace.annotations`
+``gpu_user_annotation``  the same ranges projected onto a GPU stream            :meth:`Trace.annotations`
+``python_function``      Python frames (``with_stack=True``)                    :meth:`Trace.events`
+``runtime``/``driver``   CUDA runtime / driver API calls                        :meth:`Trace.runtime_calls`
+``kernel``               a kernel on a GPU stream                               :meth:`Trace.kernels`
+``memcpy``/``memset``    GPU copies and memsets                                 :meth:`Trace.copies`, :meth:`Trace.memsets`
+``sync``                 CUDA synchronisation events (``cuda_sync``)            :meth:`Trace.events`
+=======================  =====================================================  ==================
+
+Flow events (``ac2g``: a CPU launch to its GPU activity; ``fwdbwd``: a forward operator
+to its backward) are in :meth:`Trace.flows`; memory events (``[memory]`` instants of
+``profile_memory=True``) in :meth:`Trace.memory_events`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import warnings
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..errors import GpuprofError
+
+__all__ = ["Trace", "read_trace", "KINDS", "KNOWN_SCHEMA_VERSIONS", "STEP_PATTERN"]
+
+# Kineto's category names, today's and older spellings, by the kind they hold.
+KINDS = {
+    "cpu_op": "cpu_op", "operator": "cpu_op",
+    "user_annotation": "user_annotation",
+    "gpu_user_annotation": "gpu_user_annotation",
+    "python_function": "python_function", "python function": "python_function",
+    "cuda_runtime": "runtime", "runtime": "runtime", "privateuse1_runtime": "runtime",
+    "cuda_driver": "driver", "driver": "driver", "privateuse1_driver": "driver",
+    "kernel": "kernel",
+    "gpu_memcpy": "memcpy", "memcpy": "memcpy",
+    "gpu_memset": "memset", "memset": "memset",
+    "cuda_sync": "sync",
+    "trace": "trace",
+    "cpu_instant_event": "instant",
+}
+FLOW_CATEGORIES = {"ac2g": "ac2g", "async_cpu_to_gpu": "ac2g", "fwdbwd": "fwdbwd"}
+# Argument names of Kineto's events, renamed to the columns the Nsight Systems readers use.
+ARG_COLUMNS = {"correlation": "correlationId", "stream": "streamId", "device": "deviceId",
+               "External id": "externalId", "context": "contextId", "bytes": "bytes"}
+# Schema versions this reader was checked on (Kineto has written 1 since it started to say).
+KNOWN_SCHEMA_VERSIONS = {1}
+STEP_PATTERN = re.compile(r"^ProfilerStep#(\d+)$")
+
+
+def _read_bytes(path: Path) -> bytes:
+    raw = path.read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise GpuprofError(f"{path} is a damaged or truncated gzip file ({exc}).",
+                               "Was it copied before the profiler finished writing it?") from exc
+    return raw
+
+
+def _loads(raw: bytes) -> Any:
+    """Parse JSON with orjson where it is installed (three to four times faster on large traces), else json."""
+    try:
+        import orjson
+    except ImportError:
+        return json.loads(raw.decode("utf-8", errors="replace"))
+    return orjson.loads(raw)
+
+
+def _parse(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        raise GpuprofError(f"{path} does not exist.", "Give the path of a trace written by export_chrome_trace "
+                           "or tensorboard_trace_handler (.json or .json.gz).")
+    raw = _read_bytes(path)
+    try:
+        data = _loads(raw)
+    except (json.JSONDecodeError, ValueError) as exc:  # orjson's error is a ValueError subclass of its own
+        ends_early = not raw.rstrip().endswith((b"}", b"]"))  # a whole trace ends with its closing brace
+        detail = getattr(exc, "msg", None) or str(exc).split(":")[0]
+        where = "it ends early, mid-event" if ends_early else f"at character {getattr(exc, 'pos', 0):,}: {detail}"
+        raise GpuprofError(f"{path} is not complete JSON ({where}).",
+                           "A trace cut short (a profiler still writing, a full disk, a copy interrupted) "
+                           "cannot be read: export it again.") from exc
+    if isinstance(data, list):  # the bare Chrome-trace form: a list of events
+        data = {"traceEvents": data}
+    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
+        what = f"an object with keys {sorted(data)[:6]}" if isinstance(data, dict) else type(data).__name__
+        raise GpuprofError(f"{path} is JSON but not a PyTorch profiler trace: it holds {what}, "
+                           "and no 'traceEvents' list.",
+                           "An Nsight Systems export is read by gpuprof.nsys.sqlite; a memory snapshot "
+                           "(.pickle) by gpuprof.torch_profiler.memory.")
+    return data
+
+
+def _numbers(values: list[Any]) -> np.ndarray:
+    """Timestamps as float64 microseconds: numbers, or numeric strings in traces that quote them."""
+    return pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").to_numpy(dtype=float)
+
+
+def _to_ns(us: np.ndarray) -> np.ndarray:
+    out = np.full(len(us), np.iinfo(np.int64).min, dtype=np.int64)
+    ok = np.isfinite(us)
+    out[ok] = np.round(us[ok] * 1000.0).astype(np.int64)
+    return out
+
+
+@dataclass
+class Trace:
+    """One trace's events, split by kind. Build it with :func:`read_trace`."""
+
+    path: Path
+    meta: dict[str, Any]
+    categories: dict[str, int]
+    _tables: dict[str, pd.DataFrame] = field(repr=False)
+    thread_names: dict[tuple[Any, Any], str] = field(default_factory=dict)
+    process_names: dict[Any, str] = field(default_factory=dict)
+
+    # --- what the file says about itself -------------------------------------------------
+    @property
+    def schema_version(self) -> Any:
+        return self.meta.get("schemaVersion")
+
+    @property
+    def devices(self) -> pd.DataFrame:
+        """``deviceProperties``: one row per GPU the profiler saw (empty for a CPU-only run)."""
+        return pd.DataFrame(self.meta.get("deviceProperties") or [])
+
+    @property
+    def has_gpu_activity(self) -> bool:
+        return any(not self._tables[k].empty for k in ("kernel", "memcpy", "memset"))
+
+    def describe(self) -> str:
+        """One paragraph: what was recorded, so a reader knows what the tables can answer."""
+        n = {k: len(v) for k, v in self._tables.items() if len(v)}
+        gpus = ", ".join(sorted(set(self.devices.get("name", pd.Series(dtype=str)).astype(str)))) or "none listed"
+        steps = self.steps()
+        span = ""
+        if len(steps):
+            span = f"; steps {', '.join(str(s) for s in steps['step'].tolist()[:8])}" + (" ..." if len(steps) > 8 else "")
+        parts = ", ".join(f"{v:,} {k}" for k, v in sorted(n.items(), key=lambda kv: -kv[1]))
+        options = [o for o in ("record_shapes", "profile_memory", "with_stack", "with_flops", "with_modules")
+                   if self.meta.get(o)]
+        return (f"{self.path.name}: schema {self.schema_version}, GPUs: {gpus}; events: {parts}{span}"
+                + (f"; options recorded in the file: {', '.join(options)}" if options else ""))
+
+    # --- the tables ----------------------------------------------------------------------
+    def events(self, kind: str | None = None) -> pd.DataFrame:
+        """Complete (``ph: X``) events of one kind, or all of them with a ``kind`` column."""
+        if kind is None:
+            return pd.concat([t.assign(kind=k) for k, t in self._tables.items() if k not in ("flow", "memory")
+                              and len(t)], ignore_index=True) if self.categories else pd.DataFrame()
+        return self._tables.get(kind, pd.DataFrame(columns=["start", "end", "name"]))
+
+    def kernels(self) -> pd.DataFrame:
+        """Kernels: start, end, duration_ns, name, deviceId, streamId, correlationId and every argument the
+        file gives (grid, block, registers per thread, shared memory, occupancy...)."""
+        return self._tables["kernel"]
+
+    def copies(self) -> pd.DataFrame:
+        """GPU memory copies, with ``bytes`` and ``kind`` (the copy direction: ``HtoD``, ``DtoH``, ``DtoD``...)."""
+        return self._tables["memcpy"]
+
+    def memsets(self) -> pd.DataFrame:
+        return self._tables["memset"]
+
+    def runtime_calls(self, *, driver: bool = True) -> pd.DataFrame:
+        """CUDA runtime (and driver) API calls on CPU threads, with ``correlationId`` and ``globalTid``."""
+        t = self._tables["runtime"]
+        if driver and len(self._tables["driver"]):
+            t = pd.concat([t, self._tables["driver"]], ignore_index=True).sort_values("start", ignore_index=True)
+        return t
+
+    def cpu_ops(self) -> pd.DataFrame:
+        return self._tables["cpu_op"]
+
+    def annotations(self, *, gpu: bool = False) -> pd.DataFrame:
+        """``record_function`` ranges (and ``ProfilerStep#N``) on the CPU, or their projection on GPU streams.
+
+        The ``text`` column repeats ``name``, so the table serves as the ``ranges`` of
+        :func:`gpuprof.activity.attribute_kernels`.
+        """
+        return self._tables["gpu_user_annotation" if gpu else "user_annotation"]
+
+    def steps(self) -> pd.DataFrame:
+        """The ``ProfilerStep#N`` ranges that ``prof.step()`` marks: step, start, end, globalTid (CPU side)."""
+        a = self._tables["user_annotation"]
+        if a.empty:
+            return pd.DataFrame(columns=["step", "start", "end", "duration_ns", "globalTid"])
+        m = a["name"].astype(str).str.extract(STEP_PATTERN, expand=False)
+        s = a[m.notna()].copy()
+        s.insert(0, "step", m[m.notna()].astype(int).to_numpy())
+        return s[["step", "start", "end", "duration_ns", "globalTid"]].sort_values("start", ignore_index=True)
+
+    def flows(self) -> pd.DataFrame:
+        """Flow events: id, cat (``ac2g`` or ``fwdbwd``), phase (``s`` start / ``f`` finish), ts (ns), pid, tid."""
+        return self._tables["flow"]
+
+    def memory_events(self) -> pd.DataFrame:
+        """``[memory]`` instants (``profile_memory=True``): ts, bytes (+ allocated, - freed), total allocated and
+        reserved after the event, device type and id, address."""
+        return self._tables["memory"]
+
+
+def _frame(rows: pd.DataFrame) -> pd.DataFrame:
+    """One kind's table from its events: the fixed fields, then one column per argument name the file uses."""
+    us_start = _numbers(rows["ts"].tolist())
+    us_dur = _numbers(rows["dur"].tolist())
+    df = pd.DataFrame({c: rows[c].to_numpy() for c in ("name", "cat", "pid", "tid")})
+    df.insert(0, "start", _to_ns(us_start))
+    dur = _to_ns(np.where(np.isfinite(us_dur), us_dur, 0.0))
+    df.insert(1, "end", df["start"].to_numpy() + dur)
+    df.insert(2, "duration_ns", dur)
+    args = [a if isinstance(a, dict) else {} for a in rows["args"].tolist()]
+    if any(args):
+        a = pd.DataFrame.from_records(args)
+        a = a.rename(columns={k: v for k, v in ARG_COLUMNS.items() if k in a.columns and v not in df.columns})
+        for c in a.columns:
+            if c not in df.columns:
+                df[c] = a[c].to_numpy()
+    for c in ("correlationId", "streamId", "deviceId", "externalId"):
+        if c in df.columns:
+            df[c] = pd.to_numeric(df[c], errors="coerce").astype("Int64")
+    return df
+
+
+def _thread_ids(tables: dict[str, pd.DataFrame]) -> None:
+    """``globalTid``: one integer per (pid, tid) pair over the whole trace, whatever their types in the file."""
+    have = [t for t in tables.values() if {"pid", "tid"} <= set(t.columns)]
+    keys = [t["pid"].astype(str).to_numpy(dtype=object) + "|" + t["tid"].astype(str).to_numpy(dtype=object) for t in have]
+    codes, _ = pd.factorize(np.concatenate(keys) if keys else np.array([], dtype=object))
+    at = 0
+    for t, k in zip(have, keys):
+        t["globalTid"] = codes[at:at + len(k)].astype(np.int64)
+        at += len(k)
+
+
+def read_trace(path: str | Path) -> Trace:
+    """Read a PyTorch profiler trace (``.json`` or ``.json.gz``) into a :class:`Trace`.
+
+    Bad input ends in one :class:`GpuprofError` sentence: a missing file, a truncated or
+    damaged one, JSON that is not a trace. A schema version this reader was not checked on
+    is read anyway, with a warning that says so.
+    """
+    path = Path(path)
+    data = _parse(path)
+    raw_events = data.pop("traceEvents")
+    version = data.get("schemaVersion")
+    if version is not None and version not in KNOWN_SCHEMA_VERSIONS:
+        warnings.warn(f"{path.name} says schemaVersion {version!r}; this reader was checked on "
+                      f"{sorted(KNOWN_SCHEMA_VERSIONS)}. It reads the events anyway; check the tables "
+                      "against the profiler's own summary (key_averages) before trusting them.", stacklevel=2)
+
+    kinds = sorted(set(KINDS.values()) | {"other"})
+    # One table of every event's top-level fields, built by pandas in C; then split by phase and category.
+    ev = pd.DataFrame.from_records([e for e in raw_events if isinstance(e, dict)],
+                                   columns=["ph", "cat", "name", "ts", "dur", "pid", "tid", "args", "id"])
+    del raw_events
+    categories = {str(k): int(v) for k, v in ev["cat"].value_counts().items()}
+    cat = ev["cat"].astype(str).str.lower()
+    ph = ev["ph"]
+    complete = ev[ph == "X"]
+    kind_of = cat[ph == "X"].map(KINDS).fillna("other")
+    tables = {k: _frame(complete[kind_of == k]) for k in kinds}
+
+    fl = ev[ph.isin(["s", "f", "t"]) & cat.isin(list(FLOW_CATEGORIES))]
+    f = pd.DataFrame({"id": fl["id"].to_numpy(), "cat": cat[fl.index].map(FLOW_CATEGORIES).to_numpy(),
+                      "phase": fl["ph"].to_numpy(), "ts": _to_ns(_numbers(fl["ts"].tolist())),
+                      "pid": fl["pid"].to_numpy(), "tid": fl["tid"].to_numpy(), "name": fl["name"].to_numpy()})
+    tables["flow"] = f
+
+    mem_rows = ev[(ph == "i") & (ev["name"] == "[memory]")]
+    m = pd.DataFrame.from_records([a if isinstance(a, dict) else {} for a in mem_rows["args"].tolist()]) \
+        if len(mem_rows) else pd.DataFrame(columns=["Bytes", "Total Allocated", "Total Reserved", "Device Type",
+                                                    "Device Id", "Addr"])
+    m.insert(0, "ts", _to_ns(_numbers(mem_rows["ts"].tolist())))
+    tables["memory"] = m.rename(columns={"Bytes": "bytes", "Total Allocated": "total_allocated",
+                                         "Total Reserved": "total_reserved", "Device Type": "device_type",
+                                         "Device Id": "device_id", "Addr": "address"})
+
+    thread_names: dict[tuple[Any, Any], str] = {}
+    process_names: dict[Any, str] = {}
+    for r in ev[ph == "M"].itertuples():
+        a = r.args if isinstance(r.args, dict) else {}
+        if r.name == "thread_name":
+            thread_names[(r.pid, r.tid)] = str(a.get("name"))
+        elif r.name == "process_name":
+            process_names[r.pid] = str(a.get("name"))
+    del ev
+    _thread_ids(tables)
+    for k in ("user_annotation", "gpu_user_annotation"):
+        tables[k]["text"] = tables[k]["name"]
+    for k in ("kernel", "memcpy", "memset", "runtime", "driver"):
+        _correlation_from_flows(tables[k], f, gpu=k in ("kernel", "memcpy", "memset"))
+        wanted = ("correlationId", "externalId") + (("deviceId", "streamId") if k in ("kernel", "memcpy", "memset") else ())
+        for c in wanted:  # present even where the trace has none of these events, so joins need no special case
+            if c not in tables[k].columns:
+                tables[k][c] = pd.array([pd.NA] * len(tables[k]), dtype="Int64")
+    return Trace(path=path, meta=data, categories=categories, _tables=tables, thread_names=thread_names,
+                 process_names=process_names)
+
+
+def _correlation_from_flows(t: pd.DataFrame, flows: pd.DataFrame, *, gpu: bool) -> None:
+    """Fill a missing ``correlationId`` from the ``ac2g`` flow that ends (GPU side) or starts (CPU side) at the event.
+
+    Kineto writes the correlation id both as an argument and as the id of a flow event;
+    traces that lack the argument still have the flow, bound to the event's thread and
+    start time.
+    """
+    if t.empty or ("correlationId" in t.columns and t["correlationId"].notna().all()):
+        return
+    fl = flows[(flows["cat"] == "ac2g") & (flows["phase"] == ("f" if gpu else "s"))]
+    if fl.empty:
+        if "correlationId" not in t.columns:
+            t["correlationId"] = pd.array([pd.NA] * len(t), dtype="Int64")
+        return
+    key = pd.DataFrame({"pid": fl["pid"].astype(str), "tid": fl["tid"].astype(str), "start": fl["ts"],
+                        "flow_id": pd.to_numeric(fl["id"], errors="coerce")}).drop_duplicates(["pid", "tid", "start"])
+    left = pd.DataFrame({"pid": t["pid"].astype(str), "tid": t["tid"].astype(str), "start": t["start"]})
+    ids = left.merge(key, on=["pid", "tid", "start"], how="left")["flow_id"].to_numpy()
+    have = t["correlationId"] if "correlationId" in t.columns else pd.Series(pd.NA, index=t.index, dtype="Int64")
+    t["correlationId"] = have.fillna(pd.Series(ids, index=t.index)).astype("Int64")

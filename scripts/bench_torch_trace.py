@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""Benchmark: read and summarise a 100 MB PyTorch profiler trace, against a plain baseline.
+
+Builds the trace from a real one (``--source``; by default the course's GPU reference
+trace of chapter 5 where it exists, else a CPU profile of a small training loop recorded
+on the spot): its events are replicated with shifted times and fresh correlation,
+``External id`` and flow ids until the JSON file reaches ``--mb`` megabytes. Then, each
+in a fresh process so that peak memory is its own:
+
+* **toolkit**: ``gpuprof.torch_profiler.trace.read_trace``, then the kernel summary, the
+  operator summary (self CPU time, as ``key_averages``), the per-step summary and launch
+  latency;
+* **baseline**: ``json.load`` and a pandas ``groupby`` of the kernel events by name, nothing else.
+
+Prints wall time and peak resident memory of each, side by side. It is a benchmark, not a
+test: numbers depend on the machine, which it names. The course's target: under 10 s and
+2 GB for 100 MB on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gpuprof import exit_on_error  # noqa: E402
+from gpuprof.cli import output_file, positive_float  # noqa: E402
+from gpuprof.errors import GpuprofError  # noqa: E402
+from fresh_process import measure  # noqa: E402  (beside this script)
+
+REFERENCE = ROOT / "artifacts" / "ch05" / "train_steps.json.gz"
+ID_ARGS = ("correlation", "External id")
+
+
+def record_cpu_trace(path: Path) -> Path:
+    """A real trace when no reference exists: ten steps of a small CNN on the CPU, five recorded."""
+    import warnings
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function, schedule
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                                torch.nn.Linear(16 * 30 * 30, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(8, 3, 32, 32), torch.zeros(8, dtype=torch.long)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=2, warmup=1, active=5, repeat=1),
+                     record_shapes=True) as prof:
+            for _ in range(10):
+                with record_function("train_step"):
+                    torch.nn.functional.cross_entropy(model(x), y).backward()
+                    opt.step()
+                    opt.zero_grad()
+                prof.step()
+    prof.export_chrome_trace(str(path))
+    return path
+
+
+def _load(path: Path) -> dict:
+    raw = path.read_bytes()
+    data = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+    return data if isinstance(data, dict) else {"traceEvents": data}
+
+
+def build(source: Path, target: Path, megabytes: float) -> tuple[int, int]:
+    """Write ``source``'s events again and again, each copy later in time and with fresh ids, until the
+    file holds ``megabytes`` MB. Returns (events, copies)."""
+    data = _load(source)
+    events = [e for e in data.pop("traceEvents") if isinstance(e, dict)]
+    timed = [e for e in events if isinstance(e.get("ts"), (int, float))]
+    if not timed:
+        raise GpuprofError(f"{source} has no timed events to replicate.")
+    lo = min(e["ts"] for e in timed)
+    span = max(e["ts"] + (e.get("dur") or 0) for e in timed) - lo + 1000.0
+    top = 1 + max([int(e.get("args", {}).get(k, 0) or 0) for e in events for k in ID_ARGS if
+                   isinstance(e.get("args", {}).get(k), int)] + [int(e["id"]) for e in events if isinstance(e.get("id"), int)]
+                  + [0])
+    one = len(json.dumps(events)) + 2
+    copies = max(1, -(-int(megabytes * 1e6) // one))  # at least the size asked for
+    written = 0
+    with target.open("w") as fh:
+        fh.write(json.dumps(data)[:-1] + (', ' if data else '') + '"traceEvents": [')
+        first = True
+        for i in range(copies):
+            for e in events:
+                e2 = dict(e)
+                if isinstance(e2.get("ts"), (int, float)) and e2.get("ph") != "M":
+                    e2["ts"] = e2["ts"] + i * span
+                if isinstance(e2.get("id"), int):
+                    e2["id"] = e2["id"] + i * top
+                if e2.get("args"):
+                    a = dict(e2["args"])
+                    for k in ID_ARGS:
+                        if isinstance(a.get(k), int):
+                            a[k] += i * top
+                    if isinstance(e2.get("name"), str) and e2["name"].startswith("ProfilerStep#"):
+                        e2["name"] = f"ProfilerStep#{int(e2['name'].split('#')[1]) + i * 1000}"
+                    e2["args"] = a
+                fh.write(("" if first else ",\n") + json.dumps(e2))
+                first = False
+                written += 1
+        fh.write("]}\n")
+    return written, copies
+
+
+TOOLKIT = """
+from gpuprof.torch_profiler import trace as tt, summary as ts
+t = tt.read_trace(PATH)
+k = ts.kernel_summary(t)
+ops = ts.op_summary(t)
+steps = ts.step_summary(t)
+lat = ts.launch_latency(t)
+RESULT = {"kernels": len(t.kernels()), "kernel_names": len(k), "operators": len(ops), "steps": len(steps),
+          "median_latency_us": float(lat.median()) / 1e3 if len(lat) else None}
+"""
+
+BASELINE = """
+import json, pandas as pd
+with open(PATH) as fh:
+    ev = json.load(fh)["traceEvents"]
+k = pd.DataFrame([(e["name"], e["dur"]) for e in ev if e.get("cat") == "kernel"], columns=["name", "dur"])
+s = k.groupby("name")["dur"].agg(["sum", "count", "mean", "min", "max"])
+RESULT = {"kernels": len(k), "kernel_names": len(s)}
+"""
+
+@exit_on_error
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mb", type=positive_float, default=100.0, help="size of the built trace in MB (default: 100)")
+    p.add_argument("--source", type=Path, default=None,
+                   help=f"trace to replicate (default: {REFERENCE.relative_to(ROOT)} if present, else a CPU profile "
+                        "recorded now)")
+    p.add_argument("--json", type=output_file, default=None, metavar="FILE", help="also write the results here")
+    args = p.parse_args(argv)
+    if args.source is not None and not args.source.exists():
+        raise GpuprofError(f"{args.source} does not exist.", "Pass --source with a PyTorch profiler trace (.json or .json.gz).")
+    with tempfile.TemporaryDirectory() as tmp:
+        source = args.source or (REFERENCE if REFERENCE.exists() else None)
+        if source is None:
+            print(f"no {REFERENCE.relative_to(ROOT)} here: recording a CPU profile of a small training loop to replicate "
+                  "(it has no GPU events)", flush=True)
+            source = record_cpu_trace(Path(tmp) / "source.json")
+        path = Path(tmp) / "big.json"
+        t0 = time.perf_counter()
+        n, copies = build(source, path, args.mb)
+        size_mb = path.stat().st_size / 1e6
+        print(f"built from {source.name}: {n:,} events ({copies} copies), {size_mb:.0f} MB, in {time.perf_counter() - t0:.1f} s",
+              flush=True)
+        toolkit = measure(TOOLKIT, path)
+        baseline = measure(BASELINE, path)
+    cpu = platform.processor() or platform.machine()
+    print(f"machine: {os.cpu_count()} cores, {cpu}, Python {platform.python_version()}")
+    print(f"{'':<58}{'seconds':>9}{'peak RSS':>12}")
+    print(f"{'toolkit (read; kernel, operator and step summaries; latency)':<58}{toolkit['seconds']:>9.2f}"
+          f"{toolkit['peak_rss_mib']:>9.0f} MiB")
+    print(f"{'baseline (json.load + pandas kernel summary only)':<58}{baseline['seconds']:>9.2f}"
+          f"{baseline['peak_rss_mib']:>9.0f} MiB")
+    print(f"toolkit found {toolkit['kernels']:,} kernels ({toolkit['kernel_names']} names), {toolkit['operators']} operator "
+          f"keys, {toolkit['steps']} steps")
+    if args.json:
+        args.json.write_text(json.dumps({"mb": size_mb, "events": n, "source": source.name, "toolkit": toolkit,
+                                         "baseline": baseline}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,223 @@
+"""The PyTorch profiler trace reader and its summaries.
+
+The CPU tests profile a small training loop live (PyTorch's CPU build runs the profiler)
+and check the trace's summary against ``key_averages()`` of the same run. The GPU-side
+logic (kernels, copies, correlation, steps) is checked on a small hand-built trace in
+Kineto's format whose answers are known by construction; the stored GPU reference trace
+and its ``key_averages`` records are checked where they exist.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.profiler import ProfilerActivity, profile, record_function, schedule  # noqa: E402
+
+from gpuprof.errors import GpuprofError  # noqa: E402
+from gpuprof.torch_profiler import key_averages as tk  # noqa: E402
+from gpuprof.torch_profiler import schedule as tsched  # noqa: E402
+from gpuprof.torch_profiler import summary as ts  # noqa: E402
+from gpuprof.torch_profiler import trace as tt  # noqa: E402
+
+
+def _train(prof, steps: int) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(8 * 14 * 14, 10))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    x, y = torch.randn(4, 3, 16, 16), torch.zeros(4, dtype=torch.long)
+    for _ in range(steps):
+        with record_function("train_step"):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        prof.step()
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory):
+    """A CPU profile of five training steps (two recorded), its trace and its key_averages records."""
+    path = tmp_path_factory.mktemp("trace") / "cpu.json"
+    sched = schedule(wait=1, warmup=1, active=2, repeat=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with profile(activities=[ProfilerActivity.CPU], schedule=sched, record_shapes=True) as prof:
+            _train(prof, 5)
+    prof.export_chrome_trace(str(path))
+    return tt.read_trace(path), pd.DataFrame(tk.records(prof.key_averages())), sched
+
+
+def test_cpu_operator_times_equal_key_averages(cpu_run):
+    trace, ka, _ = cpu_run
+    ours = ts.op_summary(trace).set_index("key")
+    theirs = ka.set_index("key")
+    assert set(ours.index) == set(theirs.index)
+    joined = ours.join(theirs.add_suffix("_ka"))
+    assert (joined["calls"] == joined["count_ka"]).all()
+    assert np.allclose(joined["cpu_total_us"], joined["cpu_total_us_ka"], atol=0.01)
+    assert np.allclose(joined["self_cpu_us"], joined["self_cpu_us_ka"], atol=0.01)
+
+
+def test_steps_in_the_trace_are_the_ones_the_schedule_records(cpu_run):
+    trace, _, sched = cpu_run
+    plan = tsched.actions(sched, 5)
+    assert list(plan["action"]) == ["NONE", "WARMUP", "RECORD", "RECORD_AND_SAVE", "NONE"]
+    assert list(trace.steps()["step"]) == list(plan.loc[plan["recorded"], "step"]) == [2, 3]
+
+
+def test_a_cpu_only_trace_has_no_gpu_tables_and_says_so(cpu_run):
+    trace, _, _ = cpu_run
+    assert not trace.has_gpu_activity and trace.kernels().empty and ts.kernel_summary(trace).empty
+    steps = ts.step_summary(trace)
+    assert list(steps["launches"]) == [0, 0] and (steps["cpu_ms"] > 0).all()
+    assert "GPUs: none listed" in trace.describe() and "steps 2, 3" in trace.describe()
+
+
+def test_self_times_merge_an_only_child_of_the_same_name():
+    ev = pd.DataFrame({"name": ["aten::sum", "aten::sum", "aten::add", "other"], "start": [0, 10, 20, 100],
+                       "end": [90, 80, 30, 120], "globalTid": [0, 0, 0, 0]})
+    ev["duration_ns"] = ev["end"] - ev["start"]
+    merged = ts.self_times(ev)
+    assert merged.isna().tolist() == [False, True, False, False]
+    assert merged[0] == 90 - 10 and merged[2] == 10 and merged[3] == 20  # the parent adopts aten::add
+    plain = ts.self_times(ev, merge_duplicates=False)
+    assert plain.tolist() == [20, 60, 10, 20]
+
+
+def test_check_names_reports_what_this_torch_accepts(cpu_run):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            torch.ones(4) + 1
+    table = tk.check_names(prof.key_averages()).set_index(["kind", "name"])
+    assert table.loc[("attribute", "device_time_total"), "result"] == "ok"
+    assert table.loc[("attribute", "self_cpu_time_total"), "result"] == "ok"
+    assert set(table["result"]) <= {"ok", "warns", "fails"}
+    fails = table[table["result"] == "fails"]
+    assert fails["detail"].str.contains("Error").all()
+
+
+# ---- a hand-built trace in Kineto's format, with known answers -------------------------------
+
+def _x(cat, name, ts, dur, pid, tid, **args):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": pid, "tid": tid, "args": args}
+
+
+def gpu_events(correlation_args: bool = True) -> list[dict]:
+    """Two steps; step 1 launches k1 (10 us) and a copy, step 2 launches k2 twice from another thread.
+
+    Times in microseconds. CPU process 100, main thread 1, autograd thread 2; GPU 0 stream 7.
+    """
+    c = (lambda i: {"correlation": i}) if correlation_args else (lambda i: {})
+    ev = [
+        {"ph": "M", "name": "thread_name", "pid": 100, "tid": 2, "args": {"name": "autograd"}},
+        _x("user_annotation", "ProfilerStep#4", 1000.0, 100.0, 100, 1),
+        _x("cpu_op", "aten::mm", 1010.0, 20.0, 100, 1, **{"External id": 1}),
+        _x("cuda_runtime", "cudaLaunchKernel", 1015.0, 5.0, 100, 1, **c(11), **{"External id": 1}),
+        _x("cuda_runtime", "cudaMemcpyAsync", 1040.0, 5.0, 100, 1, **c(12)),
+        _x("kernel", "k1", 1030.0, 10.0, 0, 7, device=0, stream=7, **c(11)),
+        _x("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 1060.0, 4.0, 0, 7, device=0, stream=7, bytes=4096, **c(12)),
+        _x("user_annotation", "ProfilerStep#5", 1100.0, 100.0, 100, 1),
+        _x("cuda_runtime", "cudaLaunchKernel", 1120.0, 5.0, 100, 2, **c(13)),
+        _x("cuda_runtime", "cudaLaunchKernel", 1130.0, 5.0, 100, 2, **c(14)),
+        _x("kernel", "k2", 1150.0, 20.0, 0, 7, device=0, stream=7, **c(13)),
+        _x("kernel", "k2", 1180.0, 10.0, 0, 7, device=0, stream=7, **c(14)),
+    ]
+    for corr, cpu_ts, gpu_ts, cpu_tid in ((11, 1015.0, 1030.0, 1), (12, 1040.0, 1060.0, 1), (13, 1120.0, 1150.0, 2),
+                                          (14, 1130.0, 1180.0, 2)):
+        ev.append({"ph": "s", "cat": "ac2g", "id": corr, "name": "ac2g", "ts": cpu_ts, "pid": 100, "tid": cpu_tid})
+        ev.append({"ph": "f", "cat": "ac2g", "id": corr, "name": "ac2g", "ts": gpu_ts, "pid": 0, "tid": 7, "bp": "e"})
+    return ev
+
+
+def write(tmp_path, events, name="t.json", gz=False, **meta):
+    data = {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "A GPU"}], **meta, "traceEvents": events}
+    path = tmp_path / (name + (".gz" if gz else ""))
+    raw = json.dumps(data).encode()
+    path.write_bytes(gzip.compress(raw) if gz else raw)
+    return path
+
+
+def test_gpu_tables_and_their_link_to_the_cpu(tmp_path):
+    t = tt.read_trace(write(tmp_path, gpu_events(), gz=True))
+    k = t.kernels()
+    assert list(k["name"]) == ["k1", "k2", "k2"] and list(k["duration_ns"]) == [10_000, 20_000, 10_000]
+    assert list(k["correlationId"]) == [11, 13, 14] and set(k["streamId"]) == {7}
+    assert t.copies()["bytes"].tolist() == [4096]
+    assert list(ts.launch_latency(t)) == [15_000, 30_000, 50_000]
+    summary = ts.kernel_summary(t).set_index("name")
+    assert summary.loc["k2", "calls"] == 2 and summary.loc["k2", "total_us"] == 30.0
+    assert summary["share"].sum() == pytest.approx(1.0)
+    assert t.thread_names[(100, 2)] == "autograd"
+
+
+def test_step_summary_by_window_and_by_thread(tmp_path):
+    t = tt.read_trace(write(tmp_path, gpu_events()))
+    w = ts.step_summary(t).set_index("step")
+    assert w.loc[4, "launches"] == 2 and w.loc[4, "gpu_busy_ms"] == pytest.approx(0.014)
+    assert w.loc[4, "gpu_span_ms"] == pytest.approx(0.034)  # 1030 .. 1064 us
+    assert w.loc[5, "launches"] == 2 and w.loc[5, "busy_share"] == pytest.approx(30 / 40)
+    by_thread = ts.step_summary(t, rule="thread").set_index("step")
+    assert by_thread.loc[5, "launches"] == 0  # launched from the autograd thread: nsys's rule misses them
+
+
+def test_correlation_recovered_from_flows_when_arguments_lack_it(tmp_path):
+    t = tt.read_trace(write(tmp_path, gpu_events(correlation_args=False)))
+    assert list(t.kernels()["correlationId"]) == [11, 13, 14]
+    assert list(ts.launch_latency(t)) == [15_000, 30_000, 50_000]
+
+
+def test_older_category_spellings_are_read_as_today_s(tmp_path):
+    ev = [dict(e, cat={"kernel": "Kernel", "cuda_runtime": "Runtime", "cpu_op": "Operator"}.get(e.get("cat"), e.get("cat")))
+          for e in gpu_events()]
+    t = tt.read_trace(write(tmp_path, ev))
+    assert len(t.kernels()) == 3 and len(t.runtime_calls()) == 4 and len(t.cpu_ops()) == 1
+
+
+def test_unknown_categories_and_arguments_are_kept(tmp_path):
+    ev = gpu_events() + [_x("mtia_runtime", "something", 1000.0, 1.0, 100, 1, novel=3)]
+    ev[5]["args"]["est. achieved occupancy %"] = 50
+    t = tt.read_trace(write(tmp_path, ev))
+    assert t.events("other")["novel"].tolist() == [3]
+    assert "est. achieved occupancy %" in t.kernels().columns
+    assert t.categories["mtia_runtime"] == 1
+
+
+def test_a_bare_event_list_is_a_trace_too(tmp_path):
+    path = tmp_path / "list.json"
+    path.write_text(json.dumps(gpu_events()))
+    assert len(tt.read_trace(path).kernels()) == 3
+
+
+def test_an_unknown_schema_version_is_read_with_a_warning(tmp_path):
+    with pytest.warns(UserWarning, match="schemaVersion 99.*checked on \\[1\\]"):
+        t = tt.read_trace(write(tmp_path, gpu_events(), schemaVersion=99))
+    assert len(t.kernels()) == 3
+
+
+@pytest.mark.parametrize("content, message", [
+    (b'{"schemaVersion": 1, "traceEvents": [{"ph": "X", "na', "not complete JSON (it ends early, mid-event)"),
+    (b'{"a": 1}', "not a PyTorch profiler trace"),
+    (b"SQLite format 3\x00", "not complete JSON"),
+])
+def test_bad_files_get_one_sentence(tmp_path, content, message):
+    path = tmp_path / "bad.json"
+    path.write_bytes(content)
+    with pytest.raises(GpuprofError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        tt.read_trace(path)
+
+
+def test_truncated_gzip_and_missing_file(tmp_path):
+    path = write(tmp_path, gpu_events(), gz=True)
+    path.write_bytes(path.read_bytes()[:-20])
+    with pytest.raises(GpuprofError, match="damaged or truncated gzip"):
+        tt.read_trace(path)
+    with pytest.raises(GpuprofError, match="does not exist"):
+        tt.read_trace(tmp_path / "nope.json")
