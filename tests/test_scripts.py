@@ -16,7 +16,9 @@ SMALL_ARGS = {"tiny_kernels.py": ["--steps", "2", "--kernels", "10"], "saxpy.py"
               "nvtx_features.py": ["--steps", "2", "--cost-calls", "1000"],
               "weight_streaming.py": ["--mode", "all"],
               "transpose.py": ["--n", "256"], "occupancy.py": ["--mib", "2"], "divergence.py": ["--iters", "64"],
-              "matmul.py": ["--n", "128"], "torch_conv.py": ["--steps", "2", "--batch", "8"]}
+              "matmul.py": ["--n", "128"], "torch_conv.py": ["--steps", "2", "--batch", "8"],
+              "train_profiled.py": ["--batch", "8", "--repeat", "2", "--active", "2", "--trace", "{tmp}/t.json.gz"],
+              "profiler_overhead.py": ["--steps", "3", "--batch", "8", "--json", "{tmp}/overhead.json"]}
 
 
 def run(script, *args):
@@ -36,8 +38,8 @@ def test_help(script):
 
 
 @pytest.mark.parametrize("script", EXAMPLES, ids=lambda p: p.name)
-def test_runs_to_completion_on_the_cpu_and_checks_its_result(script):
-    proc = run(script, *SMALL_ARGS[script.name])
+def test_runs_to_completion_on_the_cpu_and_checks_its_result(script, tmp_path):
+    proc = run(script, *(a.replace("{tmp}", str(tmp_path)) for a in SMALL_ARGS[script.name]))
     assert proc.returncode == 0, proc.stderr
     assert "result checked" in proc.stdout
 
@@ -70,6 +72,9 @@ BAD_INPUT = {
                       (["--iters", "0"], "must be at least 1")],
     "matmul.py": [(["--n", "100"], "must be a multiple of 64"), (["--kernels", "cublas_fp8"], "unknown kernel(s) cublas_fp8")],
     "torch_conv.py": [(["--steps", "1"], "must be at least 2"), (["--batch", "-3"], "must be at least 1")],
+    "train_profiled.py": [(["--active", "0"], "must be at least 1"), (["--wait", "-1"], "must not be negative"),
+                          (["--trace", "/no/such/dir/t.json"], "does not exist")],
+    "profiler_overhead.py": [(["--rounds", "0"], "must be at least 1"), (["--json", "/no/such/dir/o.json"], "does not exist")],
 }
 BAD_CASES = [(script, args, message) for script in EXAMPLES for args, message in BAD_INPUT[script.name]]
 
