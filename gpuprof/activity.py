@@ -314,3 +314,34 @@ def attribute_kernels(kernels: pd.DataFrame, runtime: pd.DataFrame, ranges: pd.D
     out["range_start"] = ranges["start"].to_numpy()[who]
     out["range_end"] = ranges["end"].to_numpy()[who]
     return out.sort_values(["range_start", "start"], kind="stable", ignore_index=True)
+
+
+def range_busy(work: pd.DataFrame, runtime: pd.DataFrame, ranges: pd.DataFrame, *, rule: str = "window") -> pd.DataFrame:
+    """Per range: the GPU work launched in it (:func:`attribute_kernels`), and how busy that kept the GPU.
+
+    ``work`` is kernels (and, if wanted, copies and memsets) with ``correlationId``;
+    ``ranges`` has ``text``, ``start`` and ``end`` (NVTX ranges, ``ProfilerStep#N``...).
+    Columns: text, start, end, cpu_ms (the range's own length), launches, gpu_busy_ms (the
+    union of the work's intervals: two streams at once count once), gpu_span_ms (first
+    start to last end of that work) and busy_share (busy over span; below 1, the GPU waited
+    between pieces of the range's work). The same function serves traces of both tools, so
+    the reconciliation of the PyTorch profiler chapter compares like with like.
+    """
+    cols = ["text", "start", "end", "cpu_ms", "launches", "gpu_busy_ms", "gpu_span_ms", "busy_share"]
+    if ranges.empty:
+        return pd.DataFrame(columns=cols)
+    ranges = ranges.sort_values("start", kind="stable").reset_index(drop=True)
+    hits = attribute_kernels(work, runtime, ranges, rule=rule)
+    groups = {k: g for k, g in hits.groupby(["range_start", "range_text"], sort=False)} if len(hits) else {}
+    rows = []
+    for r in ranges.itertuples():
+        mine = groups.get((r.start, r.text))
+        busy = span = 0.0
+        if mine is not None and len(mine):
+            ms, me = merge_intervals(mine["start"].to_numpy(), mine["end"].to_numpy())
+            busy = float((me - ms).sum())
+            span = float(mine["end"].max() - mine["start"].min())
+        rows.append({"text": r.text, "start": r.start, "end": r.end, "cpu_ms": (r.end - r.start) / 1e6,
+                     "launches": 0 if mine is None else len(mine), "gpu_busy_ms": busy / 1e6, "gpu_span_ms": span / 1e6,
+                     "busy_share": busy / span if span else float("nan")})
+    return pd.DataFrame(rows, columns=cols)

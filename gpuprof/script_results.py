@@ -24,16 +24,31 @@ __all__ = ["run_for_json"]
 
 
 def run_for_json(chapter: str, filename: str, script: str | Path, args: Sequence[str] = (), *,
-                 timeout_s: int = 600, echo: bool = True) -> FoundCapture:
-    """Run ``script args --json <chapter>/<filename>`` on this machine's GPU, or fall back to the reference."""
+                 files: dict[str, str] | None = None, timeout_s: int = 600, echo: bool = True) -> FoundCapture:
+    """Run ``script args --json <chapter>/<filename>`` on this machine's GPU, or fall back to the reference.
+
+    ``files`` maps an option of the script to a file name (``{"--trace": "steps.json.gz"}``):
+    the script is given ``--trace <chapter folder>/steps.json.gz``, and each such file is
+    recorded in the chapter's provenance with the command, like the JSON. Files the
+    script writes beside them (a trace's ``.key_averages.json``) are recorded too when
+    their names start with the file's stem.
+    """
     machine = describe_machine()
     if machine.device != "cuda":
         print(f"No GPU on this machine ({machine.summary()}): showing the course's reference results instead.")
         return find_capture(chapter, filename, prefer="reference")
+    folder = chapter_output(chapter)
+    folder.mkdir(parents=True, exist_ok=True)
+    extra: list[str] = []
+    extra_shown: list[str] = []
+    for flag, name in (files or {}).items():
+        extra += [flag, str(folder / name)]
+        extra_shown += [flag, name]
+    before = {p: p.stat().st_mtime_ns for p in folder.iterdir()}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / filename
-        cmd = python_target(script, *args, "--json", str(out))
-        shown = portable_command([*python_target(script, *args), "--json", filename])
+        cmd = python_target(script, *args, *extra, "--json", str(out))
+        shown = portable_command([*python_target(script, *args), *extra_shown, "--json", filename])
         if echo:
             print("$ " + " ".join(shown), flush=True)
         lines: list[str] = []
@@ -53,4 +68,9 @@ def run_for_json(chapter: str, filename: str, script: str | Path, args: Sequence
             raise GpuprofError(f"{Path(script).name} failed (exit {code}): {tail}")
         atomic_write_bytes(chapter_output(chapter) / filename, out.read_bytes(), overwrite=True)
     record_file(chapter, filename, " ".join(shown))
+    stems = tuple(name.split(".")[0] for name in (files or {}).values())
+    for p in sorted(folder.iterdir()):
+        changed = p not in before or before[p] != p.stat().st_mtime_ns
+        if changed and p.name.startswith(stems) and p.name != filename and stems:
+            record_file(chapter, p.name, " ".join(shown))
     return find_capture(chapter, filename)

@@ -37,7 +37,8 @@ from gpuprof.errors import GpuprofError  # noqa: E402
 # nbval takes longer than one 10-minute command of the course's device tool: there it
 # is split with --notebooks (each call refreshes the provenance table and its own rows).
 BUDGET_S = {"00__setting_up.ipynb": 150, "01__nsight_systems.ipynb": 240, "02__nvtx.ipynb": 150,
-            "03__weight_streaming.ipynb": 240, "04__nsight_compute.ipynb": 330}
+            "03__weight_streaming.ipynb": 240, "04__nsight_compute.ipynb": 330,
+            "05__pytorch_profiler.ipynb": 240}
 DEFAULT_BUDGET_S = 120
 CELL_TIMEOUT_S = 540
 

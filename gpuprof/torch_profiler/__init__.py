@@ -8,3 +8,8 @@
 * :mod:`gpuprof.torch_profiler.key_averages`: ``key_averages()`` saved as records, and which of
   its attribute names and sort keys work on the installed PyTorch
 """
+
+from .summary import kernel_summary, launch_latency, op_summary, step_summary
+from .trace import Trace, read_trace
+
+__all__ = ["Trace", "read_trace", "op_summary", "kernel_summary", "step_summary", "launch_latency"]

@@ -182,15 +182,5 @@ def step_summary(trace: Trace, *, rule: str = "window") -> pd.DataFrame:
     ranges = steps.assign(text=steps["step"].astype(str))
     work = gpu_activity(trace).dropna(subset=["correlationId"])
     runtime = trace.runtime_calls().dropna(subset=["correlationId"])
-    hits = activity.attribute_kernels(work, runtime, ranges, rule=rule)
-    rows = []
-    for s in steps.itertuples():
-        mine = hits[hits["range_text"] == str(s.step)]
-        busy = span = 0.0
-        if len(mine):
-            ms, me = activity.merge_intervals(mine["start"].to_numpy(), mine["end"].to_numpy())
-            busy = float((me - ms).sum())
-            span = float(mine["end"].max() - mine["start"].min())
-        rows.append({"step": s.step, "cpu_ms": s.duration_ns / 1e6, "launches": len(mine), "gpu_busy_ms": busy / 1e6,
-                     "gpu_span_ms": span / 1e6, "busy_share": busy / span if span else float("nan")})
-    return pd.DataFrame(rows, columns=cols)
+    out = activity.range_busy(work, runtime, ranges, rule=rule)
+    return out.assign(step=out["text"].astype(int))[cols]
