@@ -49,6 +49,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--skip-nbval", action="store_true", help="do not run strict nbval afterwards")
     p.add_argument("--archive", type=Path, default=None, help="write notebooks, artifacts and logs to this .tgz")
     p.add_argument("--log-dir", type=Path, default=ROOT / "_build" / "capture", help="where logs go")
+    p.add_argument("--keep-going", action="store_true",
+                   help="execute every cell even after one fails, and list the failures (for developing a chapter: "
+                        "a notebook with errors is not a capture to commit)")
     return p.parse_args(argv)
 
 
@@ -82,7 +85,7 @@ def shrink_figures(nb) -> int:  # type: ignore[no-untyped-def]
     return saved
 
 
-def execute_in_place(nb_path: Path, env: dict[str, str]) -> float:
+def execute_in_place(nb_path: Path, env: dict[str, str], keep_going: bool = False) -> float:
     """Execute one notebook with nbclient in its own folder; return seconds taken."""
     import nbclient
     import nbformat
@@ -90,7 +93,7 @@ def execute_in_place(nb_path: Path, env: dict[str, str]) -> float:
 
     nb = nbformat.read(nb_path, as_version=4)
     os.environ.update(env)  # the kernel inherits this process's environment
-    client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
+    client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3", allow_errors=keep_going,
                                      resources={"metadata": {"path": str(nb_path.parent)}})
     t0 = time.perf_counter()
     try:
@@ -102,6 +105,10 @@ def execute_in_place(nb_path: Path, env: dict[str, str]) -> float:
     seconds = time.perf_counter() - t0
     shrink_figures(nb)
     nbformat.write(nb, nb_path)
+    failed = [i for i, c in enumerate(nb.cells) for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    if failed:
+        raise GpuprofError(f"{nb_path.name}: cells {failed} failed (executed with --keep-going).",
+                           "Read their outputs in the notebook, saved in place.")
     return seconds
 
 
@@ -202,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         budget = BUDGET_S.get(nb.name, DEFAULT_BUDGET_S)
         print(f"executing {nb.relative_to(ROOT)} (budget {budget} s) ...", flush=True)
         try:
-            seconds = execute_in_place(nb, env)
+            seconds = execute_in_place(nb, env, args.keep_going)
         except GpuprofError as exc:
             print(f"  FAILED: {exc}", flush=True)
             failed.append(nb.name)
