@@ -58,6 +58,13 @@ def test_the_log_becomes_lifetimes_categories_and_a_curve():
     assert total.iloc[-1] == 100 + 1024 and total.max() == 100 + 2048 + 1024  # A still held when G is allocated
 
 
+def test_blocks_are_requests_rounded_up_to_512_bytes():
+    assert tm.block_bytes(4) == 512 and tm.block_bytes(512) == 512 and tm.block_bytes(6912) == 7168
+    ev = [{"action": "alloc", "addr": 1, "size": 4, "stream": 0}, {"action": "alloc", "addr": 2, "size": 1025, "stream": 0}]
+    life = tm.lifetimes(tm.trace_entries({"device_traces": [ev]}))
+    assert life["requested"].tolist() == [4, 1025] and life["bytes"].tolist() == [512, 1536]
+
+
 def test_the_compact_log_round_trips_and_bad_files_get_a_sentence(tmp_path):
     log = tm.compact(_snapshot(), phases=PHASES, baseline_bytes=0)
     path = tmp_path / "log.json.gz"

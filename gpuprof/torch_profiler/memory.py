@@ -44,7 +44,7 @@ import pandas as pd
 
 from ..errors import GpuprofError
 
-__all__ = ["MARKER_BASE", "marker_bytes", "trace_entries", "split_markers", "lifetimes", "categorise", "curve",
+__all__ = ["MARKER_BASE", "marker_bytes", "block_bytes", "BLOCK_BYTES", "trace_entries", "split_markers", "lifetimes", "categorise", "curve",
            "compact", "read_snapshot", "CATEGORY_NAMES"]
 
 # Marker blocks: 512-byte multiples (the allocator's rounding) of sizes no tensor of the course's models has.
@@ -109,10 +109,24 @@ def split_markers(entries: pd.DataFrame, phases: Sequence[str]) -> tuple[pd.Data
     return out, ends
 
 
+BLOCK_BYTES = 512  # the caching allocator's smallest block, and its rounding step (unless PYTORCH_CUDA_ALLOC_CONF changes it)
+
+
+def block_bytes(requested: np.ndarray | int) -> np.ndarray | int:
+    """What the allocator hands out for a request: the size rounded up to a multiple of 512 bytes."""
+    return -(-np.asarray(requested) // BLOCK_BYTES) * BLOCK_BYTES if not isinstance(requested, int) else \
+        -(-requested // BLOCK_BYTES) * BLOCK_BYTES
+
+
 def lifetimes(entries: pd.DataFrame) -> pd.DataFrame:
     """One row per allocation in the log: alloc_event, free_event (NA if still allocated at the end), bytes,
-    frame. A free is the ``free_requested`` of the same address (the program let go of it); memory freed
-    in the log but allocated before recording started has no row (it is in the baseline)."""
+    requested, frame. A free is the ``free_requested`` of the same address (the program let go of it);
+    memory freed in the log but allocated before recording started has no row (it is in the baseline).
+
+    The log records the size the program asked for (``requested``: 4 bytes for a scalar); the
+    allocator hands out a block rounded up to 512 bytes, and ``torch.cuda.memory_allocated()``
+    counts blocks, so ``bytes`` is the block size (checked against ``memory_allocated`` on a
+    real run by ``examples/pytorch_profiler/memory_snapshot.py``)."""
     allocs: dict[Any, tuple[int, int, str]] = {}
     rows = []
     for r in entries.itertuples(index=False):
@@ -122,7 +136,8 @@ def lifetimes(entries: pd.DataFrame) -> pd.DataFrame:
             ev, size, frame = allocs.pop(r.addr)
             rows.append((ev, r.event, size, frame))
     rows += [(ev, None, size, frame) for ev, size, frame in allocs.values()]
-    out = pd.DataFrame(rows, columns=["alloc_event", "free_event", "bytes", "frame"])
+    out = pd.DataFrame(rows, columns=["alloc_event", "free_event", "requested", "frame"])
+    out.insert(2, "bytes", block_bytes(out["requested"].to_numpy(dtype=np.int64)))
     out["free_event"] = out["free_event"].astype("Int64")
     return out.sort_values("alloc_event", ignore_index=True)
 
