@@ -7,6 +7,7 @@ import gzip
 import json
 import pickle
 
+import pandas as pd
 import pytest
 
 from gpuprof.errors import GpuprofError
@@ -101,3 +102,18 @@ def test_checks_on_a_cpu_only_trace_say_none_apply(tmp_path):
     events = [e for e in gpu_events() if e.get("cat") in ("user_annotation", "cpu_op")]
     t = tt.read_trace(write(tmp_path, events))
     assert diagnose.checks(t).empty and "checks: none apply" in diagnose.report(t)
+
+
+def test_a_log_is_checked_against_the_allocator_s_counters():
+    clean, ends = tm.split_markers(tm.trace_entries(_snapshot()), PHASES)
+    life = tm.lifetimes(clean)
+    assert "within the log's blocks" in tm.check_against_allocator(life, len(clean), 100, 1124, 3172)
+    with pytest.raises(GpuprofError, match="log is incomplete"):
+        tm.check_against_allocator(life, len(clean), 100, 1124 + 512, 3172)
+    with pytest.raises(GpuprofError, match="does not match max_memory_allocated"):
+        tm.check_against_allocator(life, len(clean), 100, 1124, 3172 + 512)
+    # a block over 1 MiB may be handed out whole: up to 1 MiB more is the allocator's, not a gap in the log
+    big = pd.DataFrame({"alloc_event": [0], "free_event": pd.array([pd.NA], dtype="Int64"), "bytes": [3 << 20],
+                        "requested": [3 << 20], "frame": [""]})
+    assert tm.allocator_slack(big, 2).tolist() == [1 << 20, 1 << 20]
+    tm.check_against_allocator(big, 2, 0, (3 << 20) + 4096, (3 << 20) + 4096)

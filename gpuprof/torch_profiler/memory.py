@@ -44,7 +44,7 @@ import pandas as pd
 
 from ..errors import GpuprofError
 
-__all__ = ["MARKER_BASE", "marker_bytes", "block_bytes", "BLOCK_BYTES", "trace_entries", "split_markers", "lifetimes", "categorise", "curve",
+__all__ = ["MARKER_BASE", "marker_bytes", "block_bytes", "BLOCK_BYTES", "allocator_slack", "check_against_allocator", "trace_entries", "split_markers", "lifetimes", "categorise", "curve",
            "compact", "read_snapshot", "CATEGORY_NAMES"]
 
 # Marker blocks: 512-byte multiples (the allocator's rounding) of sizes no tensor of the course's models has.
@@ -200,6 +200,44 @@ def curve(life: pd.DataFrame, n_events: int, *, by: str = "category", baseline: 
     if baseline:
         out.insert(0, "before the log", baseline)
     return out
+
+
+UNSPLIT_BYTES = 1 << 20  # a large block is not split when less than this would remain: the program gets it whole
+
+
+def allocator_slack(life: pd.DataFrame, n_events: int) -> np.ndarray:
+    """After each event: how many bytes more than the log's blocks the allocator may count as allocated.
+
+    The caching allocator serves a large request (over 1 MiB) from a cached block and splits
+    off the rest only if at least 1 MiB would remain; otherwise the program gets the whole
+    block, and ``memory_allocated()`` counts all of it. The log records only the request,
+    so each live block over 1 MiB may hide up to 1 MiB more: this is the bound, per event.
+    """
+    large = life[life["bytes"] > UNSPLIT_BYTES]
+    delta = np.zeros(n_events + 1, dtype=np.int64)
+    np.add.at(delta, large["alloc_event"].to_numpy(dtype=np.int64), UNSPLIT_BYTES)
+    freed = large.dropna(subset=["free_event"])
+    np.add.at(delta, freed["free_event"].to_numpy(dtype=np.int64), -UNSPLIT_BYTES)
+    return np.cumsum(delta)[:n_events]
+
+
+def check_against_allocator(life: pd.DataFrame, n_events: int, baseline: int, end_allocated: int,
+                            peak_allocated: int, extra_peak: int = 0) -> str:
+    """Check a log against the allocator's own counters (``memory_allocated()`` at the end and
+    ``max_memory_allocated()``): each must lie between the log's blocks and the log's blocks plus
+    :func:`allocator_slack` (and ``extra_peak`` for blocks removed from the log, such as markers).
+    Returns a sentence; raises :class:`GpuprofError` when the log cannot be the allocator's."""
+    total = curve(life.assign(all_blocks="all"), n_events, by="all_blocks", baseline=baseline).sum(axis=1).to_numpy()
+    slack = allocator_slack(life, n_events)
+    if not total[-1] <= end_allocated <= total[-1] + slack[-1]:
+        raise GpuprofError(f"the log ends at {int(total[-1]):,} bytes allocated (up to {int(slack[-1]):,} more in "
+                           f"unsplit blocks), the allocator says {end_allocated:,}: the log is incomplete.")
+    if not total.max() <= peak_allocated <= (total + slack).max() + extra_peak:
+        raise GpuprofError(f"the log's peak {int(total.max()):,} bytes (up to {int((total + slack).max()):,} with "
+                           f"unsplit blocks) does not match max_memory_allocated {peak_allocated:,}.")
+    return (f"log checked against the allocator: {n_events:,} events; at the end {end_allocated / 2**20:.1f} MiB "
+            f"allocated, peak {peak_allocated / 2**20:.1f} MiB, both within the log's blocks and the allocator's "
+            f"rounding")
 
 
 def compact(snapshot: dict[str, Any], *, device: int | None = None, **meta: Any) -> dict[str, Any]:
