@@ -18,7 +18,10 @@ SMALL_ARGS = {"tiny_kernels.py": ["--steps", "2", "--kernels", "10"], "saxpy.py"
               "transpose.py": ["--n", "256"], "occupancy.py": ["--mib", "2"], "divergence.py": ["--iters", "64"],
               "matmul.py": ["--n", "128"], "torch_conv.py": ["--steps", "2", "--batch", "8"],
               "train_profiled.py": ["--batch", "8", "--repeat", "2", "--active", "2", "--trace", "{tmp}/t.json.gz"],
-              "profiler_overhead.py": ["--steps", "3", "--batch", "8", "--json", "{tmp}/overhead.json"]}
+              "profiler_overhead.py": ["--steps", "3", "--batch", "8", "--json", "{tmp}/overhead.json"],
+              "reconcile.py": ["--mode", "profiler", "--steps", "2", "--warmup", "1", "--batch", "8",
+                               "--trace", "{tmp}/r.json.gz", "--json", "{tmp}/r.json"],
+              "memory_snapshot.py": ["--batch", "8", "--log", "{tmp}/m.json.gz"]}
 
 
 def run(script, *args):
@@ -75,6 +78,8 @@ BAD_INPUT = {
     "train_profiled.py": [(["--active", "0"], "must be at least 1"), (["--wait", "-1"], "must not be negative"),
                           (["--trace", "/no/such/dir/t.json"], "does not exist")],
     "profiler_overhead.py": [(["--rounds", "0"], "must be at least 1"), (["--json", "/no/such/dir/o.json"], "does not exist")],
+    "reconcile.py": [(["--mode", "ncu"], "invalid choice"), (["--steps", "0"], "must be at least 1")],
+    "memory_snapshot.py": [(["--batch", "0"], "must be at least 1"), (["--log", "/no/such/dir/m.json.gz"], "does not exist")],
 }
 BAD_CASES = [(script, args, message) for script in EXAMPLES for args, message in BAD_INPUT[script.name]]
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import json
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -221,3 +222,29 @@ def test_truncated_gzip_and_missing_file(tmp_path):
         tt.read_trace(path)
     with pytest.raises(GpuprofError, match="does not exist"):
         tt.read_trace(tmp_path / "nope.json")
+
+
+# ---- the stored GPU traces of chapter 5 (H100), with key_averages records from the same runs -----------
+
+CH05 = Path(__file__).resolve().parents[1] / "artifacts" / "ch05"
+
+
+@pytest.mark.parametrize("name", ["train_steps", "small_steps"])
+def test_kernel_totals_of_a_stored_gpu_trace_equal_key_averages_self_device_time(name):
+    t = tt.read_trace(CH05 / f"{name}.json.gz")
+    assert t.has_gpu_activity and len(t.kernels()) > 100
+    records = tk.load_records(CH05 / f"{name}.key_averages.json").set_index("key")
+    ks = ts.kernel_summary(t).set_index("name")
+    both = ks.join(records[["count", "self_device_us"]], how="inner")
+    assert len(both) == len(ks)  # every kernel of the trace is a row of key_averages
+    assert (both["calls"] == both["count"]).all()
+    assert np.allclose(both["total_us"], both["self_device_us"], atol=0.002)  # the trace's 3 decimals of a us
+    ops = ts.op_summary(t).set_index("key")[["calls"]].join(records[["count"]], how="inner")
+    assert len(ops) > 50 and (ops["calls"] == ops["count"]).all()
+
+
+def test_steps_of_a_stored_gpu_trace_launch_the_same_work():
+    steps = ts.step_summary(tt.read_trace(CH05 / "train_steps.json.gz"))
+    assert steps["step"].tolist() == [4, 5, 6]
+    assert steps["launches"].nunique() == 1 and (steps["gpu_busy_ms"] > 0).all()
+    assert (steps["gpu_busy_ms"] <= steps["gpu_span_ms"] + 1e-9).all()

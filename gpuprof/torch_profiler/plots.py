@@ -15,7 +15,7 @@ ACTION_COLOURS = {"NONE": "#dddddd", "WARMUP": "#f2c14e", "RECORD": "#4c9be8", "
 def schedule_figure(plans: dict[str, pd.DataFrame], traced: dict[str, list[int]] | None = None) -> Figure:
     """One row per schedule: each step coloured by the action the schedule returns for it, and a dot on
     the steps a real trace holds as ``ProfilerStep#N`` (``traced``, by the same labels)."""
-    fig, ax = plt.subplots(figsize=(9, 0.8 + 0.55 * len(plans)))
+    fig, ax = plt.subplots(figsize=(9, 1.4 + 0.55 * len(plans)))
     for row, (label, plan) in enumerate(plans.items()):
         y = len(plans) - 1 - row
         for r in plan.itertuples():
@@ -33,8 +33,7 @@ def schedule_figure(plans: dict[str, pd.DataFrame], traced: dict[str, list[int]]
     if traced:
         handles.append(plt.Line2D([], [], marker="o", color="black", ls="", ms=4))
         labels.append("ProfilerStep#N in the real trace")
-    ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(plans) < 3 else -0.2),
-              ncol=3, fontsize=8, frameon=False)
+    ax.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, fontsize=8, frameon=False)
     ax.spines[["top", "right", "left"]].set_visible(False)
     fig.tight_layout()
     return fig
