@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 __all__ = ["positive_int", "nonnegative_int", "positive_float", "add_sections_argument", "resolve_sections",
-           "torch_backend_or_cpu", "output_file", "available_memory", "require_memory"]
+           "torch_backend_or_cpu", "require_torch", "output_file", "available_memory", "require_memory"]
 
 
 def positive_int(text: str) -> int:
@@ -55,6 +55,17 @@ def resolve_sections(parser: argparse.ArgumentParser, value: str, sections: tupl
     if unknown or not chosen:
         parser.error(f"unknown section(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(sections)}")
     return chosen
+
+
+def require_torch(script: str):  # type: ignore[no-untyped-def]
+    """``import torch`` for a script that cannot run without PyTorch: one sentence, not a traceback, if it is missing."""
+    from .errors import GpuprofError
+
+    try:
+        import torch
+    except ImportError:
+        raise GpuprofError(f"{script} needs PyTorch.", "pip install torch (a CUDA build on a GPU machine).") from None
+    return torch
 
 
 def torch_backend_or_cpu(choice: str | None, why: str):  # type: ignore[no-untyped-def]

@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere in the repo
 
 from gpuprof import annotate, exit_on_error  # noqa: E402
-from gpuprof.cli import output_file, positive_int  # noqa: E402
+from gpuprof.cli import output_file, positive_int, require_torch  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
 
 
@@ -44,11 +44,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 @exit_on_error
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        import torch
-        from torch import nn
-    except ImportError:
-        raise GpuprofError("torch_conv.py needs PyTorch.", "pip install torch (a CUDA build on a GPU machine).") from None
+    torch = require_torch("torch_conv.py")
+    from torch import nn
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.backends.cudnn.benchmark = args.benchmark
     torch.manual_seed(0)

@@ -35,8 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere in the repo
 
 from gpuprof import exit_on_error  # noqa: E402
-from gpuprof.cli import output_file, positive_int  # noqa: E402
-from gpuprof.errors import GpuprofError  # noqa: E402
+from gpuprof.cli import output_file, positive_int, require_torch  # noqa: E402
 
 PHASES = ("forward", "backward", "optimizer_step")
 
@@ -70,10 +69,7 @@ def analyse(tm, log: dict):  # type: ignore[no-untyped-def]
 @exit_on_error
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        import torch
-    except ImportError:
-        raise GpuprofError("memory_snapshot.py needs PyTorch.", "pip install torch (a CUDA build).") from None
+    torch = require_torch("memory_snapshot.py")
     from gpuprof.torch_profiler import memory as tm
 
     if not torch.cuda.is_available():

@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere in the repo
 
 from gpuprof import exit_on_error  # noqa: E402
-from gpuprof.cli import output_file, positive_int  # noqa: E402
+from gpuprof.cli import output_file, positive_int, require_torch  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
 
 OPTIONS = ("record_shapes", "profile_memory", "with_stack", "with_flops", "with_modules")
@@ -66,11 +66,8 @@ def trace_contents(path: Path) -> dict:
 @exit_on_error
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        import torch
-        from torch.profiler import ProfilerActivity, profile, schedule
-    except ImportError:
-        raise GpuprofError("profiler_overhead.py needs PyTorch.", "pip install torch (a CUDA build on a GPU machine).") from None
+    torch = require_torch("profiler_overhead.py")
+    from torch.profiler import ProfilerActivity, profile, schedule
     from gpuprof.models import check_loss_fell, small_cnn, synthetic_batch, train_step
 
     device = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"

@@ -37,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere in the repo
 
 from gpuprof import exit_on_error  # noqa: E402
-from gpuprof.cli import nonnegative_int, output_file, positive_int  # noqa: E402
+from gpuprof.cli import nonnegative_int, output_file, positive_int, require_torch  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
 
 MODES = ("events", "profiler", "nvtx")
@@ -63,10 +63,7 @@ def median(values: list[float]) -> float:
 @exit_on_error
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        import torch
-    except ImportError:
-        raise GpuprofError("reconcile.py needs PyTorch.", "pip install torch (a CUDA build on a GPU machine).") from None
+    torch = require_torch("reconcile.py")
     from gpuprof.models import check_loss_fell, small_cnn, synthetic_batch, train_step
 
     gpu = torch.cuda.is_available()
@@ -87,10 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     losses = [float(train_step(model, opt, x, y).item()) for _ in range(args.warmup)]
     sync()
     wall_ms: list[float] = []
-    event_ms: list[float] = []
     pairs = []
 
-    def timed_step(i: int) -> None:
+    def timed_step() -> None:
         sync()
         t0 = time.perf_counter()
         if gpu:
@@ -107,14 +103,14 @@ def main(argv: list[str] | None = None) -> int:
     result: dict = {"mode": args.mode, "batch": args.batch, "steps": args.steps, "warmup": args.warmup,
                     "torch": torch.__version__}
     if args.mode == "events":
-        for i in range(args.steps):
-            timed_step(i)
+        for _ in range(args.steps):
+            timed_step()
     elif args.mode == "nvtx":
         if gpu:
             torch.cuda.cudart().cudaProfilerStart()
         for i in range(args.steps):
             with torch.cuda.nvtx.range(f"step_{i}") if gpu else contextlib.nullcontext():
-                timed_step(i)
+                timed_step()
         if gpu:
             torch.cuda.cudart().cudaProfilerStop()
     else:
@@ -130,8 +126,8 @@ def main(argv: list[str] | None = None) -> int:
             train_step(model, opt, x, y)  # the profiler's own warm-up step: traced, then discarded
             sync()
             prof.step()
-            for i in range(args.steps):
-                timed_step(i)
+            for _ in range(args.steps):
+                timed_step()
                 prof.step()
         trace = read_trace(args.trace)
         steps = step_summary(trace)

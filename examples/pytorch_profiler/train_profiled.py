@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere in the repo
 
 from gpuprof import exit_on_error  # noqa: E402
-from gpuprof.cli import nonnegative_int, output_file, positive_int  # noqa: E402
+from gpuprof.cli import nonnegative_int, output_file, positive_int, require_torch  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
 
 OPTIONS = ("record_shapes", "profile_memory", "with_stack", "with_flops", "with_modules")
@@ -75,11 +75,8 @@ def trace_path(base: Path, cycle: int, cycles: int) -> Path:
 @exit_on_error
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        import torch
-        from torch.profiler import ProfilerActivity, profile, record_function, schedule
-    except ImportError:
-        raise GpuprofError("train_profiled.py needs PyTorch.", "pip install torch (a CUDA build on a GPU machine).") from None
+    torch = require_torch("train_profiled.py")
+    from torch.profiler import ProfilerActivity, profile, record_function, schedule
     from gpuprof.models import check_loss_fell, small_cnn, synthetic_batch, train_step
     from gpuprof.torch_profiler import key_averages as tk
     from gpuprof.torch_profiler import schedule as tsched

@@ -39,10 +39,6 @@ SYNC_CALLS = re.compile(r"^cuda(Stream|Device|Event)Synchronize|^cudaMemcpy(?!As
 LAUNCH_CALLS = re.compile(r"^(cudaLaunchKernel|cuLaunchKernel|cudaLaunchKernelExC|cuLaunchKernelEx)")
 
 
-def _within(df: pd.DataFrame, start: int, end: int) -> pd.DataFrame:
-    return df[(df["start"] >= start) & (df["start"] < end)]
-
-
 def checks(trace: Trace) -> pd.DataFrame:
     """One row per check: check, value, threshold, flagged, meaning. Empty without GPU activity."""
     cols = ["check", "value", "threshold", "flagged", "meaning"]
@@ -57,7 +53,7 @@ def checks(trace: Trace) -> pd.DataFrame:
     ratio = float(kernels["duration_ns"].median() / launches["duration_ns"].median()) if len(launches) else float("nan")
     sync_share = []
     for s in steps.itertuples():
-        calls = _within(runtime, s.start, s.end)
+        calls = activity.inside(runtime, (s.start, s.end))
         waits = calls[calls["name"].astype(str).str.match(SYNC_CALLS)]
         sync_share.append(waits["duration_ns"].sum() / s.duration_ns if s.duration_ns else np.nan)
     work = gpu_activity(trace)

@@ -112,10 +112,9 @@ def split_markers(entries: pd.DataFrame, phases: Sequence[str]) -> tuple[pd.Data
 BLOCK_BYTES = 512  # the caching allocator's smallest block, and its rounding step (unless PYTORCH_CUDA_ALLOC_CONF changes it)
 
 
-def block_bytes(requested: np.ndarray | int) -> np.ndarray | int:
+def block_bytes(requested: np.ndarray | int) -> np.ndarray:
     """What the allocator hands out for a request: the size rounded up to a multiple of 512 bytes."""
-    return -(-np.asarray(requested) // BLOCK_BYTES) * BLOCK_BYTES if not isinstance(requested, int) else \
-        -(-requested // BLOCK_BYTES) * BLOCK_BYTES
+    return -(-np.asarray(requested) // BLOCK_BYTES) * BLOCK_BYTES
 
 
 def lifetimes(entries: pd.DataFrame) -> pd.DataFrame:
