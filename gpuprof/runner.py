@@ -27,7 +27,7 @@ from .artifacts import REPO_ROOT, overwrite_allowed
 from .errors import CaptureExists, GpuprofError
 from .tools import COUNTER_PERMISSION_HINT, Tool
 
-__all__ = ["Capture", "ProfilerFailed", "run_profiler", "python_target", "portable_command"]
+__all__ = ["Capture", "ProfilerFailed", "run_profiler", "python_target", "portable_command", "load_script"]
 
 OUTPUT = "{output}"
 
@@ -59,6 +59,20 @@ class Capture:
 def python_target(script: str | Path, *args: str) -> list[str]:
     """The argument list that runs ``script`` with this interpreter (not whatever 'python' is on PATH)."""
     return [sys.executable, str(script), *map(str, args)]
+
+
+def load_script(script: str | Path):  # type: ignore[no-untyped-def]
+    """A course script imported as a module (its ``main`` is not run), so that a chapter can show
+    or test its functions: the code printed is the code that ran, not a copy of it."""
+    import importlib.util
+
+    path = Path(script)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def portable_command(cmd: Sequence[str]) -> list[str]:

@@ -1,0 +1,54 @@
+"""Kernels grouped by what they do, from their names: convolution, matrix product, elementwise...
+
+A profile of a framework program holds dozens of kernel names (``sm90_xmma_fprop_implicit_gemm_...``,
+``vectorized_elementwise_kernel``, ``multi_tensor_apply_kernel``); a diagnosis asks a coarser
+question: how much of the GPU's time went to convolutions, to elementwise work, to the
+optimizer. :func:`kernel_kind` answers from the name alone, by the first rule that matches
+(order matters: cuDNN's convolutions are implicit GEMMs, so convolution is tested before
+matrix product). A name no rule knows is ``other``, never a guess: the tables print it.
+The rules cover what PyTorch 2.x launches through cuDNN, cuBLAS, its own ATen kernels and
+Triton (torch.compile's fused kernels are named ``triton_...``).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+
+__all__ = ["KIND_RULES", "kernel_kind", "time_by_kind"]
+
+# (kind, pattern searched in the kernel's name, case-insensitive), first match wins.
+KIND_RULES: list[tuple[str, str]] = [
+    ("convolution", r"conv|fprop|dgrad|wgrad|winograd|implicit_gemm|precomputed_convolve|im2col"),
+    ("matrix product", r"gemm|cublas|cutlass|matmul|\bmm_|wmma|gemv|splitk"),
+    ("optimizer", r"multi_tensor_apply|adam|sgd|fused_optim"),
+    ("normalisation", r"norm"),
+    ("softmax / loss", r"softmax|nll_loss|cross_entropy|log_softmax"),
+    ("pooling", r"pool"),
+    ("layout change", r"nchwtonhwc|nhwctonchw|transpose|permute|copy_kernel|convert"),
+    ("reduction", r"reduce|sum_kernel|mean_kernel"),
+    ("indexing / random", r"index|gather|scatter|randperm|random|distribution|philox|pad|sort|cat_"),
+    ("fused (torch.compile)", r"^triton_"),
+    ("elementwise", r"elementwise|unrolled|vectorized|fill"),
+]
+
+
+def kernel_kind(name: str) -> str:
+    """The kind of a kernel named ``name`` (short or demangled), or ``other``."""
+    for kind, pattern in KIND_RULES:
+        if re.search(pattern, name, flags=re.IGNORECASE):
+            return kind
+    return "other"
+
+
+def time_by_kind(kernels: pd.DataFrame, name_column: str = "name") -> pd.DataFrame:
+    """Kernel time per kind: kind, kernels (launches), time_ms, share (of all kernel time), names (distinct)."""
+    if kernels.empty:
+        return pd.DataFrame(columns=["kind", "kernels", "time_ms", "share", "names"])
+    k = kernels.assign(kind=kernels[name_column].map(kernel_kind))
+    out = (k.groupby("kind").agg(kernels=("duration_ns", "size"), time_ms=("duration_ns", "sum"),
+                                 names=(name_column, "nunique")).reset_index())
+    out["time_ms"] = out["time_ms"] / 1e6
+    out["share"] = out["time_ms"] / out["time_ms"].sum()
+    return out.sort_values("time_ms", ascending=False, ignore_index=True)[["kind", "kernels", "time_ms", "share", "names"]]
