@@ -21,7 +21,9 @@ SMALL_ARGS = {"tiny_kernels.py": ["--steps", "2", "--kernels", "10"], "saxpy.py"
               "profiler_overhead.py": ["--steps", "3", "--batch", "8", "--json", "{tmp}/overhead.json"],
               "reconcile.py": ["--mode", "profiler", "--steps", "2", "--warmup", "1", "--batch", "8",
                                "--trace", "{tmp}/r.json.gz", "--json", "{tmp}/r.json"],
-              "memory_snapshot.py": ["--batch", "8", "--log", "{tmp}/m.json.gz"]}
+              "memory_snapshot.py": ["--batch", "8", "--log", "{tmp}/m.json.gz"],
+              "cnn_training.py": ["--warmup", "3", "--steps", "8", "--repeats", "2", "--dataset-size", "256",
+                                  "--batch-size", "16", "--json", "{tmp}/cnn.json"]}
 
 
 def run(script, *args):
@@ -80,6 +82,8 @@ BAD_INPUT = {
     "profiler_overhead.py": [(["--rounds", "0"], "must be at least 1"), (["--json", "/no/such/dir/o.json"], "does not exist")],
     "reconcile.py": [(["--mode", "ncu"], "invalid choice"), (["--steps", "0"], "must be at least 1")],
     "memory_snapshot.py": [(["--batch", "0"], "must be at least 1"), (["--log", "/no/such/dir/m.json.gz"], "does not exist")],
+    "cnn_training.py": [(["--loss-every", "0"], "must be at least 1"), (["--json", "/no/such/dir/c.json"], "does not exist"),
+                        (["--min-window-s", "-1"], "must not be negative")],
 }
 BAD_CASES = [(script, args, message) for script in EXAMPLES for args, message in BAD_INPUT[script.name]]
 

@@ -344,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     idle = [k for k in GPU_ONLY if config[k]] if not gpu else []
     if not gpu:
         print("  no GPU here (or --cpu): the loop runs on the CPU" + (f"; {', '.join(idle)} have nothing to act on" if idle else ""))
+        args.cuda_graphs = False  # CUDA graphs need a GPU; the step runs eagerly instead
     try:
         result = run(args, device)
     except torch.cuda.OutOfMemoryError:

@@ -63,7 +63,15 @@ class NcuCapture:
 
 def _reference(chapter: str, name: str, reason: str) -> NcuCapture:
     print(f"No live ncu capture: {reason}.")
-    found = find_capture(chapter, f"{name}.ncu-rep", prefer="reference")
+    try:
+        found = find_capture(chapter, f"{name}.ncu-rep", prefer="reference")
+    except GpuprofError as missing:
+        # Some chapters keep only the details page of a large report: its CSV is the reference.
+        try:
+            csv = find_capture(chapter, f"{name}.details.csv", prefer="reference")
+        except GpuprofError:
+            raise missing from None
+        return NcuCapture(csv, csv.path, str(csv.provenance.get("command", "")))
     details = found.path.with_name(f"{name}.details.csv")
     return NcuCapture(found, details if details.exists() else None, str(found.provenance.get("command", "")),
                       passes=[tuple(p) for p in found.provenance.get("passes", [])])  # type: ignore[misc]

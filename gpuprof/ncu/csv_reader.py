@@ -23,7 +23,7 @@ import pandas as pd
 
 from ..errors import GpuprofError
 
-__all__ = ["read_details", "parse_details", "read_raw", "parse_raw", "metric", "to_seconds"]
+__all__ = ["read_details", "parse_details", "read_raw", "parse_raw", "metric", "to_seconds", "metric_columns"]
 
 _REQUIRED = {"Kernel Name", "Section Name", "Metric Name", "Metric Unit", "Metric Value"}
 
@@ -115,3 +115,26 @@ def to_seconds(value: float, unit: str) -> float:
         return value * _TIME_UNITS[unit.strip()]
     except KeyError:
         raise GpuprofError(f"Unknown time unit {unit!r} in the ncu report.", f"Known units: {', '.join(_TIME_UNITS)}.") from None
+
+
+_TO_BASE = {"ns": 1.0, "nsecond": 1.0, "us": 1e3, "usecond": 1e3, "ms": 1e6, "msecond": 1e6, "s": 1e9, "second": 1e9,
+            "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12}
+
+
+def metric_columns(details: pd.DataFrame, names: list[str]) -> pd.DataFrame:
+    """One row per profiled launch (``ID``): ``kernel`` and a column per metric in ``names`` that the
+    details page holds (the rows ncu prints under "Command line profiler metrics" for ``--metrics``).
+
+    The details page scales units for reading (``74.14 us``, ``33.77 Mbyte``); times are turned
+    back into nanoseconds and sizes into bytes, as the report itself stores them, so that a table
+    built from the CSV equals one built from the ``.ncu-rep`` (gpuprof.ncu.derived accepts either).
+    """
+    rows = details[details["Metric Name"].isin(names)].copy()
+    factor = rows["Metric Unit"].map(_TO_BASE).fillna(1.0)
+    rows["scaled"] = rows["value"] * factor
+    wide = rows.pivot_table(index="ID", columns="Metric Name", values="scaled", aggfunc="first")
+    kernel = details.groupby("ID")["Kernel Name"].first()
+    out = wide.reindex(kernel.index)
+    out.insert(0, "kernel", kernel)
+    out.index = out.index.astype(int)
+    return out.sort_index().rename_axis("id").reset_index(drop=True)

@@ -1,0 +1,239 @@
+"""The CNN case study (chapter 6): its data, its script's bookkeeping on the CPU, its readers on the reference run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gpuprof.artifacts import REPO_ROOT
+from gpuprof.kernel_kinds import kernel_kind, time_by_kind
+from gpuprof.ncu import derived as nd
+from gpuprof.ncu.csv_reader import metric_columns, read_details
+from gpuprof.nsys import sqlite as ns
+from gpuprof.studies import cnn_data
+from gpuprof.studies import cnn_training as ct
+
+torch = pytest.importorskip("torch")
+
+SCRIPT = REPO_ROOT / "examples" / "nsys" / "cnn_training.py"
+REF = REPO_ROOT / "artifacts" / "ch06"
+TINY = ["--warmup", "5", "--steps", "10", "--repeats", "2", "--dataset-size", "512", "--batch-size", "16"]
+
+
+def run(*args: str, timeout: int = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout)
+
+
+# ----- the data -----
+
+def test_images_are_deterministic_and_learnable_shapes():
+    a, la = cnn_data.make_images(300, seed=3)
+    b, lb = cnn_data.make_images(300, seed=3)
+    assert a.shape == (300, 32, 32, 3) and a.dtype == np.uint8 and np.array_equal(a, b) and np.array_equal(la, lb)
+    assert set(la) <= set(range(10)) and len(set(la)) == 10
+    c, _ = cnn_data.make_images(300, seed=4)
+    assert not np.array_equal(a, c)
+
+
+def test_both_pipelines_augment_alike():
+    """The per-image PIL pipeline and the batched tensor one draw from the same distribution."""
+    images, labels = cnn_data.make_images(1500, seed=0)
+    torch.manual_seed(0)
+    ds = cnn_data.AugmentedImages(images, labels)
+    one = torch.stack([ds[i][0] for i in range(1500)])
+    dev_images, dev_labels = cnn_data.images_to_device(images, labels, "cpu")
+    batch = cnn_data.augment_batch(dev_images, torch.arange(1500), torch.Generator().manual_seed(0))
+    assert one.shape == batch.shape == (1500, 3, 32, 32) and batch.dtype == torch.float32
+    assert torch.allclose(one.mean((0, 2, 3)), batch.mean((0, 2, 3)), atol=0.03)
+    assert torch.allclose(one.std((0, 2, 3)), batch.std((0, 2, 3)), atol=0.03)
+    # zero padding: some pixels of some crops are the pad value, in both pipelines
+    pad = (torch.zeros(3) - torch.tensor(cnn_data.MEAN)) / torch.tensor(cnn_data.STD)
+    for x in (one, batch):
+        assert torch.isclose(x[:, 0], pad[0], atol=1e-4).any()
+
+
+def test_each_augmented_image_is_a_padded_crop_flipped_or_not():
+    """Every image augment_batch returns is some 32 x 32 window of the zero-padded image, mirrored or not."""
+    images, labels = cnn_data.make_images(6, seed=1)
+    dev, _ = cnn_data.images_to_device(images, labels, "cpu")
+    out = cnn_data.augment_batch(dev, torch.arange(6), torch.Generator().manual_seed(0))
+    mean = torch.tensor(cnn_data.MEAN).view(3, 1, 1)
+    std = torch.tensor(cnn_data.STD).view(3, 1, 1)
+    padded = torch.nn.functional.pad(dev.float() / 255, (4, 4, 4, 4))
+    for i in range(6):
+        windows = [padded[i, :, dy:dy + 32, dx:dx + 32] for dy in range(9) for dx in range(9)]
+        candidates = [(w - mean) / std for w in windows] + [((w - mean) / std).flip(-1) for w in windows]
+        assert any(torch.allclose(out[i], c, atol=1e-5) for c in candidates), i
+
+
+# ----- the script on the CPU -----
+
+@pytest.mark.parametrize("levers", [
+    [],
+    ["--workers", "2"],
+    ["--pin-memory", "--non-blocking"],
+    ["--data-on-gpu"],
+    ["--loss-every", "5"],
+    ["--bf16"],
+    ["--channels-last"],
+    ["--cudnn-benchmark", "--fused-adam"],
+    ["--cuda-graphs"],
+    ["--data-on-gpu", "--loss-every", "5", "--bf16", "--channels-last", "--cudnn-benchmark", "--fused-adam",
+     "--cuda-graphs"],
+])
+def test_every_lever_trains_on_the_cpu(levers, tmp_path):
+    out = tmp_path / "run.json"
+    proc = run(*levers, *TINY, "--json", str(out), "--cpu")
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(out.read_text())
+    assert r["status"] == "ok" and r["device"] == "cpu" and r["loss_check"]["fall"] > 0
+    assert len(r["windows"]) == 2 and all(w["steps"] >= 10 for w in r["windows"])
+    assert len(r["losses"]) == 5 + 20  # every step's loss kept, read back every --loss-every steps
+    assert "result checked: mean loss fell" in proc.stdout
+    if "--cuda-graphs" in levers:
+        assert "cuda_graphs" in r["idle_levers"] and "nothing to act on" in proc.stdout
+
+
+def test_compile_runs_on_the_cpu(tmp_path):
+    out = tmp_path / "run.json"
+    proc = run("--compile", "default", "--data-on-gpu", *TINY, "--json", str(out), "--cpu", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(out.read_text())
+    assert r["config"]["compile"] == "default" and r["loss_check"]["fall"] > 0
+    assert r["warmup_step_s"][0] > r["warmup_step_s"][-1]  # the first step holds the compilation
+
+
+def test_minimum_window_length_extends_windows(tmp_path):
+    out = tmp_path / "run.json"
+    proc = run("--warmup", "2", "--steps", "2", "--repeats", "1", "--min-window-s", "0.5", "--dataset-size", "256",
+               "--batch-size", "8", "--data-on-gpu", "--json", str(out), "--cpu")
+    assert proc.returncode == 0, proc.stderr
+    w = json.loads(out.read_text())["windows"][0]
+    assert w["seconds"] >= 0.5 and w["steps"] > 2
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--cuda-graphs", "--compile", "default"], "do not combine"),
+    (["--data-on-gpu", "--workers", "2"], "replaces the DataLoader"),
+    (["--batch-size", "0"], "must be at least 1"),
+    (["--lr", "-1"], "--lr must be greater than 0"),
+    (["--cuda-graphs", "--warmup", "2"], "--warmup 3 or more"),
+    (["--compile", "fast"], "invalid choice"),
+])
+def test_bad_input_is_one_sentence(args, message):
+    proc = run(*args)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_help_names_every_lever():
+    proc = run("--help")
+    assert proc.returncode == 0
+    for flag in ("--workers", "--pin-memory", "--non-blocking", "--data-on-gpu", "--loss-every", "--bf16",
+                 "--channels-last", "--cudnn-benchmark", "--fused-adam", "--compile", "--cuda-graphs", "--profile-steps"):
+        assert flag in proc.stdout
+
+
+# ----- the study's configurations and readers, on the reference run -----
+
+def test_configurations_are_shared_and_each_lever_is_off_in_the_naive_loop():
+    configs = ct.all_configs()
+    labels = [c.label for c in configs]
+    assert len(labels) == len(set(labels))
+    assert ct.LADDER[0].levers == () and ct.LADDER[0].batch == 32
+    # each rung of the ladder differs from the one before
+    assert all(ct._key(a) != ct._key(b) for a, b in zip(ct.LADDER, ct.LADDER[1:]))
+    # the script accepts every configuration's arguments
+    script_args = __import__("gpuprof.runner", fromlist=["load_script"]).load_script(SCRIPT)
+    for cfg in configs:
+        script_args.parse_args(ct.run_args(cfg))
+
+
+def test_reference_run_holds_every_configuration():
+    runs = json.loads((REF / "timings.json").read_text())["runs"]
+    table = ct.results_table(runs)
+    assert set(c.label for c in ct.all_configs()) <= set(table.index)
+    assert (table["status"] == "ok").all() and (table["low"] <= table["images_per_s"]).all()
+    assert (table["images_per_s"] <= table["high"]).all()
+    lt = ct.ladder_table(runs)
+    assert lt["x naive"].iloc[0] == 1 and np.isclose(lt["x previous"].iloc[1:].prod(), lt["x naive"].iloc[-1])
+    sweep = ct.sweep_table(runs)
+    assert list(sweep.index) == list(ct.SWEEP_BATCHES) and sweep["all levers but compile"].notna().all()
+
+
+def test_phase_table_and_evidence_on_the_reference_captures():
+    for name in ("rung0", "rung1", "rung4", "rung8"):
+        path = REF / f"{name}.sqlite"
+        phases = ct.phase_table(path)
+        assert len(phases) == 20
+        # the phases lie inside their step
+        assert (phases.drop(columns="step_ms").sum(axis=1) <= phases["step_ms"] + 1e-6).all()
+        ev = ct.evidence(path)
+        assert 0 < ev["busy_share"] <= 1 and ev["kernels_per_step"] > 10
+    assert ct.largest_phase(ct.evidence(REF / "rung0.sqlite")) == "data_wait"
+
+
+def test_gpu_activity_counts_the_kernels_launched_in_the_steps():
+    """kernels_per_step x steps equals the kernels whose launch call lies inside the profiled steps' window."""
+    path = REF / "rung8.sqlite"
+    act = ct.gpu_activity(path)
+    ranges = ns.nvtx_ranges(path)
+    steps = ranges[ranges["text"].str.fullmatch(r"step_\d+")]
+    lo, hi = steps["start"].min(), steps["end"].max()
+    runtime = ns.runtime_calls(path)
+    k = ns.kernels(path).merge(runtime[["correlationId", "start"]].rename(columns={"start": "launch"}), on="correlationId")
+    inside = k[(k["launch"] >= lo) & (k["launch"] <= hi)]
+    assert round(act["kernels_per_step"] * act["steps"]) == len(inside)
+    assert 0.9 <= act["busy_share"] <= 1
+
+
+def test_sync_wait_counts_synchronize_calls(tmp_path):
+    assert ct.sync_wait_ms(REF / "rung0.sqlite") >= 0
+
+
+# ----- kernel kinds -----
+
+@pytest.mark.parametrize("name, kind", [
+    ("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize128x128x64", "convolution"),
+    ("sm80_xmma_dgrad_implicit_gemm_tf32f32_tf32f32_f32_nhwckrsc_nhwc", "convolution"),
+    ("wgrad_alg0_engine", "convolution"),
+    ("ampere_sgemm_128x64_tn", "matrix product"),
+    ("multi_tensor_apply_kernel", "optimizer"),
+    ("max_pool_backward_nhwc", "pooling"),
+    ("vectorized_elementwise_kernel", "elementwise"),
+    ("reduce_kernel", "reduction"),
+    ("nchwToNhwcKernel", "layout change"),
+    ("triton_poi_fused_relu_0", "fused (torch.compile)"),
+    ("something_new", "other"),
+])
+def test_kernel_kind(name, kind):
+    assert kernel_kind(name) == kind
+
+
+def test_time_by_kind_shares_sum_to_one():
+    t = time_by_kind(ns.kernels(REF / "rung8.sqlite"))
+    assert np.isclose(t["share"].sum(), 1) and t["time_ms"].is_monotonic_decreasing
+    assert time_by_kind(pd.DataFrame(columns=["name", "duration_ns"])).empty
+
+
+# ----- ncu's details page read as a report -----
+
+def test_metric_columns_from_the_details_page_equal_the_report():
+    """The same metrics, read from ch04's report and from its details-page CSV, agree (units scaled back)."""
+    names = [n for n in nd.SOL_METRICS]
+    from_csv = nd.sol_table(metric_columns(read_details(REPO_ROOT / "artifacts" / "ch04" / "ladder.details.csv"), names))
+    from_rep = nd.sol_table(REPO_ROOT / "artifacts" / "ch04" / "ladder.ncu-rep")
+    assert len(from_csv) == len(from_rep)
+    for name in names:
+        a, b = from_csv[name].to_numpy(float), from_rep[name].to_numpy(float)
+        assert np.allclose(a, b, rtol=0.01, equal_nan=True), name
+
+
+def test_chapter6_reference_keeps_the_details_page_only():
+    assert (REF / "top_kernels.details.csv").exists() and not (REF / "top_kernels.ncu-rep").exists()
+    sol = nd.sol_table(metric_columns(read_details(REF / "top_kernels.details.csv"), nd.SOL_METRICS))
+    assert len(sol) == 8 and sol["kernel"].str.contains("max_pool_backward").any()
