@@ -15,6 +15,7 @@ from gpuprof.kernel_kinds import kernel_kind, time_by_kind
 from gpuprof.ncu import derived as nd
 from gpuprof.ncu.csv_reader import metric_columns, read_details
 from gpuprof.nsys import sqlite as ns
+from gpuprof.runner import load_script
 from gpuprof.studies import cnn_data
 from gpuprof.studies import cnn_training as ct
 
@@ -148,9 +149,9 @@ def test_configurations_are_shared_and_each_lever_is_off_in_the_naive_loop():
     # each rung of the ladder differs from the one before
     assert all(ct._key(a) != ct._key(b) for a, b in zip(ct.LADDER, ct.LADDER[1:]))
     # the script accepts every configuration's arguments
-    script_args = __import__("gpuprof.runner", fromlist=["load_script"]).load_script(SCRIPT)
+    script = load_script(SCRIPT)
     for cfg in configs:
-        script_args.parse_args(ct.run_args(cfg))
+        script.parse_args(ct.run_args(cfg))
 
 
 def test_reference_run_holds_every_configuration():
@@ -191,8 +192,18 @@ def test_gpu_activity_counts_the_kernels_launched_in_the_steps():
     assert 0.9 <= act["busy_share"] <= 1
 
 
-def test_sync_wait_counts_synchronize_calls(tmp_path):
-    assert ct.sync_wait_ms(REF / "rung0.sqlite") >= 0
+def test_sync_wait_counts_synchronize_calls():
+    """The naive loop reads the loss every step (a wait per step); rung 8 reads it every 50 (none in most steps)."""
+    assert ct.sync_wait_ms(REF / "rung0.sqlite") > 0
+    assert ct.sync_wait_ms(REF / "rung8.sqlite") == 0
+    # the median per step equals a direct sum of the *Synchronize calls inside each step range
+    ranges = ns.nvtx_ranges(REF / "rung0.sqlite")
+    steps = ranges[ranges["text"].str.fullmatch(r"step_\d+")]
+    rt = ns.runtime_calls(REF / "rung0.sqlite")
+    sync = rt[rt["name"].str.contains("Synchronize")]
+    direct = [((sync["start"] >= s.start) & (sync["end"] <= s.end)).pipe(lambda m: (sync["end"] - sync["start"])[m].sum())
+              for s in steps.itertuples()]
+    assert np.isclose(ct.sync_wait_ms(REF / "rung0.sqlite"), np.median(direct) / 1e6)
 
 
 # ----- kernel kinds -----

@@ -184,6 +184,15 @@ class Trainer:
         return (x.to(self.device, non_blocking=non_blocking, memory_format=self.memory_format),
                 y.to(self.device, non_blocking=non_blocking))
 
+    def place(self, x: Any, y: Any) -> tuple[Any, Any]:
+        """A batch made ready for the step: copied to the device (host data), or put in channels_last (device data)."""
+        if not self.args.data_on_gpu:
+            with annotate("h2d"):
+                return self.to_device(x, y)
+        if self.args.channels_last:
+            x = x.contiguous(memory_format=self.torch.channels_last)
+        return x, y
+
     def eager_step(self, x: Any, y: Any) -> Any:
         """Forward, backward, Adam; returns the loss tensor (not read back)."""
         import torch.nn.functional as F
@@ -259,12 +268,7 @@ def run(args: argparse.Namespace, device: str) -> dict[str, Any]:
         if trainer.graph is not None:
             loss = trainer.graph_step(x, y)
         else:
-            if not args.data_on_gpu:
-                with annotate("h2d"):
-                    x, y = trainer.to_device(x, y)
-            elif args.channels_last:
-                x = x.contiguous(memory_format=torch.channels_last)
-            loss = trainer.eager_step(x, y)
+            loss = trainer.eager_step(*trainer.place(x, y))
         pending.append(loss)
         if (step + 1) % args.loss_every == 0:
             with annotate("loss_read"):
@@ -276,12 +280,7 @@ def run(args: argparse.Namespace, device: str) -> dict[str, Any]:
         for step in range(args.warmup):
             t0 = time.perf_counter()
             if args.cuda_graphs and step == args.warmup - 3:
-                x, y = next(data)
-                if not args.data_on_gpu:
-                    x, y = trainer.to_device(x, y)
-                elif args.channels_last:
-                    x = x.contiguous(memory_format=torch.channels_last)
-                pending.extend(trainer.warm_graph(x, y, 3))
+                pending.extend(trainer.warm_graph(*trainer.place(*next(data)), 3))
                 sync()
                 warmup_s.append(time.perf_counter() - t0)
                 break

@@ -281,8 +281,10 @@ def sync_wait_ms(path: str | Path) -> float:
     steps = _steps(ranges)
     runtime = ns.runtime_calls(path)
     sync = runtime[runtime["name"].str.contains(ta.SYNC_API, regex=True)]
-    per_step = [float((ta.inside(sync, (int(s.start), int(s.end)))["end"] - ta.inside(sync, (int(s.start), int(s.end)))["start"]).sum())
-                for s in steps.itertuples()]
+    per_step = []
+    for s in steps.itertuples():
+        calls = ta.inside(sync, (int(s.start), int(s.end)))
+        per_step.append(float((calls["end"] - calls["start"]).sum()))
     return float(np.median(per_step)) / 1e6
 
 
