@@ -20,33 +20,50 @@ __all__ = ["KIND_RULES", "kernel_kind", "time_by_kind"]
 
 # (kind, pattern searched in the kernel's name, case-insensitive), first match wins.
 KIND_RULES: list[tuple[str, str]] = [
+    # Attention first: cuDNN's fused attention kernels are named ..._sdpa_..._flash_fprop_...
+    ("attention", r"sdpa|fmha|flash|attention|dot_do_o|convert_dq"),
     ("convolution", r"conv|fprop|dgrad|wgrad|winograd|implicit_gemm|precomputed_convolve|im2col"),
-    ("matrix product", r"gemm|cublas|cutlass|matmul|\bmm_|wmma|gemv|splitk"),
+    ("matrix product", r"gemm|cublas|cutlass|matmul|\bmm_|wmma|gemv|splitk|nvjet"),
     ("optimizer", r"multi_tensor_apply|adam|sgd|fused_optim"),
-    ("normalisation", r"norm"),
+    ("normalisation", r"norm|gammabeta"),
     ("softmax / loss", r"softmax|nll_loss|cross_entropy|log_softmax"),
     ("pooling", r"pool"),
-    ("layout change", r"nchwtonhwc|nhwctonchw|transpose|permute|copy_kernel|convert"),
+    ("layout change", r"nchwtonhwc|nhwctonchw|transpose|permute|copy_kernel|convert|catarray"),
     ("reduction", r"reduce|sum_kernel|mean_kernel"),
-    ("indexing / random", r"index|gather|scatter|randperm|random|distribution|philox|pad|sort|cat_"),
+    ("indexing / random", r"index|gather|scatter|randperm|random|distribution|philox|pad|sort|cat_|embedding"),
     ("fused (torch.compile)", r"^triton_"),
     ("elementwise", r"elementwise|unrolled|vectorized|fill"),
 ]
 
 
-def kernel_kind(name: str) -> str:
-    """The kind of a kernel named ``name`` (short or demangled), or ``other``."""
-    for kind, pattern in KIND_RULES:
-        if re.search(pattern, name, flags=re.IGNORECASE):
-            return kind
+def kernel_kind(name: str, demangled: str | None = None) -> str:
+    """The kind of a kernel named ``name`` (short or demangled), or ``other``.
+
+    Some short names say nothing (CUTLASS's ``Kernel2``, cuBLASLt's ``globalKernel``); where
+    the short name matches no rule, the ``demangled`` name (``cutlass::Kernel2<cutlass_80_simt_sgemm_...>``)
+    is tried with the same rules.
+    """
+    for text in (name, demangled):
+        if not text:
+            continue
+        for kind, pattern in KIND_RULES:
+            if re.search(pattern, text, flags=re.IGNORECASE):
+                return kind
     return "other"
 
 
-def time_by_kind(kernels: pd.DataFrame, name_column: str = "name") -> pd.DataFrame:
-    """Kernel time per kind: kind, kernels (launches), time_ms, share (of all kernel time), names (distinct)."""
+def time_by_kind(kernels: pd.DataFrame, name_column: str = "name", demangled_column: str = "demangled") -> pd.DataFrame:
+    """Kernel time per kind: kind, kernels (launches), time_ms, share (of all kernel time), names (distinct).
+
+    The demangled name (``demangled_column``, when the table has it) decides for short names no rule knows.
+    """
     if kernels.empty:
         return pd.DataFrame(columns=["kind", "kernels", "time_ms", "share", "names"])
-    k = kernels.assign(kind=kernels[name_column].map(kernel_kind))
+    if demangled_column in kernels:
+        kinds = [kernel_kind(n, d) for n, d in zip(kernels[name_column], kernels[demangled_column])]
+    else:
+        kinds = [kernel_kind(n) for n in kernels[name_column]]
+    k = kernels.assign(kind=kinds)
     out = (k.groupby("kind").agg(kernels=("duration_ns", "size"), time_ms=("duration_ns", "sum"),
                                  names=(name_column, "nunique")).reset_index())
     out["time_ms"] = out["time_ms"] / 1e6

@@ -21,7 +21,7 @@ from .backend import Backend, choose_backend, describe_machine
 from .errors import GpuprofError
 from .timing import Timing, time_call
 
-__all__ = ["Figure", "measure", "device_copy", "save", "load", "GPU_DEFAULTS", "CPU_DEFAULTS", "CHAPTER", "FILENAME"]
+__all__ = ["Figure", "measure", "matmul_bf16", "device_copy", "save", "load", "GPU_DEFAULTS", "CPU_DEFAULTS", "CHAPTER", "FILENAME"]
 
 CHAPTER = "ch00"
 FILENAME = "speed_of_light.json"
@@ -219,6 +219,23 @@ def measure(backend: Backend | None = None, *, copy_bytes: int | None = None, ma
     if progress:
         progress(f"  {launch_label:<44} {t.median * 1e6:10.2f} us each")
     return figures
+
+
+def matmul_bf16(n: int | None = None, repeats: int | None = None) -> Figure | None:
+    """Chapter 0's bf16 matrix-product rate alone (seconds, not the whole table), for a chapter that judges
+    its model FLOPs against it in the same run; None without a PyTorch GPU (no bf16 rate to measure)."""
+    backend = choose_backend()
+    if not (backend.is_gpu and backend.name == "torch"):
+        return None
+    torch = backend.xp
+    n = int(n or GPU_DEFAULTS["matmul_n"])
+    repeats = int(repeats or GPU_DEFAULTS["repeats"])
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    t = time_call(lambda: a @ b, backend=backend, warmup=3, repeats=repeats)
+    del a, b
+    return Figure("matmul_bf16", f"bf16 matmul {n}^3", _tflops(n, t), "TFLOP/s", f"n={n}, median of {repeats}, {t.method}",
+                  t.relative_spread)
 
 
 def save(figures: list[Figure], *, command: str, overwrite: bool = True) -> None:

@@ -14,6 +14,7 @@ split into parts, each within that limit on an H100 or H200:
     python scripts/gpu_nbval.py --part 2     # 03, 04
     python scripts/gpu_nbval.py --part 3     # 05
     python scripts/gpu_nbval.py --part 4     # 06
+    python scripts/gpu_nbval.py --part 5     # 07
 
 or ``--notebooks`` for any list. Logs and a summary (``summary.md``: machine, command and
 closing line per notebook) go to ``--log-dir``; ``--archive`` packs the logs and the small
@@ -39,7 +40,7 @@ from gpuprof.errors import GpuprofError  # noqa: E402
 
 PARTS = {1: ["00__setting_up.ipynb", "01__nsight_systems.ipynb", "02__nvtx.ipynb"],
          2: ["03__weight_streaming.ipynb", "04__nsight_compute.ipynb"], 3: ["05__pytorch_profiler.ipynb"],
-         4: ["06__cnn_training.ipynb"]}
+         4: ["06__cnn_training.ipynb"], 5: ["07__transformer.ipynb"]}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -23,7 +23,12 @@ SMALL_ARGS = {"tiny_kernels.py": ["--steps", "2", "--kernels", "10"], "saxpy.py"
                                "--trace", "{tmp}/r.json.gz", "--json", "{tmp}/r.json"],
               "memory_snapshot.py": ["--batch", "8", "--log", "{tmp}/m.json.gz"],
               "cnn_training.py": ["--warmup", "3", "--steps", "8", "--repeats", "2", "--dataset-size", "256",
-                                  "--batch-size", "16", "--json", "{tmp}/cnn.json"]}
+                                  "--batch-size", "16", "--json", "{tmp}/cnn.json"],
+              "transformer_benchmark.py": ["--size", "tiny", "--context-length", "16", "--warmup-steps", "1",
+                                           "--num-steps", "2", "--json", "{tmp}/t.json"],
+              "launch_bound_layer.py": ["--variants", "ops,fused", "--layers", "1", "--d-model", "64", "--heads", "4",
+                                        "--d-ff", "128", "--seq-len", "16", "--iterations", "3", "--repeats", "1",
+                                        "--json", "{tmp}/l.json"]}
 
 
 def run(script, *args):
@@ -84,6 +89,10 @@ BAD_INPUT = {
     "memory_snapshot.py": [(["--batch", "0"], "must be at least 1"), (["--log", "/no/such/dir/m.json.gz"], "does not exist")],
     "cnn_training.py": [(["--loss-every", "0"], "must be at least 1"), (["--json", "/no/such/dir/c.json"], "does not exist"),
                         (["--min-window-s", "-1"], "must not be negative")],
+    "transformer_benchmark.py": [(["--num-steps", "0"], "must be at least 1"), (["--json", "/no/such/dir/t.json"], "does not exist"),
+                                 (["--dtype", "fp8"], "invalid choice")],
+    "launch_bound_layer.py": [(["--layers", "0"], "must be at least 1"), (["--json", "/no/such/dir/l.json"], "does not exist"),
+                              (["--d-model", "100", "--heads", "12"], "not divisible")],
 }
 BAD_CASES = [(script, args, message) for script in EXAMPLES for args, message in BAD_INPUT[script.name]]
 

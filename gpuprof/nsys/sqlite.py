@@ -407,3 +407,52 @@ def scrub_environment(path: str | Path) -> int:
         conn.commit()
         conn.execute("VACUUM")
         return cur.rowcount
+
+
+def launch_backtrace(path: str | Path, correlation_id: int) -> pd.DataFrame:
+    """The CPU call stack nsys recorded for the runtime call with ``correlation_id`` (its kernel's launch).
+
+    Recorded only with ``--cudabacktrace`` and CPU sampling on (``--sample=process-tree``;
+    with ``--sample=none`` nsys warns and records none). Rows from the innermost frame
+    (depth 0, inside the CUDA driver) outwards: depth, symbol, module (file name only),
+    resolved (False where only an address is known). Empty when the call has no backtrace.
+    """
+    cols = ["depth", "symbol", "module", "resolved"]
+    with closing(open_export(path)) as conn:
+        names = table_names(conn)
+        if "CUDA_CALLCHAINS" not in names or "callchainId" not in _columns(conn, RUNTIME_TABLE):
+            return pd.DataFrame(columns=cols)
+        row = conn.execute(f"SELECT callchainId FROM {RUNTIME_TABLE} WHERE correlationId = ? AND callchainId IS NOT NULL",
+                           (int(correlation_id),)).fetchone()
+        if row is None:
+            return pd.DataFrame(columns=cols)
+        frames = conn.execute("SELECT stackDepth, symbol, module, unresolved FROM CUDA_CALLCHAINS WHERE id = ? "
+                              "ORDER BY stackDepth", (row[0],)).fetchall()
+        strings = _strings(conn)
+    return pd.DataFrame([{"depth": d, "symbol": strings.get(s, str(s)) if s is not None else "?",
+                          "module": Path(strings.get(m, "")).name if m is not None else "",
+                          "resolved": not u} for d, s, m, u in frames], columns=cols)
+
+
+def keep_callchains(path: str | Path, correlation_ids: Sequence[int]) -> int:
+    """Keep the CPU backtraces of the runtime calls with ``correlation_ids`` only; drop the rest of ``CUDA_CALLCHAINS``.
+
+    A capture with ``--cudabacktrace=all`` stores a backtrace of every launch, most of its
+    size; a reference capture that shows a few of them need not carry thousands. The
+    runtime rows keep their ``callchainId`` (so the count of calls that had a backtrace
+    stays readable); only the frames of the others go. Returns the backtraces kept.
+    """
+    path = Path(path)
+    with closing(sqlite3.connect(path)) as conn:
+        if "CUDA_CALLCHAINS" not in table_names(conn):
+            return 0
+        ids = [int(c) for c in correlation_ids]
+        marks = ",".join("?" * len(ids)) or "NULL"
+        keep = {r[0] for r in conn.execute(f"SELECT callchainId FROM {RUNTIME_TABLE} WHERE callchainId IS NOT NULL "
+                                           f"AND correlationId IN ({marks})", ids)}
+        conn.execute("CREATE TEMP TABLE keep_ids (id INTEGER PRIMARY KEY)")
+        conn.executemany("INSERT INTO keep_ids VALUES (?)", [(k,) for k in keep])
+        conn.execute("DELETE FROM CUDA_CALLCHAINS WHERE id NOT IN (SELECT id FROM keep_ids)")
+        conn.commit()
+        conn.execute("VACUUM")
+    return len(keep)

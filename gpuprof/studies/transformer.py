@@ -1,0 +1,328 @@
+"""The transformer case study's measurements: benchmark captures, the size sweep and the launch-bound layer.
+
+Chapter 7 profiles ``examples/nsys/transformer_benchmark.py`` (a GPT-style model in plain
+PyTorch) and ``examples/nsys/launch_bound_layer.py`` (an encoder stack at a small batch,
+four ways). This module holds what the chapter would otherwise spell out in cells:
+
+* :func:`capture_benchmark`: the benchmark under nsys, with the script's own CUDA-event
+  timings of the same run kept beside the capture (``<name>.json``);
+* readers of such a capture: :func:`step_table` (every warm-up and measured step: its NVTX
+  length, its phases, the GPU work it launched), :func:`measured` (the warm-up dropped by
+  the ranges' names, not by hand), :func:`kinds_per_step`, :func:`matmul_kernels`,
+  :func:`events_vs_nvtx` and :func:`backtrace_coverage`;
+* :func:`sweep_table` and :func:`sweep_figure` for the sweep over sizes and context lengths;
+* :func:`layer_table` and :func:`layer_figure` for the launch-bound layer.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from .. import activity as ta
+from ..artifacts import REPO_ROOT, FoundCapture, chapter_output, find_capture, record_file
+from ..kernel_kinds import kernel_kind, time_by_kind
+from ..nsys import sqlite as ns
+
+__all__ = ["BENCHMARK", "LAYER", "SIZES", "CAPTURE_ARGS", "MEASURED_RANGE", "BACKTRACES", "capture_benchmark",
+           "capture_layer", "step_table", "measured", "phase_summary", "kinds_per_step", "matmul_kernels",
+           "tensor_cores", "events_vs_nvtx", "backtrace_coverage", "sweep_table", "sweep_figure", "layer_table",
+           "layer_figure", "LAUNCH_CALLS"]
+
+BENCHMARK = REPO_ROOT / "examples" / "nsys" / "transformer_benchmark.py"
+LAYER = REPO_ROOT / "examples" / "nsys" / "launch_bound_layer.py"
+SIZES = ("small", "medium", "large", "xl", "2.7B")
+# The benchmark as the course's source material profiles it: the small model, context 512, 5 + 10 steps.
+CAPTURE_ARGS = ["--size", "small", "--context-length", "512", "--warmup-steps", "5", "--num-steps", "10"]
+# Record only the measured steps: nsys starts at the push of the NVTX range "measured_steps" and
+# stops at its pop. Python's NVTX strings are not registered, hence the environment variable.
+MEASURED_RANGE = ["--capture-range=nvtx", "--nvtx-capture=measured_steps", "--capture-range-end=stop",
+                  "--env-var=NSYS_NVTX_PROFILER_REGISTER_ONLY=0"]
+# Backtraces of CUDA calls need CPU sampling on: with --sample=none nsys warns and records none.
+BACKTRACES = ["--sample=process-tree", "--cpuctxsw=none", "--cudabacktrace=all", "--python-backtrace=cuda"]
+LAUNCH_CALLS = r"^(?:cudaLaunchKernel|cuLaunchKernel|cudaGraphLaunch|cuGraphLaunch|cudaLaunchCooperativeKernel)"
+STEP = re.compile(r"(warmup_)?step_(\d+)")
+
+
+def capture_benchmark(chapter: str, name: str, args: Sequence[str], options: Sequence[str],
+                      reports: Sequence[str] = ()) -> tuple[Any, FoundCapture]:
+    """nsys over one benchmark run, and that run's own timings (``--json``) kept as ``<name>.json``.
+
+    ``reports`` are ``nsys stats`` reports to run on the capture (CSV beside it). Returns
+    (the capture, the JSON). Without a GPU or nsys both are the course's references.
+    """
+    from ..nsys.capture import nsys_capture
+
+    out = chapter_output(chapter)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path = out / f"{name}.json"
+    cap = nsys_capture(chapter, name, BENCHMARK, [*args, "--json", str(json_path)], options=list(options),
+                       reports=list(reports))
+    if cap.sqlite.source == "this machine" and json_path.exists():
+        record_file(chapter, json_path.name, cap.commands[0] if cap.commands else "nsys profile ... --json")
+        return cap, find_capture(chapter, json_path.name)
+    return cap, find_capture(chapter, json_path.name, prefer="reference")
+
+
+def capture_layer(chapter: str, name: str, args: Sequence[str] = (), iterations: int = 20) -> tuple[Any, FoundCapture]:
+    """The launch-bound layer script: timed without the profiler, then ``iterations`` forwards per variant captured.
+
+    One process does both (the timing windows run before cudaProfilerStart, so nsys records
+    only the profiled forwards); ``--cuda-graph-trace=node`` records each kernel of a replayed graph.
+    """
+    from ..nsys.capture import QUIET, nsys_capture
+
+    out = chapter_output(chapter)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path = out / f"{name}.json"
+    cap = nsys_capture(chapter, name, LAYER, [*args, "--profile-iterations", str(iterations), "--json", str(json_path)],
+                       options=[*QUIET, "--capture-range=cudaProfilerApi", "--capture-range-end=stop",
+                                "--cuda-graph-trace=node"])
+    if cap.sqlite.source == "this machine" and json_path.exists():
+        record_file(chapter, json_path.name, cap.commands[0] if cap.commands else "nsys profile ... --json")
+        return cap, find_capture(chapter, json_path.name)
+    return cap, find_capture(chapter, json_path.name, prefer="reference")
+
+
+# --- one benchmark capture ---------------------------------------------------------------------------
+
+def step_table(path: str | Path) -> pd.DataFrame:
+    """Every step in the capture, warm-up and measured, in time order, from the NVTX ranges alone.
+
+    Columns: step (the range's name), warmup (True for ``warmup_step_N``), index (N), cpu_ms
+    (the range's length: the script synchronises at the end of each step, so this is the
+    step's wall time), forward_ms / backward_ms / optimizer_ms (the phase ranges inside it),
+    launches (kernels launched in it, any thread: autograd's backward runs on its own),
+    gpu_busy_ms and gpu_span_ms (from :func:`gpuprof.activity.range_busy`).
+    """
+    ranges = ns.nvtx_ranges(path)
+    steps = ranges[ranges["text"].str.fullmatch(STEP.pattern)].sort_values("start", ignore_index=True)
+    if steps.empty:
+        return pd.DataFrame(columns=["step", "warmup", "index", "cpu_ms", "forward_ms", "backward_ms", "optimizer_ms",
+                                     "launches", "gpu_busy_ms", "gpu_span_ms"])
+    busy = ta.range_busy(ns.kernels(path), ns.runtime_calls(path), steps[["text", "start", "end", "globalTid"]])
+    rows = []
+    phase_ranges = ranges[ranges["text"].isin(["forward_pass", "backward_pass", "optimizer_step"])]
+    for s, b in zip(steps.itertuples(), busy.itertuples()):
+        m = STEP.fullmatch(s.text)
+        inner = phase_ranges[(phase_ranges["start"] >= s.start) & (phase_ranges["end"] <= s.end)]
+        phase = {f"{p.split('_')[0]}_ms": float(inner.loc[inner["text"] == p, "duration_ns"].sum()) / 1e6
+                 for p in ("forward_pass", "backward_pass", "optimizer_step")}
+        rows.append({"step": s.text, "warmup": bool(m.group(1)), "index": int(m.group(2)), "cpu_ms": (s.end - s.start) / 1e6,
+                     **phase, "launches": b.launches, "gpu_busy_ms": b.gpu_busy_ms, "gpu_span_ms": b.gpu_span_ms})
+    return pd.DataFrame(rows)
+
+
+def measured(steps: pd.DataFrame) -> pd.DataFrame:
+    """The measured steps only: the warm-up excluded by the ranges' names, as a script would (no GUI filter)."""
+    return steps[~steps["warmup"]].reset_index(drop=True)
+
+
+def phase_summary(steps: pd.DataFrame) -> pd.DataFrame:
+    """Mean ms of forward, backward and optimizer over the measured steps, and their share of the step."""
+    m = measured(steps)
+    out = pd.DataFrame({"ms": m[["forward_ms", "backward_ms", "optimizer_ms"]].mean()})
+    out.index = ["forward", "backward", "optimizer"]
+    out["share"] = out["ms"] / m["cpu_ms"].mean()
+    return out
+
+
+def _measured_kernels(path: str | Path) -> tuple[pd.DataFrame, int]:
+    ranges = ns.nvtx_ranges(path)
+    steps = ranges[ranges["text"].str.fullmatch(r"step_\d+")]
+    hits = ta.attribute_kernels(ns.kernels(path), ns.runtime_calls(path), steps, rule="window")
+    return hits, len(steps)
+
+
+def kinds_per_step(path: str | Path) -> pd.DataFrame:
+    """Kernel time by kind over the measured steps, per step (``ms_per_step``), with its share."""
+    hits, n = _measured_kernels(path)
+    out = time_by_kind(hits)
+    out["ms_per_step"] = out["time_ms"] / max(n, 1)
+    out["kernels_per_step"] = out["kernels"] / max(n, 1)
+    return out[["kind", "kernels_per_step", "ms_per_step", "share", "names"]]
+
+
+def tensor_cores(name: str, demangled: str = "") -> str:
+    """Whether a matrix-product kernel's name says it runs on tensor cores, and with what inputs.
+
+    From the names cuBLAS, CUTLASS and cuDNN give their kernels: ``ffma``/``simt``/``sgemm``
+    are FP32 fused multiply-adds on the CUDA cores; ``nvjet``/``wgmma``/``tensorop``/``s1688``...
+    are tensor-core kernels; ``bf16``/``f16``/``tf32`` name the input type where the name has it.
+    """
+    text = f"{name} {demangled}".lower()
+    if re.search(r"ffma|simt|sgemm", text):
+        return "no: FP32 on CUDA cores"
+    kind = next((t for t in ("bf16", "tf32", "f16") if t in text), None)
+    if re.search(r"nvjet|wgmma|gmma|tensorop|hmma|\d{5}gemm|s1688|s16816|h16816|xmma", text):
+        return f"yes ({kind})" if kind else "yes"
+    return "unknown from the name"
+
+
+def matmul_kernels(path: str | Path) -> pd.DataFrame:
+    """The matrix-product and attention kernels of the measured steps: per step count and time, tensor cores or not."""
+    hits, n = _measured_kernels(path)
+    if hits.empty:
+        return pd.DataFrame(columns=["kernel", "kind", "per_step", "ms_per_step", "tensor_cores"])
+    hits = hits.assign(kind=[kernel_kind(a, b) for a, b in zip(hits["name"], hits["demangled"])])
+    mm = hits[hits["kind"].isin(["matrix product", "attention"])]
+    g = mm.groupby(["name", "kind"]).agg(per_step=("duration_ns", "size"), ms=("duration_ns", "sum"),
+                                         demangled=("demangled", "first")).reset_index()
+    g["per_step"] /= max(n, 1)
+    g["ms_per_step"] = g.pop("ms") / 1e6 / max(n, 1)
+    g["tensor_cores"] = [tensor_cores(a, b) for a, b in zip(g["name"], g["demangled"])]
+    g = g.rename(columns={"name": "kernel"}).drop(columns="demangled")
+    return g.sort_values("ms_per_step", ascending=False, ignore_index=True)
+
+
+def events_vs_nvtx(result: dict[str, Any], steps: pd.DataFrame) -> pd.Series:
+    """The script's CUDA-event step time against the capture's NVTX step ranges, over the same measured steps.
+
+    The events sit in the GPU's stream (first kernel of the step to the end of the
+    optimizer); the NVTX range is on the CPU, from before the first launch to after the
+    step's synchronisation. Both are means over the measured steps of one run.
+    """
+    m = measured(steps)
+    events = float(np.mean(result["step_ms_each"]))
+    nvtx = float(m["cpu_ms"].mean())
+    span = float(m["gpu_span_ms"].mean())
+    return pd.Series({"cuda_events_ms": events, "nvtx_step_ms": nvtx, "gpu_span_ms": span,
+                      "nvtx_over_events": nvtx / events, "span_over_events": span / events})
+
+
+def backtrace_coverage(path: str | Path) -> pd.DataFrame:
+    """Per launching API (cudaLaunchKernel, cuLaunchKernelEx...): launches in the capture and how many carry a backtrace."""
+    import sqlite3
+    from contextlib import closing
+
+    with closing(sqlite3.connect(str(path))) as conn:
+        cols = {r[1] for r in conn.execute(f"PRAGMA table_info({ns.RUNTIME_TABLE})")}
+        if "callchainId" not in cols:
+            return pd.DataFrame(columns=["api", "calls", "with_backtrace"])
+        rows = conn.execute(f"SELECT s.value, COUNT(*), COUNT(r.callchainId) FROM {ns.RUNTIME_TABLE} r "
+                            "JOIN StringIds s ON s.id = r.nameId GROUP BY s.value").fetchall()
+    df = pd.DataFrame(rows, columns=["api", "calls", "with_backtrace"])
+    df = df[df["api"].str.contains("Launch")]
+    return df.sort_values("calls", ascending=False, ignore_index=True)
+
+
+# --- the sweep ------------------------------------------------------------------------------------------
+
+def sweep_table(data: dict[str, Any], peak_tflops: float | None) -> pd.DataFrame:
+    """One row per size and context length: status, time of forward / forward+backward / step, tokens/s, MFU, memory.
+
+    ``mfu_fwd_bwd`` is model FLOPs of forward and backward over their measured time, divided
+    by ``peak_tflops`` (the bf16 matrix-product rate measured on this machine); ``mfu_step``
+    includes the optimizer's time. Out-of-memory and failed rows keep their status and no numbers.
+    """
+    rows = []
+    for r in data["rows"]:
+        row: dict[str, Any] = {"size": r["name"], "context": r["context_length"], "status": r["status"]}
+        if r["status"] == "ok":
+            fwd, bwd, step = r["forward_ms"]["mean"], r["backward_ms"]["mean"], r["step_ms"]["mean"]
+            row.update(params_M=r["parameters"] / 1e6, forward_ms=fwd, fwd_bwd_ms=fwd + bwd, step_ms=step,
+                       step_std_ms=r["step_ms"]["std"], optimizer_share=r["optimizer_ms"]["mean"] / step,
+                       tokens_per_s=r["tokens_per_s"], tflops_fwd_bwd=r["forward_backward_tflops"],
+                       peak_GiB=(r["peak_memory_bytes"] or 0) / 2**30)
+            if peak_tflops:
+                row["mfu_fwd_bwd"] = r["forward_backward_tflops"] / peak_tflops
+                row["mfu_step"] = r["achieved_tflops"] / peak_tflops
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def sweep_figure(table: pd.DataFrame, gpu: str, peak_tflops: float | None):  # type: ignore[no-untyped-def]
+    """Tokens/s and model FLOP utilisation against context length, one line per size; out-of-memory points marked."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), dpi=80)
+    for size, g in table.groupby("size", sort=False):
+        ok = g[g["status"] == "ok"]
+        (line,) = axes[0].plot(ok["context"], ok["tokens_per_s"], marker="o", label=size)
+        if "mfu_fwd_bwd" in ok:
+            axes[1].plot(ok["context"], 100 * ok["mfu_fwd_bwd"], marker="o", color=line.get_color(), label=size)
+        bad = g[g["status"] != "ok"]
+        for c in bad["context"]:
+            axes[0].annotate("OOM", (c, axes[0].get_ylim()[0]), color=line.get_color(), fontsize=8)
+    axes[0].set(xscale="log", yscale="log", xlabel="context length (tokens)", ylabel="tokens / s (training step)",
+                title="Throughput")
+    axes[1].set(xscale="log", xlabel="context length (tokens)", ylabel="% of the measured bf16 matmul rate",
+                title="Model FLOP utilisation, forward + backward")
+    contexts = sorted(table["context"].unique())
+    for ax in axes:
+        ax.set_xticks(contexts, labels=[str(c) for c in contexts])
+        ax.minorticks_off()
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=8)
+    peak = f"; peak {peak_tflops:.0f} TFLOP/s measured" if peak_tflops else ""
+    fig.suptitle(f"bf16 autocast, batch 4, AdamW ({gpu}{peak})", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+# --- the launch-bound layer ------------------------------------------------------------------------------
+
+def layer_table(result: dict[str, Any], path: str | Path) -> pd.DataFrame:
+    """Per variant: kernels and launch calls per layer, time per forward and its gain, GPU busy (two ways).
+
+    ``us_per_forward`` was timed without the profiler; ``us_per_forward_traced`` is the
+    variant's NVTX range in the capture over its forwards.
+
+    ``busy_capture`` is the GPU's busy share over the variant's NVTX range in the capture;
+    the profiler adds CPU time to every launch and a little GPU time between a graph's
+    kernels, so ``busy_untraced`` is also given: the kernel time per forward (from the
+    capture: the GPU's kernel durations are not slowed by tracing) over the time per forward
+    measured without the profiler.
+    """
+    cfg = result["config"]
+    iters, layers = cfg["profile_iterations"], cfg["layers"]
+    kernels, runtime, ranges = ns.kernels(path), ns.runtime_calls(path), ns.nvtx_ranges(path)
+    launches = runtime[runtime["name"].str.contains(LAUNCH_CALLS, regex=True)]
+    rows = []
+    first = result["variants"][0]
+    for v in result["variants"]:
+        r = ranges[ranges["text"] == v]
+        if r.empty:
+            continue
+        window = (int(r["start"].iloc[0]), int(r["end"].iloc[0]))
+        hits = ta.attribute_kernels(kernels, runtime, r, rule="window")
+        s, e = ta.merge_intervals(hits["start"].to_numpy(), hits["end"].to_numpy())
+        busy_us = float((e - s).sum()) / iters / 1e3
+        t_us = result["results"][v]["ms_per_forward"] * 1e3
+        rows.append({"variant": v, "kernels_per_layer": len(hits) / iters / layers,
+                     "launch_calls_per_layer": len(ta.inside(launches, window)) / iters / layers,
+                     "us_per_forward": t_us, "us_per_forward_traced": (window[1] - window[0]) / iters / 1e3,
+                     "x_first": result["results"][first]["ms_per_forward"] * 1e3 / t_us,
+                     "kernel_us_per_forward": busy_us, "mean_kernel_us": float(hits["duration_ns"].mean()) / 1e3,
+                     "busy_capture": ta.busy_fraction(hits, window), "busy_untraced": busy_us / t_us,
+                     "idle_us_per_forward": t_us - busy_us})
+    return pd.DataFrame(rows).set_index("variant")
+
+
+def layer_figure(table: pd.DataFrame, gpu: str):  # type: ignore[no-untyped-def]
+    """Kernels per layer, time per forward (kernel time and idle time) and GPU busy, per variant."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.3), dpi=80)
+    names = list(table.index)
+    axes[0].bar(names, table["kernels_per_layer"], color="tab:blue")
+    axes[0].set(title="Kernels per layer", ylabel="kernels")
+    axes[1].bar(names, table["kernel_us_per_forward"], color="tab:green", label="kernels running")
+    axes[1].bar(names, table["idle_us_per_forward"], bottom=table["kernel_us_per_forward"], color="lightgray",
+                label="GPU idle")
+    axes[1].set(title="Time per forward (no profiler)", ylabel="us")
+    axes[1].legend(fontsize=8)
+    axes[2].bar(names, 100 * table["busy_untraced"], color="tab:orange")
+    axes[2].axhline(90, color="k", lw=0.8, ls="--")
+    axes[2].axhline(50, color="k", lw=0.8, ls=":")
+    axes[2].set(title="GPU busy (% of the forward)", ylim=(0, 100))
+    for ax in axes:
+        ax.tick_params(axis="x", labelsize=8)
+    fig.suptitle(f"The encoder stack, four ways ({gpu})", fontsize=10)
+    fig.tight_layout()
+    return fig

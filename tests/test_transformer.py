@@ -1,0 +1,257 @@
+"""The transformer case study (chapter 7): its two scripts on the CPU, and its readers on the reference run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from gpuprof import speed_of_light as sol
+from gpuprof.artifacts import REPO_ROOT
+from gpuprof.kernel_kinds import kernel_kind, time_by_kind
+from gpuprof.nsys import sqlite as ns
+from gpuprof.nsys import stats
+from gpuprof.runner import load_script
+from gpuprof.studies import transformer as tr
+
+torch = pytest.importorskip("torch")
+
+REF = REPO_ROOT / "artifacts" / "ch07"
+TINY = ["--size", "tiny", "--context-length", "16", "--batch-size", "2", "--warmup-steps", "2", "--num-steps", "3"]
+LAYER_TINY = ["--layers", "1", "--d-model", "64", "--heads", "4", "--d-ff", "128", "--seq-len", "16", "--batch-size", "2",
+              "--warmup", "2", "--iterations", "3", "--repeats", "1", "--dtype", "fp32"]
+
+
+def run(script, *args: str, timeout: int = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=timeout)
+
+
+# ----- transformer_benchmark.py on the CPU -----
+
+def test_benchmark_help_names_its_ranges():
+    out = run(tr.BENCHMARK, "--help")
+    assert out.returncode == 0
+    for name in ("warmup", "measured_steps", "step_N", "forward_pass", "backward_pass", "optimizer_step", "--sweep"):
+        assert name in out.stdout
+
+
+def test_benchmark_training_run_records_every_step(tmp_path):
+    out = run(tr.BENCHMARK, *TINY, "--json", str(tmp_path / "r.json"))
+    assert out.returncode == 0, out.stderr
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert r["status"] == "ok" and r["device"] == "cpu"
+    assert len(r["warmup_step_ms"]) == 2 and len(r["step_ms_each"]) == 3 and len(r["phase_ms_each"]) == 3
+    assert all(len(p) == 3 for p in r["phase_ms_each"])  # forward, backward, optimizer
+    assert r["step_ms_each"] == pytest.approx([sum(p) for p in r["phase_ms_each"]])
+    bench = load_script(tr.BENCHMARK)
+    assert r["flops_per_step"] == bench.flops_per_step(r["config"], forward_only=False)
+    assert r["tokens_per_s"] == pytest.approx(2 * 16 / (sum(r["step_ms_each"]) / 3 / 1e3))
+
+
+def test_benchmark_forward_only_times_one_phase(tmp_path):
+    out = run(tr.BENCHMARK, *TINY, "--forward-only", "--dtype", "bf16", "--json", str(tmp_path / "f.json"))
+    assert out.returncode == 0, out.stderr
+    r = json.loads((tmp_path / "f.json").read_text())
+    assert "forward_ms" in r and "backward_ms" not in r and all(len(p) == 1 for p in r["phase_ms_each"])
+    assert r["config"]["dtype"] == "bf16" and "forward_backward_tflops" not in r
+
+
+def test_flops_count_by_hand():
+    bench = load_script(tr.BENCHMARK)
+    cfg = {"d_model": 8, "d_ff": 32, "num_layers": 2, "num_heads": 2, "context_length": 4, "batch_size": 3, "vocab": 10}
+    weights = 2 * (4 * 8 * 8 + 2 * 8 * 32) + 8 * 10
+    assert bench.matmul_parameters(cfg) == weights
+    forward = 2 * weights * 12 + 4 * 2 * 12 * 4 * 8
+    assert bench.flops_per_step(cfg, forward_only=True) == forward
+    assert bench.flops_per_step(cfg, forward_only=False) == 3 * forward
+
+
+def test_benchmark_counts_both_allocators_failures_as_out_of_memory():
+    bench = load_script(tr.BENCHMARK)
+    with pytest.raises(RuntimeError) as cpu:
+        torch.empty(10**14)
+    assert bench.is_out_of_memory(cpu.value)
+    assert bench.is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory"))
+    assert not bench.is_out_of_memory(RuntimeError("shape mismatch"))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--d-model", "100", "--num-heads", "12"], "not divisible"),
+    (["--sweep", "--sizes", "small,enormous"], "neither a size"),
+    (["--sweep", "--contexts", "128,0"], "each at least 1"),
+    (["--sweep", "--sizes", "odd:10:20:1:3"], "not divisible"),
+])
+def test_benchmark_bad_input_is_one_sentence(args, message):
+    out = run(tr.BENCHMARK, *args)
+    assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_sweep_reports_out_of_memory_as_a_row(tmp_path):
+    """A size whose feed-forward weight cannot be allocated: a real allocation failure, here on the CPU."""
+    out = run(tr.BENCHMARK, "--sweep", "--sizes", "tiny,huge:64:100000000000:1:1", "--contexts", "8",
+              "--warmup-steps", "1", "--num-steps", "2", "--json", str(tmp_path / "s.json"))
+    assert out.returncode == 0, out.stderr
+    data = json.loads((tmp_path / "s.json").read_text())
+    assert [(r["name"], r["status"]) for r in data["rows"]] == [("tiny", "ok"), ("huge", "out of memory")]
+    assert "1 ran, 1 out of memory, 0 failed" in out.stdout
+    table = tr.sweep_table(data, peak_tflops=100.0)
+    assert table["status"].tolist() == ["ok", "out of memory"]
+    assert table.loc[0, "mfu_fwd_bwd"] > 0 and pd.isna(table.loc[1, "tokens_per_s"])
+
+
+def test_sweep_reports_a_failed_child_and_fails(tmp_path):
+    out = run(tr.BENCHMARK, "--sweep", "--sizes", "tiny", "--contexts", "8", "--child-timeout", "1",
+              "--json", str(tmp_path / "s.json"))
+    data = json.loads((tmp_path / "s.json").read_text())
+    assert out.returncode == 1 and data["rows"][0]["status"] == "failed"
+    assert "did not finish within 1 s" in data["rows"][0]["error"]
+
+
+# ----- launch_bound_layer.py on the CPU -----
+
+def test_layer_variants_compute_the_same_function():
+    layer = load_script(tr.LAYER)
+    args = layer.parse_args(LAYER_TINY)
+    weights = layer.make_weights(args, "cpu")
+    x = torch.randn(2, 16, 64)
+    a = layer.stack(layer.layer_ops, weights, x, 4)
+    b = layer.stack(layer.layer_fused, weights, x, 4)
+    assert a.shape == b.shape == x.shape and torch.allclose(a, b, atol=1e-4)
+    ln = layer.layer_norm_ops(x, weights[0]["ln1_g"], weights[0]["ln1_b"])
+    assert torch.allclose(ln, torch.nn.functional.layer_norm(x, (64,), weights[0]["ln1_g"], weights[0]["ln1_b"], 1e-12),
+                          atol=1e-5)
+
+
+def test_layer_script_runs_on_the_cpu_and_skips_the_graph(tmp_path):
+    out = run(tr.LAYER, *LAYER_TINY, "--variants", "ops,fused,graph", "--profile-iterations", "2",
+              "--json", str(tmp_path / "l.json"))
+    assert out.returncode == 0, out.stderr
+    assert "graph skipped" in out.stdout
+    r = json.loads((tmp_path / "l.json").read_text())
+    assert r["variants"] == ["ops", "fused"] and r["skipped"] == ["graph"]
+    assert r["results"]["ops"]["max_abs_diff"] == 0 and r["results"]["fused"]["ms_per_forward"] > 0
+
+
+def test_layer_script_rejects_unknown_variants():
+    out = run(tr.LAYER, "--variants", "ops,xla")
+    assert out.returncode == 2 and "unknown variant(s) xla" in out.stderr and "Traceback" not in out.stderr
+
+
+# ----- kernel kinds and names -----
+
+@pytest.mark.parametrize("name, demangled, kind", [
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7", None, "attention"),
+    ("fmha_cutlassF_f32_aligned_64x64_rf_sm80", None, "attention"),
+    ("nvjet_sm90_tst_96x128_64x6_2x1_v_bz_NNN", None, "matrix product"),
+    ("Kernel2", "void cutlass::Kernel2<cutlass_80_simt_sgemm_256x128_8x4_nt_align1>(T1::Params)", "matrix product"),
+    ("Kernel2", None, "other"),
+    ("GammaBetaBackwardCUDAKernelTemplate", None, "normalisation"),
+    ("CatArrayBatchedCopy", None, "layout change"),
+    ("embedding_backward_feature_kernel", None, "indexing / random"),
+])
+def test_kernel_kinds_of_a_transformer(name, demangled, kind):
+    assert kernel_kind(name, demangled) == kind
+
+
+def test_time_by_kind_uses_the_demangled_name_only_where_the_short_one_says_nothing():
+    k = pd.DataFrame({"name": ["Kernel2", "vectorized_elementwise_kernel"], "duration_ns": [300, 100],
+                      "demangled": ["void cutlass::Kernel2<cutlass_80_simt_sgemm>", "void at::native::gemm_like_name"]})
+    t = time_by_kind(k).set_index("kind")
+    assert t.loc["matrix product", "kernels"] == 1 and t.loc["elementwise", "kernels"] == 1
+
+
+@pytest.mark.parametrize("name, answer", [
+    ("sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x8_stage3_warpsize2x2x1_ffma_aligna4", "no: FP32 on CUDA cores"),
+    ("nvjet_sm90_tst_96x128_64x6_2x1_v_bz_NNN", "yes"),
+    ("cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x2_tn_align2", "yes (bf16)"),
+    ("splitKreduce_kernel", "unknown from the name"),
+])
+def test_tensor_cores_from_the_name(name, answer):
+    assert tr.tensor_cores(name) == answer
+
+
+def test_matmul_rate_needs_a_gpu():
+    assert sol.matmul_bf16() is None or torch.cuda.is_available()
+
+
+# ----- the readers on the reference run -----
+
+def test_step_table_separates_warmup_by_name():
+    steps = tr.step_table(REF / "all_steps.sqlite")
+    assert steps["warmup"].sum() == 5 and len(tr.measured(steps)) == 10
+    assert steps.loc[steps["warmup"], "step"].tolist() == [f"warmup_step_{i}" for i in range(5)]
+    phases = steps[["forward_ms", "backward_ms", "optimizer_ms"]].sum(axis=1)
+    assert (phases > 0).all() and (phases <= steps["cpu_ms"] + 1e-6).all()
+    assert (steps["launches"] > 0).all() and (steps["gpu_busy_ms"] <= steps["gpu_span_ms"] + 1e-9).all()
+
+
+def test_nsys_stats_nvtx_sum_agrees_with_the_reader():
+    """The tool's own nvtx_sum (CSV) and the course's summary of the same export, range by range."""
+    theirs = pd.read_csv(REF / "all_steps_nvtx_sum.csv")
+    mine = stats.nvtx_summary(ns.nvtx_ranges(REF / "all_steps.sqlite"))
+    merged = theirs.merge(mine, on="Range", suffixes=("_nsys", "_ours"))
+    assert len(merged) == len(theirs) == len(mine)
+    assert (merged["Instances_nsys"] == merged["Instances_ours"]).all()
+    assert (merged["Total Time (ns)_nsys"] - merged["Total Time (ns)_ours"]).abs().max() <= 1
+    assert merged.set_index("Range").loc[":forward_pass", "Instances_nsys"] == 15
+
+
+def test_measured_range_capture_holds_only_the_measured_steps():
+    steps = tr.step_table(REF / "measured_fp32.sqlite")
+    assert len(steps) == 10 and not steps["warmup"].any()
+    assert "warmup" not in set(ns.nvtx_ranges(REF / "measured_fp32.sqlite")["text"])
+
+
+def test_events_and_nvtx_agree_on_the_reference():
+    result = json.loads((REF / "measured_fp32.json").read_text())
+    agree = tr.events_vs_nvtx(result, tr.step_table(REF / "measured_fp32.sqlite"))
+    assert abs(agree["nvtx_over_events"] - 1) < 0.05 and abs(agree["span_over_events"] - 1) < 0.05
+
+
+@pytest.mark.parametrize("capture, answer", [("measured_fp32", "no:"), ("measured_bf16", "yes")])
+def test_kinds_and_matmul_kernels_of_the_references(capture, answer):
+    kinds = tr.kinds_per_step(REF / f"{capture}.sqlite").set_index("kind")
+    assert kinds["share"].sum() == pytest.approx(1.0)
+    assert kinds["share"].get("other", 0.0) < 0.05  # the rules know this model's kernels
+    mm = tr.matmul_kernels(REF / f"{capture}.sqlite")
+    known = mm.loc[(mm["kind"] == "matrix product") & ~mm["tensor_cores"].str.startswith("unknown"), "tensor_cores"]
+    assert len(known) and set(known.str.split(" ").str[0]) == {answer}
+
+
+def test_backtraces_in_the_reference(tmp_path):
+    path = REF / "backtraces.sqlite"
+    cov = tr.backtrace_coverage(path).set_index("api")
+    assert cov.loc["cudaLaunchKernel", "with_backtrace"] > 0
+    kernels = ns.kernels(path).sort_values("duration_ns", ascending=False)
+    stacks = [ns.launch_backtrace(path, c) for c in kernels["correlationId"].head(50)]
+    stack = next(s for s in stacks if len(s))
+    assert stack["depth"].tolist() == sorted(stack["depth"]) and "cudaLaunchKernel" in set(stack["symbol"])
+    assert ns.launch_backtrace(REF / "measured_bf16.sqlite", int(kernels["correlationId"].iloc[0])).empty
+    copy = tmp_path / "bt.sqlite"
+    shutil.copy(path, copy)
+    assert ns.keep_callchains(copy, kernels["correlationId"].head(3)) <= 3
+    assert sum(len(ns.launch_backtrace(copy, c)) > 0 for c in kernels["correlationId"].head(50)) <= 3
+
+
+def test_layer_table_of_the_reference():
+    result = json.loads((REF / "layer.json").read_text())
+    lt = tr.layer_table(result, REF / "layer.sqlite")
+    assert list(lt.index) == ["ops", "compiled", "fused", "graph"]
+    assert lt.loc["ops", "kernels_per_layer"] >= 3 * lt.loc["fused", "kernels_per_layer"]
+    assert lt.loc["graph", "launch_calls_per_layer"] < 1 <= lt.loc["fused", "launch_calls_per_layer"]
+    assert ((lt["busy_capture"] > 0) & (lt["busy_capture"] <= 1)).all()
+    assert ((lt["busy_untraced"] > 0) & (lt["busy_untraced"] <= 1.05)).all()
+    assert lt.loc["ops", "x_first"] == 1
+
+
+def test_sweep_table_of_the_reference():
+    data = json.loads((REF / "sweep.json").read_text())
+    peak = json.loads((REF / "matmul_peak.json").read_text())["tflops"]
+    table = tr.sweep_table(data, peak)
+    assert len(table) == len(tr.SIZES) * 4 and set(table["size"]) == set(tr.SIZES)
+    ok = table[table["status"] == "ok"]
+    assert ((ok["mfu_fwd_bwd"] > 0) & (ok["mfu_fwd_bwd"] < 1)).all() and (ok["mfu_step"] < ok["mfu_fwd_bwd"]).all()
