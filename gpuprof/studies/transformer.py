@@ -50,11 +50,14 @@ STEP = re.compile(r"(warmup_)?step_(\d+)")
 
 
 def capture_benchmark(chapter: str, name: str, args: Sequence[str], options: Sequence[str],
-                      reports: Sequence[str] = ()) -> tuple[Any, FoundCapture]:
+                      reports: Sequence[str] = (), keep_backtraces: int = 0) -> tuple[Any, FoundCapture]:
     """nsys over one benchmark run, and that run's own timings (``--json``) kept as ``<name>.json``.
 
-    ``reports`` are ``nsys stats`` reports to run on the capture (CSV beside it). Returns
-    (the capture, the JSON). Without a GPU or nsys both are the course's references.
+    ``reports`` are ``nsys stats`` reports to run on the capture (CSV beside it).
+    ``keep_backtraces`` > 0 keeps the CPU backtraces of the launches of that many longest
+    kernels only (:func:`gpuprof.nsys.sqlite.keep_callchains`: a backtrace per launch is
+    most of such a capture's size), and says so in the file's provenance. Returns (the
+    capture, the JSON). Without a GPU or nsys both are the course's references.
     """
     from ..nsys.capture import nsys_capture
 
@@ -64,6 +67,12 @@ def capture_benchmark(chapter: str, name: str, args: Sequence[str], options: Seq
     cap = nsys_capture(chapter, name, BENCHMARK, [*args, "--json", str(json_path)], options=list(options),
                        reports=list(reports))
     if cap.sqlite.source == "this machine" and json_path.exists():
+        command = " && ".join(cap.commands[:2])
+        if keep_backtraces:
+            longest = ns.kernels(cap.path).nlargest(keep_backtraces, "duration_ns")["correlationId"]
+            kept = ns.keep_callchains(cap.path, longest)
+            record_file(chapter, cap.path.name, f"{command} (then only the backtraces of the launches of the "
+                                                f"{keep_backtraces} longest kernels were kept: {kept})")
         record_file(chapter, json_path.name, cap.commands[0] if cap.commands else "nsys profile ... --json")
         return cap, find_capture(chapter, json_path.name)
     return cap, find_capture(chapter, json_path.name, prefer="reference")
