@@ -255,3 +255,15 @@ def test_sweep_table_of_the_reference():
     assert len(table) == len(tr.SIZES) * 4 and set(table["size"]) == set(tr.SIZES)
     ok = table[table["status"] == "ok"]
     assert ((ok["mfu_fwd_bwd"] > 0) & (ok["mfu_fwd_bwd"] < 1)).all() and (ok["mfu_step"] < ok["mfu_fwd_bwd"]).all()
+
+
+def test_library_kernels_launch_through_the_driver_api_without_backtraces():
+    """The chapter's claim: cuBLAS's and cuDNN's kernels come from cuLaunchKernelEx, which got no backtrace."""
+    path = REF / "backtraces.sqlite"
+    k, r = ns.kernels(path), ns.runtime_calls(path)
+    launched = k.merge(r[["correlationId", "name"]].rename(columns={"name": "api"}), on="correlationId")
+    kinds = {kernel_kind(a, b) for a, b in zip(launched.loc[launched["api"] == "cuLaunchKernelEx", "name"],
+                                               launched.loc[launched["api"] == "cuLaunchKernelEx", "demangled"])}
+    assert kinds == {"matrix product", "attention"}
+    cov = tr.backtrace_coverage(path).set_index("api")
+    assert cov.loc["cuLaunchKernelEx", "with_backtrace"] == 0 < cov.loc["cuLaunchKernelEx", "calls"]
