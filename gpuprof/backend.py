@@ -160,6 +160,7 @@ class MachineInfo:
     sm_count: int | None = None
     pcie_gen: int | None = None  # the link generation and width the GPU and slot allow
     pcie_width: int | None = None
+    gpu_count: int | None = None  # GPUs visible to this process (the first one is described)
     cpu_model: str = ""
     cpu_count: int = 0
     python: str = ""
@@ -173,7 +174,7 @@ class MachineInfo:
                 f"CPU only (no CUDA GPU visible): {self.cpu_model or 'unknown CPU'}, "
                 f"{self.cpu_count} cores; backend {self.backend}; {libs}"
             )
-        parts = [self.gpu_name or "unknown GPU"]
+        parts = [(f"{self.gpu_count} x " if (self.gpu_count or 1) > 1 else "") + (self.gpu_name or "unknown GPU")]
         if self.driver_version:
             parts.append(f"driver {self.driver_version}")
         if self.cuda_runtime:
@@ -280,6 +281,7 @@ def describe_machine() -> MachineInfo:
         info.sm_count = props.multi_processor_count
         info.compute_capability = f"{props.major}.{props.minor}"
         info.cuda_runtime = torch.version.cuda
+        info.gpu_count = torch.cuda.device_count()
     else:
         cupy = backend.xp
         props = cupy.cuda.runtime.getDeviceProperties(0)
@@ -290,4 +292,5 @@ def describe_machine() -> MachineInfo:
         info.compute_capability = f"{props['major']}.{props['minor']}"
         v = cupy.cuda.runtime.runtimeGetVersion()
         info.cuda_runtime = f"{v // 1000}.{(v % 1000) // 10}"
+        info.gpu_count = cupy.cuda.runtime.getDeviceCount()
     return info

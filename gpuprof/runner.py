@@ -27,7 +27,8 @@ from .artifacts import REPO_ROOT, overwrite_allowed
 from .errors import CaptureExists, GpuprofError
 from .tools import COUNTER_PERMISSION_HINT, Tool
 
-__all__ = ["Capture", "ProfilerFailed", "run_profiler", "python_target", "portable_command", "load_script"]
+__all__ = ["Capture", "ProfilerFailed", "run_profiler", "python_target", "torchrun_target", "portable_command",
+           "load_script", "TORCHRUN"]
 
 OUTPUT = "{output}"
 
@@ -61,6 +62,18 @@ def python_target(script: str | Path, *args: str) -> list[str]:
     return [sys.executable, str(script), *map(str, args)]
 
 
+TORCHRUN = ["-m", "torch.distributed.run"]
+
+
+def torchrun_target(script: str | Path, *args: str, nproc: int = 2) -> list[str]:
+    """The argument list that starts ``script`` as ``nproc`` processes on this machine with torchrun.
+
+    ``--standalone`` makes torchrun pick a free port for the processes to meet on, so two
+    runs back to back (or a reader's other job) do not collide on a fixed one.
+    """
+    return [sys.executable, *TORCHRUN, "--standalone", f"--nproc-per-node={nproc}", str(script), *map(str, args)]
+
+
 def load_script(script: str | Path):  # type: ignore[no-untyped-def]
     """A course script imported as a module (its ``main`` is not run), so that a chapter can show
     or test its functions: the code printed is the code that ran, not a copy of it."""
@@ -78,9 +91,15 @@ def load_script(script: str | Path):  # type: ignore[no-untyped-def]
 def portable_command(cmd: Sequence[str]) -> list[str]:
     """A recorded command a reader can retype: tools by name, this Python as ``python``,
     paths inside the repository made relative."""
-    out = []
+    out: list[str] = []
+    cmd = list(cmd)
     for i, part in enumerate(cmd):
-        if i == 0 and Path(part).name in ("nsys", "ncu"):
+        if part == "-m" and cmd[i + 1:i + 2] == TORCHRUN[1:] and out and out[-1] == "python":
+            out[-1] = "torchrun"  # python -m torch.distributed.run is the torchrun command
+            continue
+        if part == TORCHRUN[1] and out and out[-1] == "torchrun":
+            continue
+        if (i == 0 or os.path.isabs(part)) and Path(part).name in ("nsys", "ncu"):
             out.append(Path(part).name)
         elif part == sys.executable:
             out.append("python")

@@ -18,13 +18,14 @@ from typing import Sequence
 from .artifacts import FoundCapture, atomic_write_bytes, chapter_output, find_capture, record_file
 from .backend import describe_machine
 from .errors import GpuprofError
-from .runner import portable_command, python_target
+from .runner import portable_command, python_target, torchrun_target
 
 __all__ = ["run_for_json"]
 
 
 def run_for_json(chapter: str, filename: str, script: str | Path, args: Sequence[str] = (), *,
-                 files: dict[str, str] | None = None, timeout_s: int = 600, echo: bool = True) -> FoundCapture:
+                 files: dict[str, str] | None = None, timeout_s: int = 600, echo: bool = True,
+                 nproc: int = 1) -> FoundCapture:
     """Run ``script args --json <chapter>/<filename>`` on this machine's GPU, or fall back to the reference.
 
     ``files`` maps an option of the script to a file name (``{"--trace": "steps.json.gz"}``):
@@ -32,11 +33,19 @@ def run_for_json(chapter: str, filename: str, script: str | Path, args: Sequence
     recorded in the chapter's provenance with the command, like the JSON. Files the
     script writes beside them (a trace's ``.key_averages.json``) are recorded too when
     their names start with the file's stem.
+
+    ``nproc`` > 1 starts the script with torchrun as that many processes, one per GPU; a
+    machine with fewer GPUs gets the reference results, with the reason.
     """
     machine = describe_machine()
     if machine.device != "cuda":
         print(f"No GPU on this machine ({machine.summary()}): showing the course's reference results instead.")
         return find_capture(chapter, filename, prefer="reference")
+    if nproc > 1 and (machine.gpu_count or 1) < nproc:
+        print(f"This machine has {machine.gpu_count or 1} GPU(s) and the run needs {nproc}: "
+              "showing the course's reference results instead.")
+        return find_capture(chapter, filename, prefer="reference")
+    start = (lambda *a: torchrun_target(script, *a, nproc=nproc)) if nproc > 1 else (lambda *a: python_target(script, *a))
     folder = chapter_output(chapter)
     folder.mkdir(parents=True, exist_ok=True)
     extra: list[str] = []
@@ -47,8 +56,8 @@ def run_for_json(chapter: str, filename: str, script: str | Path, args: Sequence
     before = {p: p.stat().st_mtime_ns for p in folder.iterdir()}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / filename
-        cmd = python_target(script, *args, *extra, "--json", str(out))
-        shown = portable_command([*python_target(script, *args), *extra_shown, "--json", filename])
+        cmd = start(*args, *extra, "--json", str(out))
+        shown = portable_command([*start(*args), *extra_shown, "--json", filename])
         if echo:
             print("$ " + " ".join(shown), flush=True)
         lines: list[str] = []

@@ -28,7 +28,10 @@ SMALL_ARGS = {"tiny_kernels.py": ["--steps", "2", "--kernels", "10"], "saxpy.py"
                                            "--num-steps", "2", "--json", "{tmp}/t.json"],
               "launch_bound_layer.py": ["--variants", "ops,fused", "--layers", "1", "--d-model", "64", "--heads", "4",
                                         "--d-ff", "128", "--seq-len", "16", "--iterations", "3", "--repeats", "1",
-                                        "--json", "{tmp}/l.json"]}
+                                        "--json", "{tmp}/l.json"],
+              "ddp_training.py": ["--cpu", "--width", "32", "--depth", "2", "--batch-size", "4", "--warmup", "1",
+                                  "--steps", "2", "--json", "{tmp}/d.json"],
+              "allreduce_bandwidth.py": ["--cpu", "--sizes", "4K", "--iterations", "2", "--json", "{tmp}/a.json"]}
 
 
 def run(script, *args):
@@ -93,6 +96,10 @@ BAD_INPUT = {
                                  (["--dtype", "fp8"], "invalid choice")],
     "launch_bound_layer.py": [(["--layers", "0"], "must be at least 1"), (["--json", "/no/such/dir/l.json"], "does not exist"),
                               (["--d-model", "100", "--heads", "12"], "not divisible")],
+    "ddp_training.py": [(["--steps", "0"], "must be at least 1"), (["--json", "/no/such/dir/d.json"], "does not exist"),
+                        (["--bucket-mb", "0"], "must be positive")],
+    "allreduce_bandwidth.py": [(["--sizes", "1T"], "expected sizes"), (["--iterations", "0"], "must be at least 1"),
+                               (["--json", "/no/such/dir/a.json"], "does not exist")],
 }
 BAD_CASES = [(script, args, message) for script in EXAMPLES for args, message in BAD_INPUT[script.name]]
 

@@ -20,7 +20,7 @@ from .sqlite import scrub_environment
 from ..runner import ProfilerFailed, portable_command, python_target, run_profiler
 from ..tools import live_tool
 
-__all__ = ["NsysCapture", "nsys_capture", "QUIET", "capture_overhead", "launch_cost", "build_cuda_example"]
+__all__ = ["NsysCapture", "nsys_capture", "nsys_capture_ranks", "reference_capture", "QUIET", "capture_overhead", "launch_cost", "build_cuda_example"]
 
 # CPU sampling and context-switch tracing make captures large and slow; the course's
 # examples do not need them unless a chapter says so.
@@ -42,6 +42,11 @@ class NsysCapture:
 
     def describe(self) -> str:
         return self.sqlite.describe()
+
+
+def reference_capture(chapter: str, name: str, reports: Sequence[str], reason: str) -> NsysCapture:
+    """The course's reference capture ``name``, after saying why no live one was made."""
+    return _reference(chapter, name, reports, reason)
 
 
 def _reference(chapter: str, name: str, reports: Sequence[str], reason: str) -> NsysCapture:
@@ -94,6 +99,69 @@ def nsys_capture(chapter: str, name: str, script: str | Path | None = None, scri
             record_file(chapter, path.name, commands[-1], {"nsys": version})
             stats[r] = path
     return NsysCapture(find_capture(chapter, f"{name}.sqlite"), stats, commands, cap.seconds)
+
+
+def nsys_capture_ranks(chapter: str, name: str, script: str | Path, script_args: Sequence[str] = (), *, nproc: int = 2,
+                       trace: str = "cuda,nvtx", options: Sequence[str] = QUIET, timeout: float = 540,
+                       echo: bool = True) -> list[NsysCapture]:
+    """One report per rank: torchrun starts ``nsys profile`` as each of its ``nproc`` processes.
+
+    nsys around torchrun would record the launcher, which has no ``RANK``; started inside
+    each process, nsys sees that process's ``RANK`` and ``%q{RANK}`` in the output name
+    expands to it. Reports become ``<name>_rank<R>.sqlite``. Without nsys, or if the
+    run fails, the course's reference captures of the same names.
+    """
+    import shutil
+    import subprocess
+    import tempfile
+
+    from ..runner import TORCHRUN
+
+    names = [f"{name}_rank{r}" for r in range(nproc)]
+
+    def references(reason: str) -> list[NsysCapture]:
+        print(f"No live nsys capture: {reason}.")
+        return [NsysCapture(find_capture(chapter, f"{n}.sqlite", prefer="reference")) for n in names]
+
+    live = live_tool("nsys")
+    if isinstance(live, str):
+        return references(live)
+    nsys, version = live
+    out = chapter_output(chapter)
+    with tempfile.TemporaryDirectory(dir=out, prefix=f".{name}.", suffix=".partial") as tmp:
+        profile = [str(nsys.path), "profile", f"--trace={trace}", *options]
+        program = [*python_target(script, *script_args)]
+        launcher = [python_target(script)[0], *TORCHRUN, "--standalone", f"--nproc-per-node={nproc}", "--no-python"]
+        cmd = [*launcher, *profile, "-o", str(Path(tmp) / f"{name}_rank%q{{RANK}}"), *program]
+        shown = " ".join(portable_command([*launcher, *profile, "-o", f"{name}_rank%q{{RANK}}", *program]))
+        log = out / f"{name}.log"
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+        except subprocess.TimeoutExpired:
+            log.write_text(f"$ {shown}\n(timed out after {timeout:.0f} s)\n")
+            return references(f"the run did not finish within {timeout:.0f} s (see {log})")
+        log.write_text(f"$ {shown}\n# exit status {proc.returncode}\n{proc.stdout}{proc.stderr}")
+        reports = [Path(tmp) / f"{n}.nsys-rep" for n in names]
+        if proc.returncode != 0 or not all(r.exists() for r in reports):
+            return references(f"the run failed (exit {proc.returncode}; see {log})")
+        for r in reports:
+            shutil.move(str(r), out / r.name)
+    caps = []
+    for n in names:
+        try:
+            export = run_profiler(nsys, ["export", "--type", "sqlite", "-o", "{output}.sqlite", str(out / f"{n}.nsys-rep")],
+                                  out_dir=out, name=n, overwrite=True)
+        except ProfilerFailed as exc:
+            print(f"The export of {n} failed: {exc}")
+            return references("a rank's report could not be exported")
+        sqlite = export.file(".sqlite")
+        scrub_environment(sqlite)
+        export_cmd = " ".join(portable_command(export.command))
+        record_file(chapter, sqlite.name, f"{shown} && {export_cmd}", {"nsys": version})
+        caps.append(NsysCapture(find_capture(chapter, sqlite.name), {}, [shown, export_cmd]))
+    if echo:
+        print(f"$ {shown}\n  ({nproc} reports under nsys {version}: {', '.join(n + '.nsys-rep' for n in names)})")
+    return caps
 
 
 def _median_launch_us(text: str) -> float | None:

@@ -156,7 +156,7 @@ def kernels(path: str | Path) -> pd.DataFrame:
         cols = _columns(conn, KERNEL_TABLE)
         short = next((c for c in ("shortName", "demangledName", "mangledName") if c in cols), None)
         full = next((c for c in ("demangledName", "mangledName", "shortName") if c in cols), None)
-        wanted = [c for c in ("start", "end", "deviceId", "streamId", "correlationId", *LAUNCH_COLUMNS) if c in cols]
+        wanted = [c for c in ("start", "end", "deviceId", "streamId", "correlationId", "globalPid", *LAUNCH_COLUMNS) if c in cols]
         names = sorted({c for c in (short, full) if c})
         df = _read_table(conn, KERNEL_TABLE, wanted + names)
         strings = _strings(conn)

@@ -1,0 +1,284 @@
+#!/usr/bin/env python3
+"""Data-parallel training with DistributedDataParallel, marked for Nsight Systems: is communication hidden?
+
+A stack of linear layers (``--width``, ``--depth``: many parameters, so many gradient bytes
+to all-reduce) trained on random data with SGD, one process per GPU, started with torchrun.
+DDP all-reduces the gradients bucket by bucket (``--bucket-mb``) while backward is still
+running; the question this script lets a capture answer is how much of that communication
+the backward pass hides.
+
+NVTX ranges, per rank: ``rank_R`` around the whole run; ``bucket_<MB>MB`` around each bucket
+size's run (``--bucket-mb`` takes a list: the sizes run one after another in the same
+processes, so one capture compares them); inside it ``warmup`` and ``step_N``, and inside a
+step ``forward``, ``backward`` (DDP launches its all-reduces from it) and ``optimizer``;
+``straggling`` where --slow-rank sleeps.
+
+Levers:
+  --bucket-mb MB[,MB...]  DDP's gradient bucket size (default: 25, DDP's own default)
+  --accumulate K          K micro-batches per optimizer step, the first K-1 under no_sync()
+                          (gradients all-reduced once per step instead of once per micro-batch)
+  --bf16                  autocast to bfloat16 (gradients stay FP32)
+  --slow-rank R           make rank R a straggler: it sleeps --slow-ms before each backward
+
+Examples:
+  torchrun --standalone --nproc-per-node 2 examples/nsys/ddp_training.py
+  torchrun --standalone --nproc-per-node 2 examples/nsys/ddp_training.py --bucket-mb 1,25,1000
+  torchrun --standalone --nproc-per-node 2 examples/nsys/ddp_training.py --slow-rank 1 --slow-ms 20
+  one report per rank (nsys runs inside each rank, which knows its RANK):
+  torchrun --standalone --nproc-per-node 2 --no-python \\
+      nsys profile --trace=cuda,nvtx -o ddp_rank%q{RANK} python examples/nsys/ddp_training.py
+
+Without torchrun it runs as one process (world size 1: on a GPU with NCCL, on a CPU with
+gloo) and says that there is no communication to measure. Default sizes: width 2048,
+depth 32, batch 512 per rank on a GPU; width 256, depth 8, batch 32 on a CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere in the repo
+
+from gpuprof import exit_on_error  # noqa: E402
+from gpuprof.cli import nonnegative_int, output_file, positive_float, positive_int, require_torch  # noqa: E402
+from gpuprof.errors import GpuprofError  # noqa: E402
+from gpuprof.ranges import annotate  # noqa: E402
+
+GPU_SIZES = {"width": 2048, "depth": 32, "batch_size": 512}
+CPU_SIZES = {"width": 256, "depth": 8, "batch_size": 32}
+
+
+def bucket_sizes(text: str) -> list[float]:
+    """argparse type: one bucket size in MB, or several separated by commas."""
+    try:
+        sizes = [float(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MB or MB,MB,... (numbers), got {text!r}") from None
+    if not sizes or any(s <= 0 for s in sizes):
+        raise argparse.ArgumentTypeError(f"bucket sizes must be positive, got {text!r}")
+    return sizes
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--width", type=positive_int, default=None, help="features of every layer (default: see below)")
+    p.add_argument("--depth", type=positive_int, default=None, help="linear layers (default: see below)")
+    p.add_argument("--batch-size", type=positive_int, default=None, help="samples per micro-batch per rank")
+    p.add_argument("--bucket-mb", type=bucket_sizes, default=[25.0], metavar="MB[,MB...]",
+                   help="DDP bucket_cap_mb; several sizes run one after another (default: 25)")
+    p.add_argument("--accumulate", type=positive_int, default=1, help="micro-batches per optimizer step (default: 1)")
+    p.add_argument("--bf16", action="store_true", help="autocast to bfloat16")
+    p.add_argument("--slow-rank", type=nonnegative_int, default=None, help="the rank to slow down (default: none)")
+    p.add_argument("--slow-ms", type=positive_float, default=10.0, help="its sleep before each backward (default: 10)")
+    p.add_argument("--warmup", type=positive_int, default=3, help="untimed steps first, per bucket size (default: 3)")
+    p.add_argument("--steps", type=positive_int, default=10, help="timed steps per bucket size (default: 10)")
+    p.add_argument("--cpu", action="store_true", help="run on the CPU (gloo) even where GPUs are available")
+    p.add_argument("--torch-trace", type=output_file, default=None, metavar="PREFIX",
+                   help="record the timed steps with torch.profiler too: PREFIX_rank<R>.json.gz per rank "
+                        "(one bucket size only)")
+    p.add_argument("--json", type=output_file, default=None, metavar="FILE",
+                   help="rank 0 writes the configuration and every rank's step times to FILE")
+    args = p.parse_args(argv)
+    if args.torch_trace is not None and len(args.bucket_mb) > 1:
+        p.error("--torch-trace records one configuration: give one --bucket-mb")
+    return args
+
+
+def setup(args: argparse.Namespace) -> tuple[Any, int, int, str]:
+    """Join the process group torchrun describes, or make a group of one. Returns (torch, rank, world, device)."""
+    torch = require_torch("ddp_training.py")
+    import torch.distributed as dist
+
+    launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    gpu = torch.cuda.is_available() and not args.cpu
+    if not launched:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if gpu:
+        if local >= torch.cuda.device_count():
+            raise GpuprofError(f"rank {rank} wants GPU {local}, but this machine has {torch.cuda.device_count()}.",
+                               "Start no more processes per node than there are GPUs (--nproc-per-node).")
+        torch.cuda.set_device(local)
+    if args.slow_rank is not None and args.slow_rank >= world:
+        raise GpuprofError(f"--slow-rank {args.slow_rank} does not exist: the world has {world} rank(s).",
+                           "Pick a rank below the number of processes (torchrun --nproc-per-node).")
+    for key, value in (GPU_SIZES if gpu else CPU_SIZES).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    dist.init_process_group("nccl" if gpu else "gloo", rank=rank, world_size=world,
+                            device_id=torch.device("cuda", local) if gpu else None)
+    return torch, rank, world, f"cuda:{local}" if gpu else "cpu"
+
+
+def build_model(args: argparse.Namespace, torch: Any, device: str) -> Any:
+    """The same initial weights on every rank (DDP would broadcast rank 0's anyway)."""
+    from torch import nn
+
+    torch.manual_seed(0)
+    layers: list[Any] = []
+    for _ in range(args.depth):
+        layers += [nn.Linear(args.width, args.width), nn.ReLU()]
+    return nn.Sequential(*layers).to(device)
+
+
+def train(args: argparse.Namespace, torch: Any, rank: int, device: str, bucket_mb: float) -> dict[str, Any]:
+    """Warm up, then time --steps optimizer steps with one bucket size; per step the phases in ms.
+
+    Times are host clock around synchronised phases: a step's wall time as the CPU sees it.
+    """
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    gpu = device.startswith("cuda")
+    model = build_model(args, torch, device)
+    ddp = DDP(model, device_ids=[int(device.split(":")[1])] if gpu else None, bucket_cap_mb=bucket_mb)
+    opt = torch.optim.SGD(ddp.parameters(), lr=1e-4)
+    gen = torch.Generator(device=device).manual_seed(1 + rank)  # each rank its own data shard
+    x = torch.randn(args.batch_size, args.width, device=device, generator=gen)
+    y = torch.randn(args.batch_size, args.width, device=device, generator=gen)
+
+    def autocast() -> Any:
+        return torch.autocast("cuda" if gpu else "cpu", dtype=torch.bfloat16) if args.bf16 else contextlib.nullcontext()
+
+    def sync() -> None:
+        if gpu:
+            torch.cuda.synchronize()
+
+    def step() -> dict[str, float]:
+        t = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
+        for micro in range(args.accumulate):
+            last = micro == args.accumulate - 1
+            with contextlib.nullcontext() if last else ddp.no_sync():
+                t0 = time.perf_counter()
+                with annotate("forward"), autocast():
+                    loss = torch.nn.functional.mse_loss(ddp(x).float(), y)
+                sync()
+                t1 = time.perf_counter()
+                if rank == args.slow_rank:
+                    with annotate("straggling"):
+                        time.sleep(args.slow_ms / 1e3)
+                with annotate("backward"):
+                    loss.backward()  # with the last micro-batch, DDP all-reduces the buckets as they fill
+                sync()
+                t2 = time.perf_counter()
+            t["forward"] += (t1 - t0) * 1e3
+            t["backward"] += (t2 - t1) * 1e3
+        t0 = time.perf_counter()
+        with annotate("optimizer"):
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        sync()
+        t["optimizer"] = (time.perf_counter() - t0) * 1e3
+        t["loss"] = float(loss.detach())
+        return t
+
+    steps = []
+    with annotate(f"bucket_{bucket_mb:g}MB"):
+        with annotate("warmup"):
+            for _ in range(args.warmup):
+                step()
+        profiler = None
+        if args.torch_trace is not None:
+            from torch.profiler import ProfilerActivity, profile
+
+            profiler = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else []))
+            profiler.start()
+        for i in range(args.steps):
+            with annotate(f"step_{i}"):
+                t0 = time.perf_counter()
+                s = step()
+                s["step"] = (time.perf_counter() - t0) * 1e3
+            steps.append(s)
+        if profiler is not None:
+            profiler.stop()
+            profiler.export_chrome_trace(trace_file(args.torch_trace, rank))
+    # Every rank's weights must be identical after training: DDP averaged the same gradients everywhere.
+    check = torch.stack([p.detach().float().sum() for p in model.parameters()]).sum().reshape(1)
+    world = torch.distributed.get_world_size()
+    gathered = [torch.zeros_like(check) for _ in range(world)]
+    torch.distributed.all_gather(gathered, check)
+    same = all(torch.allclose(g, gathered[0], rtol=1e-5) for g in gathered)
+    buckets = ddp._get_ddp_logging_data().get("num_buckets_reduced") if hasattr(ddp, "_get_ddp_logging_data") else None
+    return {"bucket_mb": bucket_mb, "steps": steps, "weights_identical_across_ranks": same, "buckets": buckets}
+
+
+def trace_file(prefix: Path, rank: int) -> str:
+    return f"{prefix}_rank{rank}.json.gz"
+
+
+def gradient_bytes(args: argparse.Namespace) -> int:
+    """Bytes of FP32 gradients all-reduced per optimizer step (weights and biases of every layer)."""
+    return args.depth * (args.width * args.width + args.width) * 4
+
+
+def summary_lines(results: list[dict[str, Any]]) -> list[str]:
+    """Per bucket size and rank: median step and phase times."""
+    lines = []
+    for r in results:
+        for config in r["configs"]:
+            st = config["steps"]
+            step_ms = [s["step"] for s in st]
+            lines.append(f"  bucket {config['bucket_mb']:g} MB, rank {r['rank']}: step {statistics.median(step_ms):.2f} ms median "
+                         f"(range {min(step_ms):.2f}-{max(step_ms):.2f}); "
+                         + ", ".join(f"{k} {statistics.median(s[k] for s in st):.2f}" for k in ("forward", "backward", "optimizer")))
+    return lines
+
+
+@exit_on_error
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch, rank, world, device = setup(args)
+    import torch.distributed as dist
+
+    try:
+        if rank == 0:
+            where = f"{world} x {torch.cuda.get_device_name()}" if device.startswith("cuda") else f"{world} CPU process(es)"
+            print(f"ddp_training: {args.depth} layers of {args.width}, batch {args.batch_size} per rank, "
+                  f"buckets {', '.join(f'{b:g}' for b in args.bucket_mb)} MB, accumulate {args.accumulate}"
+                  f"{', bf16' if args.bf16 else ''}, on {where} ({dist.get_backend()})", flush=True)
+            if world == 1:
+                print("  one process: DDP has no other rank to all-reduce with, so communication is not exercised "
+                      "(start it with torchrun --nproc-per-node N)", flush=True)
+        with annotate(f"rank_{rank}"):
+            configs = []
+            for bucket in args.bucket_mb:
+                configs.append(train(args, torch, rank, device, bucket))
+                if rank == 0:
+                    print(f"  bucket {bucket:g} MB: {args.warmup} + {args.steps} steps done", flush=True)
+        result = {"rank": rank, "configs": configs}
+        results: list[Any] = [None] * world
+        dist.all_gather_object(results, result)
+    finally:
+        dist.destroy_process_group()
+    if rank != 0:
+        return 0
+    print("\n".join(summary_lines(results)))
+    if not all(c["weights_identical_across_ranks"] for r in results for c in r["configs"]):
+        raise GpuprofError("the ranks' weights differ after training: the gradients were not averaged alike.")
+    grad = gradient_bytes(args)
+    print(f"result checked: the weights are identical on all {world} rank(s) after {args.warmup + args.steps} steps "
+          f"per bucket size; {grad / 2**20:.3g} MiB of gradients per optimizer step")
+    if args.torch_trace is not None:
+        print(f"torch.profiler traces: {', '.join(trace_file(args.torch_trace, r) for r in range(world))}")
+    if args.json:
+        from gpuprof.kernels import write_json
+
+        config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "json"}
+        write_json(args.json, {"config": config, "world_size": world, "device": device.split(":")[0],
+                               "backend": "nccl" if device.startswith("cuda") else "gloo",
+                               "gradient_bytes": grad, "ranks": results})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,407 @@
+"""The multi-GPU chapter's measurements: data-parallel training and all-reduce bandwidth on several GPUs.
+
+Chapter 8 runs ``examples/nsys/ddp_training.py`` (DistributedDataParallel over NCCL) and
+``examples/nsys/allreduce_bandwidth.py`` with torchrun, one process per GPU. This module
+holds what the chapter would otherwise spell out in cells:
+
+* captures: :func:`capture_ranks` (one nsys report per rank), :func:`capture_launcher` (one
+  report for torchrun and all its processes), :func:`run_json` (a script's own timings);
+  each falls back to the course's reference when this machine has fewer GPUs than ranks;
+* readers that split a capture by rank (:func:`rank_data`: from one report per rank or one
+  for all, the rank read from the ``rank_R`` NVTX range each process opens);
+* :func:`overlap_table`: per bucket size and rank, how much of the all-reduce time ran
+  under compute kernels, the same measure as the copy/compute overlap of the Nsight
+  Systems chapter (:func:`gpuprof.activity.copy_compute_overlap`);
+* :func:`straggler_table`, :func:`bandwidth_table`, :func:`torch_trace_table`, and the figures.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from .. import activity as ta
+from ..artifacts import REPO_ROOT, FoundCapture
+from ..nsys import sqlite as ns
+
+__all__ = ["DDP", "ALLREDUCE", "NPROC", "NCCL_KERNEL", "gpus_here", "enough_gpus", "capture_ranks", "capture_launcher",
+           "run_json", "pid_of", "RankData", "rank_data", "step_windows", "overlap_table", "straggler_table",
+           "bandwidth_table", "bandwidth_figure", "overlap_figure", "rank_timeline", "torch_trace_table", "load",
+           "run_script", "ncu_on_collective"]
+
+DDP = REPO_ROOT / "examples" / "nsys" / "ddp_training.py"
+ALLREDUCE = REPO_ROOT / "examples" / "nsys" / "allreduce_bandwidth.py"
+NPROC = 2
+NCCL_KERNEL = re.compile(r"^nccl", re.IGNORECASE)  # ncclDevKernel_AllReduce_Sum_f32_RING_LL, ncclKernel_...
+RANK_RANGE = re.compile(r"rank_(\d+)")
+BUCKET_RANGE = re.compile(r"bucket_([\d.]+)MB")
+STEP_RANGE = re.compile(r"step_\d+")
+
+
+def gpus_here() -> int:
+    """CUDA GPUs this process sees (0 without a GPU or without a CUDA build of PyTorch)."""
+    from ..backend import describe_machine
+
+    m = describe_machine()
+    return (m.gpu_count or 1) if m.device == "cuda" else 0
+
+
+def enough_gpus(n: int = NPROC) -> str | None:
+    """None when this machine can run ``n`` ranks on ``n`` GPUs, else the reason it cannot."""
+    have = gpus_here()
+    if have >= n:
+        return None
+    return "this machine has no GPU" if have == 0 else f"this machine has {have} GPU(s) and the run needs {n}"
+
+
+def capture_ranks(chapter: str, name: str, args: Sequence[str], options: Sequence[str] | None = None) -> list[Any]:
+    """ddp_training.py under nsys, one report per rank (``<name>_rank<R>.sqlite``), or the references."""
+    from ..nsys.capture import QUIET, NsysCapture, nsys_capture_ranks
+    from ..artifacts import find_capture
+
+    reason = enough_gpus()
+    if reason:
+        print(f"No live nsys capture: {reason}.")
+        return [NsysCapture(find_capture(chapter, f"{name}_rank{r}.sqlite", prefer="reference")) for r in range(NPROC)]
+    return nsys_capture_ranks(chapter, name, DDP, args, nproc=NPROC, options=list(options or QUIET))
+
+
+def capture_launcher(chapter: str, name: str, args: Sequence[str], options: Sequence[str] | None = None) -> Any:
+    """nsys around torchrun: one report holding the launcher and every rank's process, or the reference."""
+    from ..nsys.capture import QUIET, nsys_capture, reference_capture
+    from ..runner import torchrun_target
+
+    reason = enough_gpus()
+    if reason:
+        return reference_capture(chapter, name, [], reason)
+    return nsys_capture(chapter, name, target=torchrun_target(DDP, *args, nproc=NPROC), options=list(options or QUIET))
+
+
+def run_json(chapter: str, filename: str, script: Path, args: Sequence[str], **kw: Any) -> FoundCapture:
+    """A script's own results (``--json``) from NPROC ranks, or the reference with the reason."""
+    from ..artifacts import find_capture
+    from ..script_results import run_for_json
+
+    reason = enough_gpus()
+    if reason:
+        print(f"No live run: {reason}; showing the course's reference results.")
+        return find_capture(chapter, filename, prefer="reference")
+    return run_for_json(chapter, filename, script, args, nproc=NPROC, **kw)
+
+
+def run_script(script: Path, args: Sequence[str] = (), timeout_s: int = 300) -> str:
+    """Run a course script as one process on this machine, its output shown as it comes; returns the output."""
+    import subprocess
+
+    from ..runner import portable_command, python_target
+
+    cmd = python_target(script, *args)
+    print("$ " + " ".join(portable_command(cmd)), flush=True)
+    lines = []
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line.rstrip())
+            print("  " + line.rstrip(), flush=True)
+        code = proc.wait(timeout=timeout_s)
+    if code != 0:
+        from ..errors import GpuprofError
+
+        raise GpuprofError(f"{Path(script).name} failed (exit {code}): {' | '.join(lines[-3:])}")
+    return "\n".join(lines)
+
+
+def ncu_on_collective(chapter: str, name: str = "ncu_nccl", timeout_s: int = 60) -> tuple[str, FoundCapture]:
+    """Nsight Compute asked to profile the first NCCL kernel of a two-rank all-reduce, with a time limit.
+
+    ncu serialises the kernels of all the processes it profiles; an NCCL kernel waits for
+    its peers, whose kernels wait for it. Returns ("timed out" | "finished" | "failed",
+    the transcript), or the reference transcript where this machine cannot try.
+    """
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from ..artifacts import atomic_write_bytes, chapter_output, find_capture, record_file
+    from ..runner import portable_command, torchrun_target
+    from ..tools import live_tool
+
+    filename = f"{name}.txt"
+    reason = enough_gpus()
+    live = live_tool("ncu") if reason is None else reason
+    if isinstance(live, str):
+        print(f"No live ncu run: {live}; showing the course's reference transcript.")
+        found = find_capture(chapter, filename, prefer="reference")
+        return found.path.read_text().splitlines()[0].removeprefix("# outcome: "), found
+    ncu, version = live
+    program = torchrun_target(ALLREDUCE, "--sizes", "1M", "--iterations", "1", "--warmup", "0", "--copy-mb", "0")
+    cmd = [str(ncu.path), "--target-processes", "all", "-k", "regex:nccl", "-c", "1", *program]
+    shown = " ".join(portable_command(cmd))
+    print(f"$ {shown}\n  (limit {timeout_s} s)", flush=True)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+        outcome = "finished" if proc.returncode == 0 else "failed"
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # ncu, torchrun and both ranks
+        out, _ = proc.communicate()
+        outcome = "timed out"
+    seconds = time.perf_counter() - t0
+    text = (f"# outcome: {outcome}\n# after {seconds:.0f} s (limit {timeout_s} s), ncu {version}, exit {proc.returncode}\n"
+            f"$ {shown}\n{out}")
+    atomic_write_bytes(chapter_output(chapter) / filename, text.encode(), overwrite=True)
+    record_file(chapter, filename, shown, {"ncu": version})
+    return outcome, find_capture(chapter, filename)
+
+
+# --- splitting a capture by rank -----------------------------------------------------------------
+
+def pid_of(global_id: pd.Series | np.ndarray | int) -> Any:
+    """The process id inside an nsys ``globalTid`` or ``globalPid`` (bits 24-47 of the serialised id)."""
+    if isinstance(global_id, pd.Series):
+        return pd.Series(np.right_shift(global_id.to_numpy(dtype=np.int64), 24) & 0xFFFFFF, index=global_id.index)
+    return np.right_shift(np.asarray(global_id, dtype=np.int64), 24) & 0xFFFFFF
+
+
+@dataclass
+class RankData:
+    """One rank's share of a capture: its kernels (NCCL ones flagged) and NVTX ranges, on the report's clock."""
+
+    rank: int
+    pid: int
+    kernels: pd.DataFrame
+    ranges: pd.DataFrame
+    source: str
+
+    @property
+    def nccl(self) -> pd.DataFrame:
+        return self.kernels[self.kernels["nccl"]]
+
+    @property
+    def compute(self) -> pd.DataFrame:
+        return self.kernels[~self.kernels["nccl"]]
+
+
+def rank_data(paths: str | Path | Sequence[str | Path]) -> dict[int, RankData]:
+    """Every rank found in one report or in several (one per rank), keyed by rank.
+
+    A process's rank is read from the ``rank_R`` range the course's scripts open around
+    their work; its kernels are those whose ``globalPid`` is that process. A report
+    of another program (no such range) gives each process with kernels a rank in PID order.
+    """
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    out: dict[int, RankData] = {}
+    for path in paths:
+        kernels = ns.kernels(path)
+        kernels["nccl"] = kernels["name"].astype(str).str.match(NCCL_KERNEL)
+        ranges = ns.nvtx_ranges(path)
+        ranges["pid"] = pid_of(ranges["globalTid"].astype("int64"))
+        kpid = pid_of(kernels["globalPid"].astype("int64")) if "globalPid" in kernels else pd.Series(0, index=kernels.index)
+        named = ranges[ranges["text"].str.fullmatch(RANK_RANGE.pattern)]
+        ranks = {int(p): int(RANK_RANGE.fullmatch(t).group(1)) for p, t in zip(named["pid"], named["text"])}
+        if not ranks:
+            ranks = {int(p): len(out) + i for i, p in enumerate(sorted(kpid.unique()))}
+        for pid, rank in ranks.items():
+            if rank in out:
+                raise ValueError(f"rank {rank} appears twice (in {Path(out[rank].source).name} and {Path(path).name})")
+            out[rank] = RankData(rank, pid, kernels[kpid == pid].reset_index(drop=True),
+                                 ranges[ranges["pid"] == pid].reset_index(drop=True), str(path))
+    return dict(sorted(out.items()))
+
+
+def step_windows(ranges: pd.DataFrame) -> pd.DataFrame:
+    """The timed steps of each bucket size: bucket_mb, step (name), start, end (the warm-up left out by name)."""
+    buckets = ranges[ranges["text"].str.fullmatch(BUCKET_RANGE.pattern)]
+    steps = ranges[ranges["text"].str.fullmatch(STEP_RANGE.pattern)]
+    rows = []
+    for b in buckets.itertuples():
+        inner = steps[(steps["start"] >= b.start) & (steps["end"] <= b.end)]
+        for s in inner.itertuples():
+            rows.append({"bucket_mb": float(BUCKET_RANGE.fullmatch(b.text).group(1)), "step": s.text,
+                         "start": int(s.start), "end": int(s.end)})
+    return pd.DataFrame(rows, columns=["bucket_mb", "step", "start", "end"])
+
+
+def _phase_ms(ranges: pd.DataFrame, text: str, lo: int, hi: int) -> float:
+    r = ranges[(ranges["text"] == text) & (ranges["start"] >= lo) & (ranges["end"] <= hi)]
+    return float(r["duration_ns"].sum()) / 1e6
+
+
+def overlap_table(data: dict[int, RankData]) -> pd.DataFrame:
+    """Per bucket size and rank, over the timed steps: how much all-reduce time compute kernels hid.
+
+    Columns: bucket_mb, rank, steps, step_ms (NVTX step, mean), backward_ms, comm_ms (NCCL
+    kernel time per step), hidden (share of that time during which a compute kernel ran on
+    another stream: :func:`gpuprof.activity.copy_compute_overlap`), exposed_ms (comm_ms that
+    nothing hid), nccl_kernels (per step).
+    """
+    rows = []
+    for rank, d in data.items():
+        for bucket, steps in step_windows(d.ranges).groupby("bucket_mb", sort=False):
+            lo, hi = int(steps["start"].min()), int(steps["end"].max())
+            nccl = ta.inside(d.nccl, (lo, hi))
+            compute = ta.inside(d.compute, (lo, hi))
+            n = len(steps)
+            comm = float(nccl["duration_ns"].sum()) / 1e6 / n
+            hidden = ta.copy_compute_overlap(nccl, compute) if len(nccl) else float("nan")
+            rows.append({"bucket_mb": bucket, "rank": rank, "steps": n,
+                         "step_ms": float((steps["end"] - steps["start"]).mean()) / 1e6,
+                         "backward_ms": _phase_ms(d.ranges, "backward", lo, hi) / n,
+                         "comm_ms": comm, "hidden": hidden, "exposed_ms": comm * (1 - hidden) if len(nccl) else 0.0,
+                         "nccl_kernels": len(nccl) / n})
+    return pd.DataFrame(rows)
+
+
+def straggler_table(data: dict[int, RankData]) -> pd.DataFrame:
+    """Per rank, per timed step (mean ms): the step, the time in the ``straggling`` range, compute kernel
+    time, NCCL kernel time. An NCCL kernel runs until every rank has joined, so the rank that
+    others wait for is the one whose NCCL kernels are the *shortest*: ``waited_for`` marks it."""
+    rows = []
+    for rank, d in data.items():
+        steps = step_windows(d.ranges)
+        if steps.empty:
+            continue
+        lo, hi = int(steps["start"].min()), int(steps["end"].max())
+        n = len(steps)
+        rows.append({"rank": rank, "step_ms": float((steps["end"] - steps["start"]).mean()) / 1e6,
+                     "straggling_ms": _phase_ms(d.ranges, "straggling", lo, hi) / n,
+                     "backward_ms": _phase_ms(d.ranges, "backward", lo, hi) / n,
+                     "compute_ms": float(ta.inside(d.compute, (lo, hi))["duration_ns"].sum()) / 1e6 / n,
+                     "nccl_ms": float(ta.inside(d.nccl, (lo, hi))["duration_ns"].sum()) / 1e6 / n})
+    out = pd.DataFrame(rows)
+    if len(out):
+        out["waited_for"] = out["nccl_ms"] == out["nccl_ms"].min()
+    return out
+
+
+# --- bandwidth -------------------------------------------------------------------------------------
+
+def bandwidth_table(result: dict[str, Any]) -> pd.DataFrame:
+    """allreduce_bandwidth.py's rows, with each size's bus bandwidth as a share of the copy peak (if measured)."""
+    t = pd.DataFrame(result["rows"])
+    t.insert(0, "MiB", t["bytes"] / 2**20)
+    peak = max((c["gbps"] for c in result.get("copies", [])), default=None)
+    if peak:
+        t["of_copy_peak"] = t["busbw_gbps"] / peak
+    return t
+
+
+def bandwidth_figure(result: dict[str, Any], ax: Any = None) -> Any:
+    """Bus and algorithm bandwidth against message size (log scale), the copy peak as a line."""
+    import matplotlib.pyplot as plt
+
+    t = bandwidth_table(result)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3.6))
+    ax.plot(t["bytes"], t["busbw_gbps"], "o-", label="all-reduce bus bandwidth")
+    ax.plot(t["bytes"], t["algbw_gbps"], "s--", alpha=0.6, label="all-reduce algorithm bandwidth")
+    for c in result.get("copies", []):
+        ax.axhline(c["gbps"], color="grey", lw=1, ls=":")
+        ax.text(t["bytes"].min(), c["gbps"], f" copy {c['direction']}: {c['gbps']:.0f} GB/s", va="bottom", fontsize=8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("GB/s")
+    ax.set_title(f"All-reduce over {result['world_size']} ranks ({result['backend']})")
+    ax.legend(loc="center right", fontsize=8)
+    return ax
+
+
+def overlap_figure(table: pd.DataFrame, ax: Any = None) -> Any:
+    """Per bucket size (rank 0): the all-reduce time hidden under compute and the part left exposed, per step."""
+    import matplotlib.pyplot as plt
+
+    t = table[table["rank"] == table["rank"].min()].sort_values("bucket_mb")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3.2))
+    labels = [f"{b:g} MB" for b in t["bucket_mb"]]
+    hidden = t["comm_ms"] - t["exposed_ms"]
+    ax.barh(labels, hidden, color="#4c72b0", label="all-reduce under compute")
+    ax.barh(labels, t["exposed_ms"], left=hidden, color="#dd8452", label="all-reduce exposed")
+    for y, (h, c) in enumerate(zip(t["hidden"], t["comm_ms"])):
+        ax.text(c, y, f"  {h:.0%} hidden", va="center", fontsize=8)
+    ax.set_xlabel("NCCL kernel time per step (ms), rank 0")
+    ax.set_ylabel("bucket size")
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_xlim(0, float(t["comm_ms"].max()) * 1.35)
+    return ax
+
+
+def rank_timeline(data: dict[int, RankData], window: tuple[int, int] | None = None, ax: Any = None,
+                  phases: Sequence[str] = ("forward", "backward", "optimizer", "straggling")) -> Any:
+    """Three rows per rank (NVTX phases, compute kernels, NCCL kernels) over ``window`` (default: rank 0's last step)."""
+    import matplotlib.pyplot as plt
+
+    if window is None:
+        first = data[min(data)]
+        steps = step_windows(first.ranges)
+        window = (int(steps["start"].iloc[-1]), int(steps["end"].iloc[-1]))
+    lo, hi = window
+    colors = {"forward": "#55a868", "backward": "#c44e52", "optimizer": "#8172b2", "straggling": "#937860"}
+    if ax is None:
+        _, ax = plt.subplots(figsize=(10, 0.9 + 0.75 * 3 * len(data)))
+    labels, y = [], 0.0
+
+    def bars(df: pd.DataFrame, color: Any) -> None:
+        d = df[(df["end"] > lo) & (df["start"] < hi)]
+        if len(d):
+            s = np.maximum(d["start"].to_numpy(), lo)
+            e = np.minimum(d["end"].to_numpy(), hi)
+            ax.broken_barh(list(zip((s - lo) / 1e6, (e - s) / 1e6)), (y - 0.35, 0.7),
+                           facecolors=color if isinstance(color, str) else list(color))
+
+    for rank, d in sorted(data.items(), reverse=True):
+        bars(d.nccl, "#dd8452")
+        labels.append(f"rank {rank}: NCCL kernels")
+        y += 1
+        bars(d.compute, "#4c72b0")
+        labels.append(f"rank {rank}: compute kernels")
+        y += 1
+        r = d.ranges[d.ranges["text"].isin(phases)]
+        bars(r, [colors.get(t, "grey") for t in r[(r["end"] > lo) & (r["start"] < hi)]["text"]])
+        labels.append(f"rank {rank}: NVTX phase")
+        y += 1
+    ax.set_yticks(range(len(labels)))
+    ax.set_yticklabels(labels, fontsize=8)
+    ax.set_xlim(0, (hi - lo) / 1e6)
+    ax.set_xlabel("ms from the start of the window")
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[Patch(color=c, label=p) for p, c in colors.items() if p in phases],
+              loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=4, fontsize=8)
+    return ax
+
+
+# --- torch.profiler traces per rank ------------------------------------------------------------------
+
+def torch_trace_table(paths: Sequence[str | Path]) -> pd.DataFrame:
+    """Per trace: what its ``distributedInfo`` says (backend, rank, world size), the collectives its
+    ``<backend>:<collective>`` annotations record, and its NCCL kernels (count, total ms)."""
+    from ..torch_profiler.trace import read_trace
+
+    rows = []
+    for p in paths:
+        t = read_trace(p)
+        info = t.meta.get("distributedInfo") or {}
+        ann = t.annotations()
+        coll = ann[ann["name"].astype(str).str.match(r"^(nccl|gloo|ucc|mpi):")] if len(ann) else ann
+        k = t.kernels()
+        nccl = k[k["name"].astype(str).str.match(NCCL_KERNEL)] if len(k) else k
+        rows.append({"trace": Path(p).name, "backend": info.get("backend"), "rank": info.get("rank"),
+                     "world_size": info.get("world_size"),
+                     "collectives": ", ".join(f"{n} x{c}" for n, c in coll["name"].value_counts().sort_index().items()),
+                     "nccl_kernels": len(nccl), "nccl_ms": float(nccl["duration_ns"].sum()) / 1e6 if len(nccl) else 0.0})
+    return pd.DataFrame(rows)
+
+
+def load(found: FoundCapture) -> dict[str, Any]:
+    """A JSON result file's contents."""
+    return json.loads(Path(found.path).read_text())

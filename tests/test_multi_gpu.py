@@ -1,0 +1,212 @@
+"""The multi-GPU chapter's scripts and readers.
+
+The scripts run on the CPU here: one process (DDP with nobody to talk to, which they say)
+and two processes over gloo started with torchrun (the gradients really are averaged, the
+all-reduce sweep really exchanges). The readers are checked on a hand-built two-rank
+export whose overlap and straggler are known by construction, and on the course's
+references from two GPUs when they are there.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from gpuprof.artifacts import reference_dir
+from gpuprof.runner import load_script, portable_command, torchrun_target
+from gpuprof.studies import multi_gpu as mg
+
+ROOT = Path(__file__).resolve().parents[1]
+REF = reference_dir() / "ch08"
+ddp = load_script(mg.DDP)
+ar = load_script(mg.ALLREDUCE)
+
+
+def run(cmd: list[str], timeout: int = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+# --- the scripts on the CPU ------------------------------------------------------------------------
+
+def test_ddp_one_process_says_communication_is_not_exercised(tmp_path):
+    out = tmp_path / "d.json"
+    p = run([sys.executable, str(mg.DDP), "--cpu", "--width", "64", "--depth", "3", "--batch-size", "8",
+             "--warmup", "1", "--steps", "2", "--bucket-mb", "0.01,25", "--json", str(out)])
+    assert p.returncode == 0, p.stderr
+    assert "communication is not exercised" in p.stdout and "result checked" in p.stdout
+    d = json.loads(out.read_text())
+    assert d["world_size"] == 1 and d["backend"] == "gloo"
+    configs = d["ranks"][0]["configs"]
+    assert [c["bucket_mb"] for c in configs] == [0.01, 25.0]
+    assert all(len(c["steps"]) == 2 for c in configs)
+    assert d["gradient_bytes"] == 3 * (64 * 64 + 64) * 4
+    # a 10 kB bucket splits 50 kB of gradients into several buckets; 25 MB holds them all
+    assert configs[0]["buckets"] is None or configs[0]["buckets"] > configs[1]["buckets"]
+
+
+def test_ddp_two_processes_average_gradients_and_write_torch_traces(tmp_path):
+    out = tmp_path / "d.json"
+    p = run(torchrun_target(mg.DDP, "--cpu", "--width", "64", "--depth", "3", "--batch-size", "8", "--warmup", "1",
+                            "--steps", "3", "--slow-rank", "1", "--slow-ms", "30", "--torch-trace", str(tmp_path / "tr"),
+                            "--json", str(out), nproc=2))
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "communication is not exercised" not in p.stdout
+    assert "identical on all 2 rank(s)" in p.stdout
+    d = json.loads(out.read_text())
+    assert d["world_size"] == 2 and sorted(r["rank"] for r in d["ranks"]) == [0, 1]
+    # rank 1 sleeps 30 ms before each backward; rank 0 waits for it inside the all-reduce, so both steps are slow
+    for r in d["ranks"]:
+        assert min(s["step"] for s in r["configs"][0]["steps"]) >= 30
+    t = mg.torch_trace_table(sorted(tmp_path.glob("tr_rank*.json.gz")))
+    assert t["rank"].tolist() == [0, 1] and set(t["backend"]) == {"gloo"} and set(t["world_size"]) == {2}
+    assert all("gloo:all_reduce x3" in c for c in t["collectives"])
+
+
+def test_ddp_bad_input_is_one_sentence():
+    p = run([sys.executable, str(mg.DDP), "--cpu", "--slow-rank", "3"])
+    assert p.returncode != 0 and "does not exist: the world has 1 rank" in (p.stdout + p.stderr)
+    assert "Traceback" not in p.stderr
+    p = run([sys.executable, str(mg.DDP), "--bucket-mb", "25,x"])
+    assert p.returncode == 2 and "expected MB" in p.stderr
+    p = run([sys.executable, str(mg.DDP), "--bucket-mb", "1,2", "--torch-trace", "t"])
+    assert p.returncode == 2 and "one configuration" in p.stderr
+
+
+def test_bucket_and_size_parsers():
+    assert ddp.bucket_sizes("25") == [25.0] and ddp.bucket_sizes("0.5,100") == [0.5, 100.0]
+    assert ar.size_list("4K,1M,1G,100") == [4096, 2**20, 2**30, 100]
+    assert ar.bus_factor(2) == 1.0 and ar.bus_factor(8) == pytest.approx(1.75)
+
+
+def test_allreduce_sweep_two_processes_on_gloo(tmp_path):
+    out = tmp_path / "ar.json"
+    p = run(torchrun_target(mg.ALLREDUCE, "--cpu", "--sizes", "4K,256K", "--iterations", "3", "--warmup", "1",
+                            "--json", str(out), nproc=2))
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "result checked: 2 sizes all-reduced by 2 rank(s)" in p.stdout and "no GPU copy" in p.stdout
+    d = json.loads(out.read_text())
+    t = mg.bandwidth_table(d)
+    assert t["bytes"].tolist() == [4096, 262144]
+    assert (t["busbw_gbps"] == t["algbw_gbps"]).all()  # 2 ranks: factor 1
+    assert (t["time_us"] > 0).all() and "of_copy_peak" not in t
+
+
+def test_allreduce_one_process_says_so():
+    p = run([sys.executable, str(mg.ALLREDUCE), "--cpu", "--sizes", "4K", "--iterations", "2"])
+    assert p.returncode == 0 and "nobody to exchange with" in p.stdout
+
+
+def test_torchrun_command_is_shown_as_torchrun():
+    shown = portable_command(torchrun_target(mg.DDP, "--steps", "3", nproc=2))
+    assert shown[:3] == ["torchrun", "--standalone", "--nproc-per-node=2"]
+    assert shown[3] == "examples/nsys/ddp_training.py"
+
+
+# --- the readers on a hand-built two-rank export ------------------------------------------------------
+
+def _gid(pid: int, tid: int = 0) -> int:
+    return (pid << 24) | tid
+
+
+def build_two_rank_export(path: Path) -> None:
+    """Two processes (pids 100 and 200, ranks 0 and 1) in one export, two timed steps of one bucket size.
+
+    Per step of 10 ms on rank 0: compute kernels 0-6 ms, an NCCL kernel 4-8 ms (2 of its 4 ms
+    under compute: 50% hidden). Rank 1 sleeps 3 ms ("straggling") and its NCCL kernel is 1 ms.
+    """
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE StringIds (id INTEGER, value TEXT)")
+    con.executemany("INSERT INTO StringIds VALUES (?, ?)", [(1, "gemm"), (2, "ncclDevKernel_AllReduce_Sum_f32_RING_LL")])
+    con.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INT, end INT, deviceId INT, streamId INT, "
+                "correlationId INT, globalPid INT, shortName INT, demangledName INT)")
+    con.execute("CREATE TABLE NVTX_EVENTS (start INT, end INT, eventType INT, globalTid INT, text TEXT)")
+    ms = 1_000_000
+    for rank, pid in ((0, 100), (1, 200)):
+        t0 = 1_000 * ms
+        nvtx = [(t0 - ms, t0 + 25 * ms, f"rank_{rank}"), (t0, t0 + 20 * ms, "bucket_25MB")]
+        for i in range(2):
+            s = t0 + i * 10 * ms
+            nvtx.append((s, s + 10 * ms, f"step_{i}"))
+            nvtx.append((s + 1 * ms, s + 9 * ms, "backward"))
+            if rank == 1:
+                nvtx.append((s, s + 3 * ms, "straggling"))
+            con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?,?,?,?,?,?,?,?)",
+                        (s, s + 6 * ms, rank, 7, i, _gid(pid), 1, 1))
+            nccl_start, nccl_len = (s + 4 * ms, 4 * ms) if rank == 0 else (s + 7 * ms, 1 * ms)
+            con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?,?,?,?,?,?,?,?)",
+                        (nccl_start, nccl_start + nccl_len, rank, 13, 100 + i, _gid(pid), 2, 2))
+        con.executemany("INSERT INTO NVTX_EVENTS VALUES (?,?,59,?,?)", [(a, b, _gid(pid, pid + 1), t) for a, b, t in nvtx])
+    con.commit()
+    con.close()
+
+
+@pytest.fixture
+def two_ranks(tmp_path):
+    path = tmp_path / "two.sqlite"
+    build_two_rank_export(path)
+    return mg.rank_data(path)
+
+
+def test_rank_data_splits_one_report_by_the_rank_ranges(two_ranks):
+    assert sorted(two_ranks) == [0, 1]
+    assert two_ranks[0].pid == 100 and two_ranks[1].pid == 200
+    assert len(two_ranks[0].nccl) == 2 and len(two_ranks[0].compute) == 2
+    assert set(two_ranks[1].kernels["deviceId"]) == {1}
+
+
+def test_overlap_table_measures_the_hidden_share(two_ranks):
+    t = mg.overlap_table(two_ranks).set_index("rank")
+    assert t.loc[0, "steps"] == 2 and t.loc[0, "bucket_mb"] == 25.0
+    assert t.loc[0, "step_ms"] == pytest.approx(10.0) and t.loc[0, "backward_ms"] == pytest.approx(8.0)
+    assert t.loc[0, "comm_ms"] == pytest.approx(4.0) and t.loc[0, "hidden"] == pytest.approx(0.5)
+    assert t.loc[0, "exposed_ms"] == pytest.approx(2.0)
+    assert t.loc[1, "hidden"] == pytest.approx(0.0) and t.loc[1, "nccl_kernels"] == 1
+
+
+def test_straggler_is_the_rank_the_others_wait_for(two_ranks):
+    t = mg.straggler_table(two_ranks).set_index("rank")
+    assert t.loc[1, "straggling_ms"] == pytest.approx(3.0) and t.loc[0, "straggling_ms"] == 0
+    assert t.loc[0, "nccl_ms"] == pytest.approx(4.0) and t.loc[1, "nccl_ms"] == pytest.approx(1.0)
+    assert t["waited_for"].tolist() == [False, True]
+
+
+def test_rank_data_from_one_report_per_rank(tmp_path):
+    # the same data split into two files, as nsys inside each rank writes it
+    whole = tmp_path / "two.sqlite"
+    build_two_rank_export(whole)
+    for rank, pid in ((0, 100), (1, 200)):
+        part = tmp_path / f"r{rank}.sqlite"
+        part.write_bytes(whole.read_bytes())
+        con = sqlite3.connect(part)
+        con.execute("DELETE FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE globalPid != ?", (_gid(pid),))
+        con.execute("DELETE FROM NVTX_EVENTS WHERE globalTid != ?", (_gid(pid, pid + 1),))
+        con.commit()
+        con.close()
+    data = mg.rank_data([tmp_path / "r0.sqlite", tmp_path / "r1.sqlite"])
+    assert sorted(data) == [0, 1]
+    pd.testing.assert_frame_equal(mg.overlap_table(data), mg.overlap_table(mg.rank_data(whole)))
+    with pytest.raises(ValueError, match="appears twice"):
+        mg.rank_data([tmp_path / "r0.sqlite", tmp_path / "r0.sqlite"])
+
+
+def test_figures_draw(two_ranks):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    ax = mg.rank_timeline(two_ranks)
+    assert len(ax.get_yticklabels()) == 6
+    ax = mg.overlap_figure(mg.overlap_table(two_ranks))
+    assert ax.get_xlabel().startswith("NCCL kernel time")
+
+
+def test_not_enough_gpus_is_said(monkeypatch):
+    monkeypatch.setattr(mg, "gpus_here", lambda: 1)
+    assert mg.enough_gpus(2) == "this machine has 1 GPU(s) and the run needs 2"
+    monkeypatch.setattr(mg, "gpus_here", lambda: 0)
+    assert mg.enough_gpus(2) == "this machine has no GPU"
