@@ -27,7 +27,7 @@ from .artifacts import REPO_ROOT, overwrite_allowed
 from .errors import CaptureExists, GpuprofError
 from .tools import COUNTER_PERMISSION_HINT, Tool
 
-__all__ = ["Capture", "ProfilerFailed", "run_profiler", "python_target", "torchrun_target", "portable_command",
+__all__ = ["Capture", "ProfilerFailed", "run_profiler", "python_target", "torchrun_target", "portable_command", "run_with_limit",
            "load_script", "TORCHRUN"]
 
 OUTPUT = "{output}"
@@ -72,6 +72,51 @@ def torchrun_target(script: str | Path, *args: str, nproc: int = 2) -> list[str]
     runs back to back (or a reader's other job) do not collide on a fixed one.
     """
     return [sys.executable, *TORCHRUN, "--standalone", f"--nproc-per-node={nproc}", str(script), *map(str, args)]
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux /proc), children first found breadth-first."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def run_with_limit(cmd: Sequence[str], timeout_s: float, env: dict[str, str] | None = None) -> tuple[int | None, str, float]:
+    """Run ``cmd`` with its output in a file; past ``timeout_s`` kill it *and every process below it*.
+
+    Returns (exit status, or None when it was killed; its output; seconds). Launchers such
+    as torchrun start their workers in sessions of their own, so killing the launcher's
+    process group leaves hung workers holding the output pipe; a reader of that pipe would
+    wait for ever. Hence a file, and a kill that walks the process tree.
+    """
+    import signal
+
+    t0 = time.perf_counter()
+    with tempfile.TemporaryFile(mode="w+") as out:
+        proc = subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                env={**os.environ, **(env or {})})
+        try:
+            code: int | None = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            for pid in [proc.pid, *_descendants(proc.pid)]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            proc.wait()
+            code = None
+        out.seek(0)
+        return code, out.read(), time.perf_counter() - t0
 
 
 def load_script(script: str | Path):  # type: ignore[no-untyped-def]

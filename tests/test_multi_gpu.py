@@ -210,3 +210,23 @@ def test_not_enough_gpus_is_said(monkeypatch):
     assert mg.enough_gpus(2) == "this machine has 1 GPU(s) and the run needs 2"
     monkeypatch.setattr(mg, "gpus_here", lambda: 0)
     assert mg.enough_gpus(2) == "this machine has no GPU"
+
+
+def test_run_with_limit_kills_hung_workers_of_a_launcher():
+    """torchrun's workers live in sessions of their own: a time limit must still end them all."""
+    import os
+
+    from gpuprof.runner import run_with_limit
+
+    code, out, seconds = run_with_limit(torchrun_target(mg.DDP, "--cpu", "--width", "16", "--depth", "2", "--slow-rank", "1",
+                                                        "--slow-ms", "600000", nproc=2), 15)
+    assert code is None and 15 <= seconds < 60 and "ddp_training:" in out
+    left = [p for p in os.listdir("/proc") if p.isdigit() and "slow-ms\x00600000" in _cmdline(p)]
+    assert left == []
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return open(f"/proc/{pid}/cmdline").read()
+    except OSError:
+        return ""

@@ -102,7 +102,7 @@ def nsys_capture(chapter: str, name: str, script: str | Path | None = None, scri
 
 
 def nsys_capture_ranks(chapter: str, name: str, script: str | Path, script_args: Sequence[str] = (), *, nproc: int = 2,
-                       trace: str = "cuda,nvtx", options: Sequence[str] = QUIET, timeout: float = 540,
+                       trace: str = "cuda,nvtx", options: Sequence[str] = QUIET, timeout: float = 180,
                        echo: bool = True) -> list[NsysCapture]:
     """One report per rank: torchrun starts ``nsys profile`` as each of its ``nproc`` processes.
 
@@ -112,10 +112,9 @@ def nsys_capture_ranks(chapter: str, name: str, script: str | Path, script_args:
     run fails, the course's reference captures of the same names.
     """
     import shutil
-    import subprocess
     import tempfile
 
-    from ..runner import TORCHRUN
+    from ..runner import TORCHRUN, run_with_limit
 
     names = [f"{name}_rank{r}" for r in range(nproc)]
 
@@ -135,15 +134,13 @@ def nsys_capture_ranks(chapter: str, name: str, script: str | Path, script_args:
         cmd = [*launcher, *profile, "-o", str(Path(tmp) / f"{name}_rank%q{{RANK}}"), *program]
         shown = " ".join(portable_command([*launcher, *profile, "-o", f"{name}_rank%q{{RANK}}", *program]))
         log = out / f"{name}.log"
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
-        except subprocess.TimeoutExpired:
-            log.write_text(f"$ {shown}\n(timed out after {timeout:.0f} s)\n")
+        code, text, seconds = run_with_limit(cmd, timeout)
+        log.write_text(f"$ {shown}\n# exit status {code}, {seconds:.1f} s\n{text}")
+        if code is None:
             return references(f"the run did not finish within {timeout:.0f} s (see {log})")
-        log.write_text(f"$ {shown}\n# exit status {proc.returncode}\n{proc.stdout}{proc.stderr}")
         reports = [Path(tmp) / f"{n}.nsys-rep" for n in names]
-        if proc.returncode != 0 or not all(r.exists() for r in reports):
-            return references(f"the run failed (exit {proc.returncode}; see {log})")
+        if code != 0 or not all(r.exists() for r in reports):
+            return references(f"the run failed (exit {code}; see {log})")
         for r in reports:
             shutil.move(str(r), out / r.name)
     caps = []

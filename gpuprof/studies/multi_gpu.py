@@ -117,20 +117,15 @@ def run_script(script: Path, args: Sequence[str] = (), timeout_s: int = 300) -> 
     return "\n".join(lines)
 
 
-def ncu_on_collective(chapter: str, name: str = "ncu_nccl", timeout_s: int = 60) -> tuple[str, FoundCapture]:
+def ncu_on_collective(chapter: str, name: str = "ncu_nccl", timeout_s: int = 45) -> tuple[str, FoundCapture]:
     """Nsight Compute asked to profile the first NCCL kernel of a two-rank all-reduce, with a time limit.
 
     ncu serialises the kernels of all the processes it profiles; an NCCL kernel waits for
     its peers, whose kernels wait for it. Returns ("timed out" | "finished" | "failed",
     the transcript), or the reference transcript where this machine cannot try.
     """
-    import os
-    import signal
-    import subprocess
-    import time
-
     from ..artifacts import atomic_write_bytes, chapter_output, find_capture, record_file
-    from ..runner import portable_command, torchrun_target
+    from ..runner import portable_command, run_with_limit, torchrun_target
     from ..tools import live_tool
 
     filename = f"{name}.txt"
@@ -145,17 +140,9 @@ def ncu_on_collective(chapter: str, name: str = "ncu_nccl", timeout_s: int = 60)
     cmd = [str(ncu.path), "--target-processes", "all", "-k", "regex:nccl", "-c", "1", *program]
     shown = " ".join(portable_command(cmd))
     print(f"$ {shown}\n  (limit {timeout_s} s)", flush=True)
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout_s)
-        outcome = "finished" if proc.returncode == 0 else "failed"
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # ncu, torchrun and both ranks
-        out, _ = proc.communicate()
-        outcome = "timed out"
-    seconds = time.perf_counter() - t0
-    text = (f"# outcome: {outcome}\n# after {seconds:.0f} s (limit {timeout_s} s), ncu {version}, exit {proc.returncode}\n"
+    code, out, seconds = run_with_limit(cmd, timeout_s)  # on time-out: ncu, torchrun and both ranks killed
+    outcome = "timed out" if code is None else "finished" if code == 0 else "failed"
+    text = (f"# outcome: {outcome}\n# after {seconds:.0f} s (limit {timeout_s} s), ncu {version}, exit {code}\n"
             f"$ {shown}\n{out}")
     atomic_write_bytes(chapter_output(chapter) / filename, text.encode(), overwrite=True)
     record_file(chapter, filename, shown, {"ncu": version})
