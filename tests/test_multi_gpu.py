@@ -163,7 +163,7 @@ def test_rank_data_splits_one_report_by_the_rank_ranges(two_ranks):
 def test_overlap_table_measures_the_hidden_share(two_ranks):
     t = mg.overlap_table(two_ranks).set_index("rank")
     assert t.loc[0, "steps"] == 2 and t.loc[0, "bucket_mb"] == 25.0
-    assert t.loc[0, "step_ms"] == pytest.approx(10.0) and t.loc[0, "backward_ms"] == pytest.approx(8.0)
+    assert t.loc[0, "step_ms"] == pytest.approx(10.0) and t.loc[0, "compute_ms"] == pytest.approx(6.0)
     assert t.loc[0, "comm_ms"] == pytest.approx(4.0) and t.loc[0, "hidden"] == pytest.approx(0.5)
     assert t.loc[0, "exposed_ms"] == pytest.approx(2.0)
     assert t.loc[1, "hidden"] == pytest.approx(0.0) and t.loc[1, "nccl_kernels"] == 1
@@ -191,6 +191,22 @@ def test_rank_data_from_one_report_per_rank(tmp_path):
     data = mg.rank_data([tmp_path / "r0.sqlite", tmp_path / "r1.sqlite"])
     assert sorted(data) == [0, 1]
     pd.testing.assert_frame_equal(mg.overlap_table(data), mg.overlap_table(mg.rank_data(whole)))
+    # each report counts from its own session start: rank 1's session began 2 ms later, so its
+    # times are 2 ms smaller in its file, and reading both puts them back on one axis
+    for rank, start in ((0, 10_000_000_000), (1, 10_002_000_000)):
+        con = sqlite3.connect(tmp_path / f"r{rank}.sqlite")
+        con.execute("CREATE TABLE TARGET_INFO_SESSION_START_TIME (utcEpochNs INT, utcTime TEXT, localTime TEXT)")
+        con.execute("INSERT INTO TARGET_INFO_SESSION_START_TIME VALUES (?, '', '')", (start,))
+        if rank == 1:
+            con.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = start - 2000000, end = end - 2000000")
+            con.execute("UPDATE NVTX_EVENTS SET start = start - 2000000, end = end - 2000000")
+        con.commit()
+        con.close()
+    aligned = mg.rank_data([tmp_path / "r0.sqlite", tmp_path / "r1.sqlite"])
+    whole_data = mg.rank_data(whole)
+    for rank in (0, 1):
+        pd.testing.assert_series_equal(aligned[rank].kernels["start"], whole_data[rank].kernels["start"])
+        pd.testing.assert_series_equal(aligned[rank].ranges["end"], whole_data[rank].ranges["end"])
     with pytest.raises(ValueError, match="appears twice"):
         mg.rank_data([tmp_path / "r0.sqlite", tmp_path / "r0.sqlite"])
 

@@ -191,6 +191,9 @@ def train(args: argparse.Namespace, torch: Any, rank: int, device: str, bucket_m
         if args.torch_trace is not None:
             from torch.profiler import ProfilerActivity, profile
 
+            import warnings
+
+            warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle")  # no schedule here
             profiler = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else []))
             profiler.start()
         for i in range(args.steps):

@@ -389,6 +389,19 @@ def attribute_to_ranges(path: str | Path, names: str | Sequence[str], *, rule: s
 ENV_REMOVED = "(removed by gpuprof: the capture machine's environment variables are not kept)"
 
 
+def session_start(path: str | Path) -> int | None:
+    """The report's session start as nanoseconds since 1970 (UTC), or None where the export lacks it.
+
+    Every timestamp of an export counts from its own session's start, so two reports
+    (one per rank, say) share an axis only after each is shifted by its start.
+    """
+    with closing(open_export(path)) as conn:
+        if "TARGET_INFO_SESSION_START_TIME" not in table_names(conn):
+            return None
+        row = conn.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME").fetchone()
+    return int(row[0]) if row and row[0] is not None else None
+
+
 def scrub_environment(path: str | Path) -> int:
     """Blank the capture machine's environment variables that nsys stores in an export.
 

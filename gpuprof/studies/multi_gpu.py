@@ -183,14 +183,24 @@ def rank_data(paths: str | Path | Sequence[str | Path]) -> dict[int, RankData]:
     A process's rank is read from the ``rank_R`` range the course's scripts open around
     their work; its kernels are those whose ``globalPid`` is that process. A report
     of another program (no such range) gives each process with kernels a rank in PID order.
+
+    Each report counts time from its own session's start; several reports are put on one
+    axis (the earliest report's) by shifting each by its session start time
+    (:func:`gpuprof.nsys.sqlite.session_start`), which nsys takes from the host's clock.
     """
     if isinstance(paths, (str, Path)):
         paths = [paths]
+    starts = [ns.session_start(p) for p in paths]
+    known = [s for s in starts if s is not None]
     out: dict[int, RankData] = {}
-    for path in paths:
+    for path, start in zip(paths, starts):
+        shift = (start - min(known)) if start is not None and len(known) == len(paths) else 0
         kernels = ns.kernels(path)
-        kernels["nccl"] = kernels["name"].astype(str).str.match(NCCL_KERNEL)
         ranges = ns.nvtx_ranges(path)
+        for df in (kernels, ranges):
+            df["start"] += shift
+            df["end"] += shift
+        kernels["nccl"] = kernels["name"].astype(str).str.match(NCCL_KERNEL)
         ranges["pid"] = pid_of(ranges["globalTid"].astype("int64"))
         kpid = pid_of(kernels["globalPid"].astype("int64")) if "globalPid" in kernels else pd.Series(0, index=kernels.index)
         named = ranges[ranges["text"].str.fullmatch(RANK_RANGE.pattern)]
@@ -226,8 +236,8 @@ def _phase_ms(ranges: pd.DataFrame, text: str, lo: int, hi: int) -> float:
 def overlap_table(data: dict[int, RankData]) -> pd.DataFrame:
     """Per bucket size and rank, over the timed steps: how much all-reduce time compute kernels hid.
 
-    Columns: bucket_mb, rank, steps, step_ms (NVTX step, mean), backward_ms, comm_ms (NCCL
-    kernel time per step), hidden (share of that time during which a compute kernel ran on
+    Columns: bucket_mb, rank, steps, step_ms (NVTX step, mean), compute_ms (time of the other
+    kernels per step), comm_ms (NCCL kernel time per step), hidden (share of that time during which a compute kernel ran on
     another stream: :func:`gpuprof.activity.copy_compute_overlap`), exposed_ms (comm_ms that
     nothing hid), nccl_kernels (per step).
     """
@@ -242,7 +252,7 @@ def overlap_table(data: dict[int, RankData]) -> pd.DataFrame:
             hidden = ta.copy_compute_overlap(nccl, compute) if len(nccl) else float("nan")
             rows.append({"bucket_mb": bucket, "rank": rank, "steps": n,
                          "step_ms": float((steps["end"] - steps["start"]).mean()) / 1e6,
-                         "backward_ms": _phase_ms(d.ranges, "backward", lo, hi) / n,
+                         "compute_ms": float(compute["duration_ns"].sum()) / 1e6 / n,
                          "comm_ms": comm, "hidden": hidden, "exposed_ms": comm * (1 - hidden) if len(nccl) else 0.0,
                          "nccl_kernels": len(nccl) / n})
     return pd.DataFrame(rows)
@@ -250,7 +260,8 @@ def overlap_table(data: dict[int, RankData]) -> pd.DataFrame:
 
 def straggler_table(data: dict[int, RankData]) -> pd.DataFrame:
     """Per rank, per timed step (mean ms): the step, the time in the ``straggling`` range, compute kernel
-    time, NCCL kernel time. An NCCL kernel runs until every rank has joined, so the rank that
+    time, NCCL kernel time. (An NVTX range around ``loss.backward()`` times only the CPU's
+    launching of backward, not its kernels, so the kernels' own time is the measure here.) An NCCL kernel runs until every rank has joined, so the rank that
     others wait for is the one whose NCCL kernels are the *shortest*: ``waited_for`` marks it."""
     rows = []
     for rank, d in data.items():
@@ -261,7 +272,6 @@ def straggler_table(data: dict[int, RankData]) -> pd.DataFrame:
         n = len(steps)
         rows.append({"rank": rank, "step_ms": float((steps["end"] - steps["start"]).mean()) / 1e6,
                      "straggling_ms": _phase_ms(d.ranges, "straggling", lo, hi) / n,
-                     "backward_ms": _phase_ms(d.ranges, "backward", lo, hi) / n,
                      "compute_ms": float(ta.inside(d.compute, (lo, hi))["duration_ns"].sum()) / 1e6 / n,
                      "nccl_ms": float(ta.inside(d.nccl, (lo, hi))["duration_ns"].sum()) / 1e6 / n})
     out = pd.DataFrame(rows)
@@ -363,7 +373,7 @@ def rank_timeline(data: dict[int, RankData], window: tuple[int, int] | None = No
     from matplotlib.patches import Patch
 
     ax.legend(handles=[Patch(color=c, label=p) for p, c in colors.items() if p in phases],
-              loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=4, fontsize=8)
+              loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=4, fontsize=8)
     return ax
 
 
