@@ -91,6 +91,15 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+def _alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
 def run_with_limit(cmd: Sequence[str], timeout_s: float, env: dict[str, str] | None = None) -> tuple[int | None, str, float]:
     """Run ``cmd`` with its output in a file; past ``timeout_s`` kill it *and every process below it*.
 
@@ -108,12 +117,18 @@ def run_with_limit(cmd: Sequence[str], timeout_s: float, env: dict[str, str] | N
         try:
             code: int | None = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            for pid in [proc.pid, *_descendants(proc.pid)]:
+            tree = [proc.pid, *_descendants(proc.pid)]
+            for pid in tree:
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
             proc.wait()
+            # A killed process holding a GPU exits only once the driver has torn its context
+            # down; wait for that, so that the next measurement does not share the GPU with it.
+            deadline = time.perf_counter() + 60
+            while time.perf_counter() < deadline and any(_alive(pid) for pid in tree[1:]):
+                time.sleep(0.2)
             code = None
         out.seek(0)
         return code, out.read(), time.perf_counter() - t0

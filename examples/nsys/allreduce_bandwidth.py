@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """All-reduce bandwidth against message size, as nccl-tests reports it, beside a plain GPU-to-GPU copy.
 
-Every rank all-reduces a buffer of each size (--sizes) --iterations times back to back;
-the time of one all-reduce is the mean over those, taken on the slowest rank (a collective
-is done when its last rank is). Two bandwidths per size, defined as nccl-tests defines them
+Every rank all-reduces a buffer of each size (--sizes) --iterations times back to back, in
+--repeats windows; the time of one all-reduce is a window's mean, taken on the slowest rank
+(a collective is done when its last rank is), and the best window counts (anything else
+running on the machine can only make a window slower). Two bandwidths per size, defined as nccl-tests defines them
 (its PERFORMANCE.md):
 
   algorithm bandwidth  algbw = bytes / time
@@ -12,7 +13,8 @@ is done when its last rank is). Two bandwidths per size, defined as nccl-tests d
 The bus bandwidth is comparable with the speed of the slowest link, whatever the number of
 ranks: a ring all-reduce moves 2 (n - 1) / n times the buffer through every link. Before
 the all-reduces, rank 0 times a plain copy of --copy-mb MiB from GPU 0 to GPU 1 and back
-(the other ranks wait on the CPU), the peak that the bus bandwidth is judged against.
+(the other ranks wait on the CPU; the best of 10 copies each way), the peak that the bus
+bandwidth is judged against.
 
 Examples:
   torchrun --standalone --nproc-per-node 2 examples/nsys/allreduce_bandwidth.py
@@ -62,6 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sizes", type=size_list, default=None,
                    help=f"message sizes in bytes (default: {GPU_SIZES} on GPUs, {CPU_SIZES} on a CPU)")
     p.add_argument("--iterations", type=positive_int, default=20, help="timed all-reduces per size (default: 20)")
+    p.add_argument("--repeats", type=positive_int, default=5, help="timed windows per size; the best counts (default: 5)")
     p.add_argument("--warmup", type=nonnegative_int, default=5, help="untimed all-reduces per size first (default: 5)")
     p.add_argument("--copy-mb", type=nonnegative_int, default=1024,
                    help="MiB for the GPU 0 -> GPU 1 copy; 0 skips it (default: 1024)")
@@ -76,7 +79,7 @@ def bus_factor(world: int) -> float:
 
 
 def peer_copy(torch: Any, nbytes: int, repeats: int = 10) -> list[dict[str, Any]]:
-    """GB/s of a device-to-device copy GPU 0 -> GPU 1 and back: median of ``repeats`` timed copies."""
+    """GB/s of a device-to-device copy GPU 0 -> GPU 1 and back: the best of ``repeats`` timed copies."""
     rows = []
     for src, dst in ((0, 1), (1, 0)):
         a = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{src}")
@@ -92,15 +95,16 @@ def peer_copy(torch: Any, nbytes: int, repeats: int = 10) -> list[dict[str, Any]
                 torch.cuda.synchronize(dst)
             if i >= 2:  # the first two enable peer access and warm up
                 times.append(time.perf_counter() - t0)
-        rows.append({"direction": f"GPU {src} -> GPU {dst}", "bytes": nbytes, "seconds": statistics.median(times),
-                     "gbps": nbytes / statistics.median(times) / 1e9,
+        rows.append({"direction": f"GPU {src} -> GPU {dst}", "bytes": nbytes, "seconds": min(times),
+                     "median_gbps": nbytes / statistics.median(times) / 1e9, "gbps": nbytes / min(times) / 1e9,
                      "peer_access": bool(torch.cuda.can_device_access_peer(src, dst))})
         del a, b
     return rows
 
 
-def sweep(torch: Any, dist: Any, sizes: list[int], device: str, iterations: int, warmup: int) -> list[dict[str, Any]]:
-    """One row per size: the mean time of one all-reduce (slowest rank), algbw and busbw in GB/s."""
+def sweep(torch: Any, dist: Any, sizes: list[int], device: str, iterations: int, warmup: int,
+          repeats: int = 1) -> list[dict[str, Any]]:
+    """One row per size: the time of one all-reduce (the best window's mean, slowest rank), algbw and busbw in GB/s."""
     world = dist.get_world_size()
     gpu = device.startswith("cuda")
     rows = []
@@ -111,19 +115,22 @@ def sweep(torch: Any, dist: Any, sizes: list[int], device: str, iterations: int,
                 dist.all_reduce(buf)
             if gpu:
                 torch.cuda.synchronize()
-            dist.barrier()
-            t0 = time.perf_counter()
-            for _ in range(iterations):
-                dist.all_reduce(buf)
-            if gpu:
-                torch.cuda.synchronize()
-            seconds = (time.perf_counter() - t0) / iterations
-        slowest = torch.tensor([seconds], dtype=torch.float64, device=device)
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-        t = float(slowest.item())
+            windows = []
+            for _ in range(repeats):
+                dist.barrier()
+                t0 = time.perf_counter()
+                for _ in range(iterations):
+                    dist.all_reduce(buf)
+                if gpu:
+                    torch.cuda.synchronize()
+                windows.append((time.perf_counter() - t0) / iterations)
+        slowest = torch.tensor(windows, dtype=torch.float64, device=device)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # per window, the slowest rank's time
+        per_window = slowest.tolist()
+        t = min(per_window)
         algbw = buf.numel() * 4 / t / 1e9
         rows.append({"bytes": buf.numel() * 4, "time_us": t * 1e6, "algbw_gbps": algbw,
-                     "busbw_gbps": algbw * bus_factor(world)})
+                     "busbw_gbps": algbw * bus_factor(world), "worst_window_us": max(per_window) * 1e6})
         del buf
     return rows
 
@@ -165,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             name = torch.cuda.get_device_name() if gpu else "CPU"
             print(f"allreduce_bandwidth: {world} rank(s) on {name} ({dist.get_backend()}), "
-                  f"{args.iterations} all-reduces per size, FP32 buffers", flush=True)
+                  f"best of {args.repeats} windows of {args.iterations} all-reduces per size, FP32 buffers", flush=True)
             for c in copies:
                 print(f"  copy {c['direction']}: {c['gbps']:.1f} GB/s ({c['bytes'] / 2**20:.0f} MiB, peer access "
                       f"{'on' if c['peer_access'] else 'off'})", flush=True)
@@ -174,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             if world == 1:
                 print("  one rank: an all-reduce has nobody to exchange with, so these times are not communication "
                       "(start it with torchrun --nproc-per-node N)", flush=True)
-        rows = sweep(torch, dist, sizes, device, args.iterations, args.warmup)
+        rows = sweep(torch, dist, sizes, device, args.iterations, args.warmup, args.repeats)
     finally:
         dist.destroy_process_group()
     if rank != 0:
@@ -191,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         from gpuprof.kernels import write_json
 
-        write_json(args.json, {"world_size": world, "backend": "nccl" if gpu else "gloo", "iterations": args.iterations,
+        write_json(args.json, {"world_size": world, "backend": "nccl" if gpu else "gloo", "iterations": args.iterations, "repeats": args.repeats,
                                "bus_factor": bus_factor(world), "copies": copies, "copy_note": copy_note, "rows": rows,
                                "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}})
     return 0

@@ -140,7 +140,7 @@ def ncu_on_collective(chapter: str, name: str = "ncu_nccl", timeout_s: int = 45)
     cmd = [str(ncu.path), "--target-processes", "all", "-k", "regex:nccl", "-c", "1", *program]
     shown = " ".join(portable_command(cmd))
     print(f"$ {shown}\n  (limit {timeout_s} s)", flush=True)
-    code, out, seconds = run_with_limit(cmd, timeout_s)  # on time-out: ncu, torchrun and both ranks killed
+    code, out, seconds = run_with_limit(cmd, timeout_s)  # on time-out: ncu, torchrun and both ranks killed, and gone
     outcome = "timed out" if code is None else "finished" if code == 0 else "failed"
     text = (f"# outcome: {outcome}\n# after {seconds:.0f} s (limit {timeout_s} s), ncu {version}, exit {code}\n"
             f"$ {shown}\n{out}")
@@ -240,21 +240,25 @@ def overlap_table(data: dict[int, RankData]) -> pd.DataFrame:
     kernels per step), comm_ms (NCCL kernel time per step), hidden (share of that time during which a compute kernel ran on
     another stream: :func:`gpuprof.activity.copy_compute_overlap`), exposed_ms (comm_ms that
     nothing hid), nccl_kernels (per step).
+
+    Each figure is the median over the timed steps, each step measured on its own: a step
+    that the profiler itself disturbed (a buffer flush stalls one process, and its peer then
+    waits inside NCCL) does not decide the row.
     """
     rows = []
     for rank, d in data.items():
         for bucket, steps in step_windows(d.ranges).groupby("bucket_mb", sort=False):
-            lo, hi = int(steps["start"].min()), int(steps["end"].max())
-            nccl = ta.inside(d.nccl, (lo, hi))
-            compute = ta.inside(d.compute, (lo, hi))
-            n = len(steps)
-            comm = float(nccl["duration_ns"].sum()) / 1e6 / n
-            hidden = ta.copy_compute_overlap(nccl, compute) if len(nccl) else float("nan")
-            rows.append({"bucket_mb": bucket, "rank": rank, "steps": n,
-                         "step_ms": float((steps["end"] - steps["start"]).mean()) / 1e6,
-                         "compute_ms": float(compute["duration_ns"].sum()) / 1e6 / n,
-                         "comm_ms": comm, "hidden": hidden, "exposed_ms": comm * (1 - hidden) if len(nccl) else 0.0,
-                         "nccl_kernels": len(nccl) / n})
+            per_step = []
+            for s in steps.itertuples():
+                nccl = ta.inside(d.nccl, (s.start, s.end))
+                compute = ta.inside(d.compute, (s.start, s.end))
+                comm = float(nccl["duration_ns"].sum()) / 1e6
+                hidden = ta.copy_compute_overlap(nccl, compute) if len(nccl) else float("nan")
+                per_step.append({"step_ms": (s.end - s.start) / 1e6, "compute_ms": float(compute["duration_ns"].sum()) / 1e6,
+                                 "comm_ms": comm, "hidden": hidden,
+                                 "exposed_ms": comm * (1 - hidden) if len(nccl) else 0.0, "nccl_kernels": len(nccl)})
+            med = pd.DataFrame(per_step).median()
+            rows.append({"bucket_mb": bucket, "rank": rank, "steps": len(steps), **{k: float(v) for k, v in med.items()}})
     return pd.DataFrame(rows)
 
 
