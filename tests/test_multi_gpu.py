@@ -19,6 +19,7 @@ import pandas as pd
 import pytest
 
 from gpuprof.artifacts import reference_dir
+from gpuprof.nsys import sqlite as ns
 from gpuprof.runner import load_script, portable_command, torchrun_target
 from gpuprof.studies import multi_gpu as mg
 
@@ -169,6 +170,23 @@ def test_overlap_table_measures_the_hidden_share(two_ranks):
     assert t.loc[1, "hidden"] == pytest.approx(0.0) and t.loc[1, "nccl_kernels"] == 1
 
 
+def test_overlap_of_any_capture_without_the_course_ranges(tmp_path, two_ranks):
+    """Another program's capture has no rank_R or step ranges: ranks by process order, overlap over the whole report."""
+    path = tmp_path / "plain.sqlite"
+    build_two_rank_export(path)
+    con = sqlite3.connect(path)
+    con.execute("DELETE FROM NVTX_EVENTS")
+    con.commit()
+    con.close()
+    data = mg.rank_data(path)
+    assert sorted(data) == [0, 1] and data[0].pid == 100 and data[1].pid == 200
+    t = mg.overlap_by_rank(data).set_index("rank")
+    assert t.loc[0, "nccl_kernels"] == 2 and t.loc[0, "comm_ms"] == pytest.approx(8.0)
+    assert t.loc[0, "hidden"] == pytest.approx(0.5) and t.loc[0, "exposed_ms"] == pytest.approx(4.0)
+    # the course's step-by-step table agrees with it over the same steps
+    assert mg.overlap_table(two_ranks).set_index("rank").loc[0, "hidden"] == pytest.approx(t.loc[0, "hidden"])
+
+
 def test_straggler_is_the_rank_the_others_wait_for(two_ranks):
     t = mg.straggler_table(two_ranks).set_index("rank")
     assert t.loc[1, "straggling_ms"] == pytest.approx(3.0) and t.loc[0, "straggling_ms"] == 0
@@ -246,3 +264,52 @@ def _cmdline(pid: str) -> str:
         return open(f"/proc/{pid}/cmdline").read()
     except OSError:
         return ""
+
+
+# --- the course's references from two H200s ----------------------------------------------------------
+
+needs_ref = pytest.mark.skipif(not (REF / "buckets_rank0.sqlite").exists(), reason="no ch08 references")
+
+
+@needs_ref
+def test_reference_per_rank_reports_share_one_axis_after_alignment():
+    """Every all-reduce needs both ranks: once aligned, each of rank 0's NCCL kernels overlaps rank 1's of the same order."""
+    data = mg.rank_data([REF / "buckets_rank0.sqlite", REF / "buckets_rank1.sqlite"])
+    a, b = data[0].nccl.reset_index(drop=True), data[1].nccl.reset_index(drop=True)
+    assert len(a) == len(b) > 100
+    overlaps = (a["start"] < b["end"]) & (b["start"] < a["end"])
+    assert overlaps.mean() > 0.99
+    # without the alignment the two files' clocks disagree by the sessions' offset
+    starts = {r: ns.session_start(REF / f"buckets_rank{r}.sqlite") for r in (0, 1)}
+    assert starts[0] != starts[1]
+    for rank, aligned in ((0, a), (1, b)):
+        raw = ns.kernels(REF / f"buckets_rank{rank}.sqlite")
+        raw_nccl = raw[raw["name"].str.match(mg.NCCL_KERNEL)].reset_index(drop=True)
+        assert (aligned["start"] - raw_nccl["start"]).eq(starts[rank] - min(starts.values())).all()
+
+
+@needs_ref
+def test_reference_capture_agrees_with_the_scripts_own_bucket_count():
+    """DDP's own count of buckets (the script's JSON) equals the NCCL kernels per step nsys recorded."""
+    data = mg.rank_data([REF / "buckets_rank0.sqlite", REF / "buckets_rank1.sqlite"])
+    table = mg.overlap_table(data)
+    d = json.loads((REF / "buckets.json").read_text())
+    for r in d["ranks"]:
+        for c in r["configs"]:
+            row = table[(table["rank"] == r["rank"]) & (table["bucket_mb"] == c["bucket_mb"])].iloc[0]
+            assert row["nccl_kernels"] == c["buckets"], (r["rank"], c["bucket_mb"])
+    one = table[table["bucket_mb"] == 1000.0]
+    assert (one["hidden"] < 0.05).all() and (one["nccl_kernels"] == 1).all()
+
+
+@needs_ref
+def test_reference_straggler_and_traces():
+    s = mg.straggler_table(mg.rank_data(REF / "straggler.sqlite")).set_index("rank")
+    assert s["waited_for"].tolist() == [False, True]
+    assert s.loc[1, "straggling_ms"] == pytest.approx(20, abs=2)
+    t = mg.torch_trace_table([REF / f"ddp_trace_rank{r}.json.gz" for r in (0, 1)])
+    assert t["backend"].tolist() == ["nccl", "nccl"] and t["world_size"].tolist() == [2, 2]
+    assert (t["nccl_kernels"] > 0).all()
+    ar = json.loads((REF / "allreduce.json").read_text())
+    bw = mg.bandwidth_table(ar)
+    assert bw["bytes"].is_monotonic_increasing and bw["busbw_gbps"].iloc[-1] > bw["busbw_gbps"].iloc[0]

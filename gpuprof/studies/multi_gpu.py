@@ -31,7 +31,7 @@ from ..artifacts import REPO_ROOT, FoundCapture
 from ..nsys import sqlite as ns
 
 __all__ = ["DDP", "ALLREDUCE", "NPROC", "NCCL_KERNEL", "gpus_here", "enough_gpus", "capture_ranks", "capture_launcher",
-           "run_json", "pid_of", "RankData", "rank_data", "step_windows", "overlap_table", "straggler_table",
+           "run_json", "pid_of", "RankData", "rank_data", "step_windows", "overlap_table", "overlap_by_rank", "straggler_table",
            "bandwidth_table", "bandwidth_figure", "overlap_figure", "rank_timeline", "torch_trace_table", "load",
            "run_script", "ncu_on_collective"]
 
@@ -259,6 +259,20 @@ def overlap_table(data: dict[int, RankData]) -> pd.DataFrame:
                                  "exposed_ms": comm * (1 - hidden) if len(nccl) else 0.0, "nccl_kernels": len(nccl)})
             med = pd.DataFrame(per_step).median()
             rows.append({"bucket_mb": bucket, "rank": rank, "steps": len(steps), **{k: float(v) for k, v in med.items()}})
+    return pd.DataFrame(rows)
+
+
+def overlap_by_rank(data: dict[int, RankData], window: tuple[int, int] | None = None) -> pd.DataFrame:
+    """For any program's capture: per rank, NCCL kernel time, the share of it under compute kernels, and
+    the exposed rest, over ``window`` (default: the whole report), without the course's NVTX ranges."""
+    rows = []
+    for rank, d in data.items():
+        nccl, compute = (d.nccl, d.compute) if window is None else (ta.inside(d.nccl, window), ta.inside(d.compute, window))
+        comm = float(nccl["duration_ns"].sum()) / 1e6
+        hidden = ta.copy_compute_overlap(nccl, compute) if len(nccl) else float("nan")
+        rows.append({"rank": rank, "nccl_kernels": len(nccl), "comm_ms": comm, "hidden": hidden,
+                     "exposed_ms": comm * (1 - hidden) if len(nccl) else 0.0,
+                     "compute_ms": float(compute["duration_ns"].sum()) / 1e6})
     return pd.DataFrame(rows)
 
 
