@@ -236,10 +236,10 @@ def _phase_ms(ranges: pd.DataFrame, text: str, lo: int, hi: int) -> float:
 def overlap_table(data: dict[int, RankData]) -> pd.DataFrame:
     """Per bucket size and rank, over the timed steps: how much all-reduce time compute kernels hid.
 
-    Columns: bucket_mb, rank, steps, step_ms (NVTX step, mean), compute_ms (time of the other
-    kernels per step), comm_ms (NCCL kernel time per step), hidden (share of that time during which a compute kernel ran on
+    Columns: bucket_mb, rank, steps, step_ms (the NVTX step), compute_ms (the other kernels' time),
+    comm_ms (NCCL kernel time), hidden (share of comm_ms during which a compute kernel ran on
     another stream: :func:`gpuprof.activity.copy_compute_overlap`), exposed_ms (comm_ms that
-    nothing hid), nccl_kernels (per step).
+    nothing hid), nccl_kernels; all per step.
 
     Each figure is the median over the timed steps, each step measured on its own: a step
     that the profiler itself disturbed (a buffer flush stalls one process, and its peer then
