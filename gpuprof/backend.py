@@ -189,6 +189,11 @@ class MachineInfo:
             parts.append(f"PCIe gen{self.pcie_gen} x{self.pcie_width}")
         return " | ".join(parts) + f"; backend {self.backend}; {libs}"
 
+    @property
+    def gpus(self) -> int:
+        """How many CUDA GPUs this process can use (0 on a CPU-only machine)."""
+        return (self.gpu_count or 1) if self.device == "cuda" else 0
+
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -27,7 +27,7 @@ from .artifacts import REPO_ROOT, overwrite_allowed
 from .errors import CaptureExists, GpuprofError
 from .tools import COUNTER_PERMISSION_HINT, Tool
 
-__all__ = ["Capture", "ProfilerFailed", "run_profiler", "python_target", "torchrun_target", "portable_command", "run_with_limit",
+__all__ = ["Capture", "ProfilerFailed", "run_profiler", "python_target", "torchrun_target", "portable_command", "run_with_limit", "run_streaming",
            "load_script", "TORCHRUN"]
 
 OUTPUT = "{output}"
@@ -132,6 +132,26 @@ def run_with_limit(cmd: Sequence[str], timeout_s: float, env: dict[str, str] | N
             code = None
         out.seek(0)
         return code, out.read(), time.perf_counter() - t0
+
+
+def run_streaming(cmd: Sequence[str], timeout_s: float, *, name: str, echo: bool = True) -> tuple[int, list[str]]:
+    """Run ``cmd``, showing its output as it comes (long runs should not look hung); returns (exit status, lines).
+
+    ``name`` is what a time-out message calls the program.
+    """
+    lines: list[str] = []
+    with subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line.rstrip())
+            if echo:
+                print("  " + line.rstrip(), flush=True)
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise GpuprofError(f"{name} did not finish within {timeout_s:.0f} s.") from None
+    return code, lines
 
 
 def load_script(script: str | Path):  # type: ignore[no-untyped-def]

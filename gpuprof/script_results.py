@@ -10,7 +10,6 @@ results instead, like every capture in the course.
 
 from __future__ import annotations
 
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Sequence
@@ -18,7 +17,7 @@ from typing import Sequence
 from .artifacts import FoundCapture, atomic_write_bytes, chapter_output, find_capture, record_file
 from .backend import describe_machine
 from .errors import GpuprofError
-from .runner import portable_command, python_target, torchrun_target
+from .runner import portable_command, python_target, run_streaming, torchrun_target
 
 __all__ = ["run_for_json"]
 
@@ -41,8 +40,8 @@ def run_for_json(chapter: str, filename: str, script: str | Path, args: Sequence
     if machine.device != "cuda":
         print(f"No GPU on this machine ({machine.summary()}): showing the course's reference results instead.")
         return find_capture(chapter, filename, prefer="reference")
-    if nproc > 1 and (machine.gpu_count or 1) < nproc:
-        print(f"This machine has {machine.gpu_count or 1} GPU(s) and the run needs {nproc}: "
+    if nproc > 1 and machine.gpus < nproc:
+        print(f"This machine has {machine.gpus} GPU(s) and the run needs {nproc}: "
               "showing the course's reference results instead.")
         return find_capture(chapter, filename, prefer="reference")
     start = (lambda *a: torchrun_target(script, *a, nproc=nproc)) if nproc > 1 else (lambda *a: python_target(script, *a))
@@ -60,18 +59,7 @@ def run_for_json(chapter: str, filename: str, script: str | Path, args: Sequence
         shown = portable_command([*start(*args), *extra_shown, "--json", filename])
         if echo:
             print("$ " + " ".join(shown), flush=True)
-        lines: list[str] = []
-        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
-            assert proc.stdout is not None
-            for line in proc.stdout:  # progress as it happens: long runs should not look hung
-                lines.append(line.rstrip())
-                if echo:
-                    print("  " + line.rstrip(), flush=True)
-            try:
-                code = proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                raise GpuprofError(f"{Path(script).name} did not finish within {timeout_s} s.") from None
+        code, lines = run_streaming(cmd, timeout_s, name=Path(script).name, echo=echo)
         if code != 0 or not out.exists():
             tail = " | ".join(lines[-3:]) or "no output"
             raise GpuprofError(f"{Path(script).name} failed (exit {code}): {tail}")

@@ -46,10 +46,6 @@ class NsysCapture:
 
 def reference_capture(chapter: str, name: str, reports: Sequence[str], reason: str) -> NsysCapture:
     """The course's reference capture ``name``, after saying why no live one was made."""
-    return _reference(chapter, name, reports, reason)
-
-
-def _reference(chapter: str, name: str, reports: Sequence[str], reason: str) -> NsysCapture:
     print(f"No live nsys capture: {reason}.")
     found = find_capture(chapter, f"{name}.sqlite", prefer="reference")
     stats = {r: found.path.with_name(f"{name}_{r}.csv") for r in reports}
@@ -66,10 +62,10 @@ def nsys_capture(chapter: str, name: str, script: str | Path | None = None, scri
     the program could not be built here, and the reference is used.
     """
     if script is None and target is None:
-        return _reference(chapter, name, reports, "the program to profile could not be built here")
+        return reference_capture(chapter, name, reports, "the program to profile could not be built here")
     live = live_tool("nsys")
     if isinstance(live, str):
-        return _reference(chapter, name, reports, live)
+        return reference_capture(chapter, name, reports, live)
     nsys, version = live
     out = chapter_output(chapter)
     try:
@@ -86,7 +82,7 @@ def nsys_capture(chapter: str, name: str, script: str | Path | None = None, scri
                                      out_dir=out, name=name, overwrite=True))
     except ProfilerFailed as exc:
         print(f"The nsys capture failed: {exc}")
-        return _reference(chapter, name, reports, "the live capture failed")
+        return reference_capture(chapter, name, reports, "the live capture failed")
     scrub_environment(sqlite)
     commands = [" ".join(portable_command(r.command)) for r in runs]
     if echo:
@@ -116,12 +112,18 @@ def nsys_capture_ranks(chapter: str, name: str, script: str | Path, script_args:
 
     from ..runner import TORCHRUN, run_with_limit
 
+    from ..backend import describe_machine
+
     names = [f"{name}_rank{r}" for r in range(nproc)]
 
     def references(reason: str) -> list[NsysCapture]:
         print(f"No live nsys capture: {reason}.")
         return [NsysCapture(find_capture(chapter, f"{n}.sqlite", prefer="reference")) for n in names]
 
+    gpus = describe_machine().gpus
+    if gpus < nproc:
+        return references("this machine has no GPU" if gpus == 0 else
+                          f"this machine has {gpus} GPU(s) and the run needs {nproc}")
     live = live_tool("nsys")
     if isinstance(live, str):
         return references(live)

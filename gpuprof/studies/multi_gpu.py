@@ -48,8 +48,7 @@ def gpus_here() -> int:
     """CUDA GPUs this process sees (0 without a GPU or without a CUDA build of PyTorch)."""
     from ..backend import describe_machine
 
-    m = describe_machine()
-    return (m.gpu_count or 1) if m.device == "cuda" else 0
+    return describe_machine().gpus
 
 
 def enough_gpus(n: int = NPROC) -> str | None:
@@ -62,13 +61,8 @@ def enough_gpus(n: int = NPROC) -> str | None:
 
 def capture_ranks(chapter: str, name: str, args: Sequence[str], options: Sequence[str] | None = None) -> list[Any]:
     """ddp_training.py under nsys, one report per rank (``<name>_rank<R>.sqlite``), or the references."""
-    from ..nsys.capture import QUIET, NsysCapture, nsys_capture_ranks
-    from ..artifacts import find_capture
+    from ..nsys.capture import QUIET, nsys_capture_ranks
 
-    reason = enough_gpus()
-    if reason:
-        print(f"No live nsys capture: {reason}.")
-        return [NsysCapture(find_capture(chapter, f"{name}_rank{r}.sqlite", prefer="reference")) for r in range(NPROC)]
     return nsys_capture_ranks(chapter, name, DDP, args, nproc=NPROC, options=list(options or QUIET))
 
 
@@ -84,32 +78,19 @@ def capture_launcher(chapter: str, name: str, args: Sequence[str], options: Sequ
 
 
 def run_json(chapter: str, filename: str, script: Path, args: Sequence[str], **kw: Any) -> FoundCapture:
-    """A script's own results (``--json``) from NPROC ranks, or the reference with the reason."""
-    from ..artifacts import find_capture
+    """A script's own results (``--json``) from NPROC ranks through torchrun, or the reference with the reason."""
     from ..script_results import run_for_json
 
-    reason = enough_gpus()
-    if reason:
-        print(f"No live run: {reason}; showing the course's reference results.")
-        return find_capture(chapter, filename, prefer="reference")
     return run_for_json(chapter, filename, script, args, nproc=NPROC, **kw)
 
 
 def run_script(script: Path, args: Sequence[str] = (), timeout_s: int = 300) -> str:
     """Run a course script as one process on this machine, its output shown as it comes; returns the output."""
-    import subprocess
-
-    from ..runner import portable_command, python_target
+    from ..runner import portable_command, python_target, run_streaming
 
     cmd = python_target(script, *args)
     print("$ " + " ".join(portable_command(cmd)), flush=True)
-    lines = []
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line.rstrip())
-            print("  " + line.rstrip(), flush=True)
-        code = proc.wait(timeout=timeout_s)
+    code, lines = run_streaming(cmd, timeout_s, name=Path(script).name)
     if code != 0:
         from ..errors import GpuprofError
 
@@ -233,6 +214,15 @@ def _phase_ms(ranges: pd.DataFrame, text: str, lo: int, hi: int) -> float:
     return float(r["duration_ns"].sum()) / 1e6
 
 
+def _comm_overlap(nccl: pd.DataFrame, compute: pd.DataFrame) -> dict[str, float]:
+    """NCCL kernel time (ms), the share of it under compute kernels on other streams, and the exposed rest."""
+    comm = float(nccl["duration_ns"].sum()) / 1e6
+    if nccl.empty:
+        return {"comm_ms": 0.0, "hidden": float("nan"), "exposed_ms": 0.0}
+    hidden = ta.copy_compute_overlap(nccl, compute)
+    return {"comm_ms": comm, "hidden": hidden, "exposed_ms": comm * (1 - hidden)}
+
+
 def overlap_table(data: dict[int, RankData]) -> pd.DataFrame:
     """Per bucket size and rank, over the timed steps: how much all-reduce time compute kernels hid.
 
@@ -252,11 +242,8 @@ def overlap_table(data: dict[int, RankData]) -> pd.DataFrame:
             for s in steps.itertuples():
                 nccl = ta.inside(d.nccl, (s.start, s.end))
                 compute = ta.inside(d.compute, (s.start, s.end))
-                comm = float(nccl["duration_ns"].sum()) / 1e6
-                hidden = ta.copy_compute_overlap(nccl, compute) if len(nccl) else float("nan")
                 per_step.append({"step_ms": (s.end - s.start) / 1e6, "compute_ms": float(compute["duration_ns"].sum()) / 1e6,
-                                 "comm_ms": comm, "hidden": hidden,
-                                 "exposed_ms": comm * (1 - hidden) if len(nccl) else 0.0, "nccl_kernels": len(nccl)})
+                                 **_comm_overlap(nccl, compute), "nccl_kernels": len(nccl)})
             med = pd.DataFrame(per_step).median()
             rows.append({"bucket_mb": bucket, "rank": rank, "steps": len(steps), **{k: float(v) for k, v in med.items()}})
     return pd.DataFrame(rows)
@@ -268,10 +255,7 @@ def overlap_by_rank(data: dict[int, RankData], window: tuple[int, int] | None = 
     rows = []
     for rank, d in data.items():
         nccl, compute = (d.nccl, d.compute) if window is None else (ta.inside(d.nccl, window), ta.inside(d.compute, window))
-        comm = float(nccl["duration_ns"].sum()) / 1e6
-        hidden = ta.copy_compute_overlap(nccl, compute) if len(nccl) else float("nan")
-        rows.append({"rank": rank, "nccl_kernels": len(nccl), "comm_ms": comm, "hidden": hidden,
-                     "exposed_ms": comm * (1 - hidden) if len(nccl) else 0.0,
+        rows.append({"rank": rank, "nccl_kernels": len(nccl), **_comm_overlap(nccl, compute),
                      "compute_ms": float(compute["duration_ns"].sum()) / 1e6})
     return pd.DataFrame(rows)
 
