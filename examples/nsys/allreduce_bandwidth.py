@@ -38,7 +38,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere in the repo
 
 from gpuprof import exit_on_error  # noqa: E402
-from gpuprof.cli import nonnegative_int, output_file, positive_int, require_torch  # noqa: E402
+from gpuprof.cli import join_group, nonnegative_int, output_file, positive_int, require_torch, torchrun_place  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
 from gpuprof.ranges import annotate  # noqa: E402
 
@@ -141,21 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     torch = require_torch("allreduce_bandwidth.py")
     import torch.distributed as dist
 
-    if "RANK" not in os.environ:
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-    rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", "0"))
-    gpu = torch.cuda.is_available() and not args.cpu
-    if gpu and local >= torch.cuda.device_count():
-        raise GpuprofError(f"rank {rank} wants GPU {local}, but this machine has {torch.cuda.device_count()}.",
-                           "Start no more processes per node than there are GPUs (--nproc-per-node).")
-    device = f"cuda:{local}" if gpu else "cpu"
-    if gpu:
-        torch.cuda.set_device(local)
+    rank, world, device = torchrun_place(torch, args.cpu)
+    gpu = device.startswith("cuda")
     sizes = args.sizes or size_list(GPU_SIZES if gpu else CPU_SIZES)
-    dist.init_process_group("nccl" if gpu else "gloo", rank=rank, world_size=world,
-                            device_id=torch.device(device) if gpu else None)
+    join_group(torch, rank, world, device)
     cpu_group = dist.new_group(backend="gloo")  # a barrier that runs no GPU kernel while rank 0 copies
     try:
         copies: list[dict[str, Any]] = []

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import statistics
 import sys
 import time
@@ -47,7 +46,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere in the repo
 
 from gpuprof import exit_on_error  # noqa: E402
-from gpuprof.cli import nonnegative_int, output_file, positive_float, positive_int, require_torch  # noqa: E402
+from gpuprof.cli import join_group, nonnegative_int, output_file, positive_float, positive_int, require_torch, torchrun_place  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
 from gpuprof.ranges import annotate  # noqa: E402
 
@@ -95,30 +94,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def setup(args: argparse.Namespace) -> tuple[Any, int, int, str]:
     """Join the process group torchrun describes, or make a group of one. Returns (torch, rank, world, device)."""
     torch = require_torch("ddp_training.py")
-    import torch.distributed as dist
-
-    launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-    gpu = torch.cuda.is_available() and not args.cpu
-    if not launched:
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    if gpu:
-        if local >= torch.cuda.device_count():
-            raise GpuprofError(f"rank {rank} wants GPU {local}, but this machine has {torch.cuda.device_count()}.",
-                               "Start no more processes per node than there are GPUs (--nproc-per-node).")
-        torch.cuda.set_device(local)
+    rank, world, device = torchrun_place(torch, args.cpu)
+    gpu = device.startswith("cuda")
     if args.slow_rank is not None and args.slow_rank >= world:
         raise GpuprofError(f"--slow-rank {args.slow_rank} does not exist: the world has {world} rank(s).",
                            "Pick a rank below the number of processes (torchrun --nproc-per-node).")
     for key, value in (GPU_SIZES if gpu else CPU_SIZES).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    dist.init_process_group("nccl" if gpu else "gloo", rank=rank, world_size=world,
-                            device_id=torch.device("cuda", local) if gpu else None)
-    return torch, rank, world, f"cuda:{local}" if gpu else "cpu"
+    join_group(torch, rank, world, device)
+    return torch, rank, world, device
 
 
 def build_model(args: argparse.Namespace, torch: Any, device: str) -> Any:
