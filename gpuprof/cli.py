@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import Callable
 
 __all__ = ["positive_int", "nonnegative_int", "positive_float", "add_sections_argument", "resolve_sections",
-           "torch_backend_or_cpu", "require_torch", "output_file", "available_memory", "require_memory"]
+           "torch_backend_or_cpu", "require_torch", "output_file", "available_memory", "total_memory",
+           "require_memory", "bounded_int"]
 
 
 def positive_int(text: str) -> int:
@@ -30,6 +32,26 @@ def nonnegative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"{value} must not be negative")
     return value
+
+
+def bounded_int(limit: int, why: str, low: int = 1) -> Callable[[str], int]:
+    """argparse type: a whole number from ``low`` to ``limit``; above it, one sentence saying ``why``.
+
+    A count a reader mistypes by a few zeros (``--kernels 100000000000``) would otherwise
+    start a run that never ends; the limit is stated in the message (and should be in the
+    option's help), so that a reader who really wants more knows what to change.
+    """
+
+    def parse(text: str) -> int:
+        value = positive_int(text) if low >= 1 else nonnegative_int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} must be at least {low}")
+        if value > limit:
+            raise argparse.ArgumentTypeError(f"{value:,} is above this script's limit of {limit:,} ({why})")
+        return value
+
+    parse.__name__ = "count"  # what argparse calls the type in its messages
+    return parse
 
 
 def positive_float(text: str) -> float:
@@ -100,16 +122,13 @@ def output_file(text: str) -> Path:
     return path
 
 
-def available_memory(device: str) -> int | None:
-    """Bytes that can still be allocated on ``device`` ("cuda" or "cpu"), or None if unknown.
-
-    The host figure is the kernel's ``MemAvailable`` (free plus reclaimable cache); the
-    GPU figure is the driver's free memory on the current device.
-    """
+def _memory(device: str, total: bool) -> int | None:
+    """Free (or total) bytes on ``device``: /proc/meminfo for the host, the driver's figures for the GPU."""
     if device == "cpu":
+        key = "MemTotal:" if total else "MemAvailable:"
         try:
             for line in Path("/proc/meminfo").read_text().splitlines():
-                if line.startswith("MemAvailable:"):
+                if line.startswith(key):
                     return int(line.split()[1]) * 1024
         except OSError:
             return None
@@ -118,27 +137,44 @@ def available_memory(device: str) -> int | None:
         import torch
 
         if torch.cuda.is_available():
-            return int(torch.cuda.mem_get_info()[0])
+            return int(torch.cuda.mem_get_info()[int(total)])
     except Exception:
         pass
     try:
         import cupy
 
-        return int(cupy.cuda.runtime.memGetInfo()[0])
+        return int(cupy.cuda.runtime.memGetInfo()[int(total)])
     except Exception:
         return None
 
 
-def require_memory(nbytes: int, device: str, what: str, option: str) -> None:
+def available_memory(device: str) -> int | None:
+    """Bytes that can still be allocated on ``device`` ("cuda" or "cpu"), or None if unknown.
+
+    The host figure is the kernel's ``MemAvailable`` (free plus reclaimable cache); the
+    GPU figure is the driver's free memory on the current device.
+    """
+    return _memory(device, total=False)
+
+
+def total_memory(device: str) -> int | None:
+    """Bytes of memory ``device`` ("cuda" or "cpu") has in all, or None if unknown."""
+    return _memory(device, total=True)
+
+
+def require_memory(nbytes: int, device: str, what: str, option: str, *, lower_bound: bool = False) -> None:
     """Refuse up front, in one sentence, a size this machine cannot hold (rather than a
-    traceback from the allocator half-way through a run)."""
+    traceback from the allocator half-way through a run). ``lower_bound``: ``nbytes`` is
+    the least the run needs, and the sentence says so."""
     from .errors import GpuprofError
 
     free = available_memory(device)
     if free is not None and nbytes > free:
         where = "host memory" if device == "cpu" else "GPU memory"
-        raise GpuprofError(f"{what} would take {nbytes / 2**30:.1f} GiB of {where}, but only {free / 2**30:.1f} GiB is available.",
-                           f"Choose a smaller {option}.")
+        total = total_memory(device)
+        has = f"{free / 2**30:,.1f} GiB is available" + (f" (of {total / 2**30:,.1f} GiB)" if total else "")
+        raise GpuprofError(f"{what} would take {'at least ' if lower_bound else ''}{nbytes / 2**30:,.1f} GiB of {where}, "
+                           f"but only {has}.", f"Choose a smaller {option}.")
 
 
 def torchrun_place(torch, cpu: bool = False) -> tuple[int, int, str]:  # type: ignore[no-untyped-def]

@@ -30,10 +30,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+MAX_ROWS = 50_000_000
 sys.path.insert(0, str(ROOT))
 
 from gpuprof import exit_on_error  # noqa: E402
-from gpuprof.cli import positive_int  # noqa: E402
+from gpuprof.cli import bounded_int, output_file  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
 from fresh_process import measure  # noqa: E402  (beside this script)
 
@@ -106,9 +107,11 @@ RESULT = {"kernels": len(k), "names": len(s)}
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rows", type=positive_int, default=1_000_000, help="kernel rows in the built export (default: 1,000,000)")
+    p.add_argument("--rows", type=bounded_int(MAX_ROWS, "the export and the readers' tables grow with it: fifty "
+                                                      "million rows already need gigabytes"),
+                   default=1_000_000, help=f"kernel rows in the built export (default: 1,000,000; at most {MAX_ROWS:,})")
     p.add_argument("--source", type=Path, default=ROOT / "artifacts" / "ch01" / "transfer.sqlite", help="capture to replicate")
-    p.add_argument("--json", type=Path, default=None, help="also write the results here")
+    p.add_argument("--json", type=output_file, default=None, metavar="FILE", help="also write the results here")
     args = p.parse_args(argv)
     if not args.source.exists():
         raise GpuprofError(f"{args.source} does not exist.", "Pass --source with an nsys sqlite export.")

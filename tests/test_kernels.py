@@ -66,3 +66,86 @@ def test_sizes_beyond_the_machine_are_refused_in_a_sentence():
     require_memory(1024, "cpu", "A tiny buffer", "--size")
     with pytest.raises(GpuprofError, match=r"would take .* GiB of host memory, but only .* GiB is available.*--size-mib"):
         require_memory(free * 4, "cpu", "This run", "--size-mib")
+
+
+# ----- running out of memory, whichever library ran out -----
+
+class _CupyOutOfMemory(MemoryError):
+    """Stands in for cupy.cuda.memory.OutOfMemoryError (a MemoryError of a module named cupy...)."""
+
+
+_CupyOutOfMemory.__name__ = "OutOfMemoryError"
+_CupyOutOfMemory.__module__ = "cupy.cuda.memory"
+
+
+@pytest.mark.parametrize("exc, where, asked", [
+    (MemoryError("Unable to allocate 97.7 GiB for an array with shape (26214400000,) and data type float32"), "host", "97.70"),
+    (RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried "
+                  "to allocate 26214400000 bytes. Error code 12 (Cannot allocate memory)"), "host", "24.41"),
+    (RuntimeError("CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which "
+                  "1.50 GiB is free."), "GPU", "20.00"),
+    (_CupyOutOfMemory("Out of memory allocating 1,073,741,824 bytes (allocated so far: 0 bytes)."), "GPU", "1.00"),
+])
+def test_out_of_memory_is_recognised_and_said_in_one_sentence(exc, where, asked):
+    from gpuprof.errors import is_out_of_memory, out_of_memory_sentence
+
+    assert is_out_of_memory(exc)
+    text = out_of_memory_sentence(exc)
+    assert text.startswith(f"out of {where} memory; one allocation asked for {asked} GiB")
+    assert text.endswith("Choose smaller sizes (--help lists the options that set them).") and "\n" not in text
+
+
+def test_other_errors_are_not_taken_for_out_of_memory():
+    from gpuprof.errors import exit_on_error, is_out_of_memory
+
+    assert not is_out_of_memory(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+    assert not is_out_of_memory(ValueError("out of memory"))  # a ValueError is a bug, whatever it says
+
+    @exit_on_error
+    def broken() -> None:
+        raise RuntimeError("a real bug")
+
+    with pytest.raises(RuntimeError, match="a real bug"):
+        broken()
+
+
+def test_exit_on_error_turns_out_of_memory_into_status_2(capsys):
+    from gpuprof.errors import exit_on_error
+
+    @exit_on_error
+    def hungry() -> None:
+        raise MemoryError("Unable to allocate 4.00 TiB for an array with shape (1,) and data type float32")
+
+    with pytest.raises(SystemExit) as stop:
+        hungry()
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.startswith("error: out of host memory; one allocation asked for 4,096.00 GiB")
+
+
+def test_counts_above_a_stated_limit_are_refused():
+    import argparse
+
+    from gpuprof.cli import bounded_int
+
+    count = bounded_int(1000, "it would take hours")
+    assert count("1000") == 1000
+    with pytest.raises(argparse.ArgumentTypeError, match=r"5,000 is above this script's limit of 1,000 \(it would take hours\)"):
+        count("5000")
+    with pytest.raises(argparse.ArgumentTypeError, match="must be at least 1"):
+        count("0")
+    assert bounded_int(10, "x", low=0)("0") == 0
+
+
+def test_training_memory_bound_counts_what_autograd_keeps():
+    """The bound counts what autograd keeps for backward, each tensor once, and the weights' states."""
+    torch = pytest.importorskip("torch")
+    from gpuprof.models import small_cnn, training_bytes
+
+    bound = training_bytes(small_cnn, (3, 32, 32), 512, optimizer_states=0)
+    # the saved tensors of small_cnn at batch 512, counted by hand: the input, the first ReLU's output, the first
+    # pool's output and int64 indices, the second ReLU's output and the second pool's indices, the flattened
+    # features; and the weights and their gradients (the Linear layer's transposed weight is the weight's memory)
+    per_image = 4 * (3 * 32 * 32 + 64 * 32 * 32 + 64 * 16 * 16 + 128 * 16 * 16 + 128) + 8 * (64 * 16 * 16 + 128 * 8 * 8)
+    params = sum(p.numel() for p in small_cnn().parameters()) * 4
+    assert bound == 512 * per_image + 2 * params
+    assert training_bytes(small_cnn, (3, 32, 32), 512, optimizer_states=2) == bound + 2 * params

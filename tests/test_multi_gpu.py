@@ -246,16 +246,30 @@ def test_not_enough_gpus_is_said(monkeypatch):
     assert mg.enough_gpus(2) == "this machine has no GPU"
 
 
+# A launcher in miniature: like torchrun, it starts its workers in sessions of their own (so killing the launcher's
+# process group misses them), and the workers hang. Plain Python, no PyTorch: each starts in a fraction of a second,
+# far inside the limit below however busy the machine is.
+FAKE_LAUNCHER = """
+import subprocess, sys, time
+worker = "import sys, time; print('worker', sys.argv[1], 'started', flush=True); time.sleep(600)"
+for rank in range(2):
+    subprocess.Popen([sys.executable, "-c", worker, str(rank), "hung-worker-{tag}"], start_new_session=True)
+time.sleep(600)
+"""
+
+
 def test_run_with_limit_kills_hung_workers_of_a_launcher():
-    """torchrun's workers live in sessions of their own: a time limit must still end them all."""
+    """Workers in sessions of their own must still end with the launcher when the time limit passes."""
     import os
+    import uuid
 
     from gpuprof.runner import run_with_limit
 
-    code, out, seconds = run_with_limit(torchrun_target(mg.DDP, "--cpu", "--width", "16", "--depth", "2", "--slow-rank", "1",
-                                                        "--slow-ms", "600000", nproc=2), 15)
-    assert code is None and 15 <= seconds < 60 and "ddp_training:" in out
-    left = [p for p in os.listdir("/proc") if p.isdigit() and "slow-ms\x00600000" in _cmdline(p)]
+    tag = uuid.uuid4().hex
+    code, out, seconds = run_with_limit([sys.executable, "-c", FAKE_LAUNCHER.format(tag=tag)], 10)
+    assert code is None and seconds >= 10
+    assert "worker 0 started" in out and "worker 1 started" in out
+    left = [p for p in os.listdir("/proc") if p.isdigit() and f"hung-worker-{tag}" in _cmdline(p)]
     assert left == []
 
 

@@ -22,7 +22,7 @@ SMALL_ARGS = {"tiny_kernels.py": ["--steps", "2", "--kernels", "10"], "saxpy.py"
               "reconcile.py": ["--mode", "profiler", "--steps", "2", "--warmup", "1", "--batch", "8",
                                "--trace", "{tmp}/r.json.gz", "--json", "{tmp}/r.json"],
               "memory_snapshot.py": ["--batch", "8", "--log", "{tmp}/m.json.gz"],
-              "cnn_training.py": ["--warmup", "3", "--steps", "8", "--repeats", "2", "--dataset-size", "256",
+              "cnn_training.py": ["--warmup", "4", "--steps", "8", "--repeats", "2", "--dataset-size", "512",
                                   "--batch-size", "16", "--json", "{tmp}/cnn.json"],
               "transformer_benchmark.py": ["--size", "tiny", "--context-length", "16", "--warmup-steps", "1",
                                            "--num-steps", "2", "--json", "{tmp}/t.json"],
@@ -101,6 +101,31 @@ BAD_INPUT = {
     "allreduce_bandwidth.py": [(["--sizes", "1T"], "expected sizes"), (["--iterations", "0"], "must be at least 1"),
                                (["--json", "/no/such/dir/a.json"], "does not exist")],
 }
+# Sizes no machine the course runs on can hold (each well above an H200's 141 GB and the GPU hosts' 128 GB): one
+# sentence saying what the run needs and what there is, before anything is allocated.
+TOO_BIG = "GiB is available"
+TOO_BIG_INPUT = {
+    "occupancy.py": [["--mib", "100000"]], "saxpy.py": [["--n", "100000000000"]], "transpose.py": [["--n", "1000000"]],
+    "torch_conv.py": [["--batch", "100000"]], "memory_allocation.py": [["--size-mib", "100000"]],
+    "cnn_training.py": [["--batch-size", "1000000"], ["--dataset-size", "100000000"]],
+    "ddp_training.py": [["--width", "100000"], ["--batch-size", "100000000"]],
+    "launch_bound_layer.py": [["--batch-size", "100000"], ["--d-model", "100000", "--heads", "1"]],
+    "weight_streaming.py": [["--d-model", "100000"]], "allreduce_bandwidth.py": [["--sizes", "1000G"]],
+    "train_profiled.py": [["--batch", "100000"]], "reconcile.py": [["--batch", "100000"]],
+    "profiler_overhead.py": [["--batch", "100000"]],
+}
+# Counts that would run for days are refused with the limit stated.
+TOO_MANY = {
+    "memory_allocation.py": [(["--iterations", "100000000"], "above this script's limit of 100,000")],
+    "nvtx_features.py": [(["--cost-calls", "100000000000"], "above this script's limit of 10,000,000")],
+    "tiny_kernels.py": [(["--kernels", "100000000000"], "above this script's limit of 1,000,000")],
+    "weight_streaming.py": [(["--layers", "100000"], "above this script's limit of 1,024")],
+}
+for name, cases in TOO_BIG_INPUT.items():
+    BAD_INPUT[name] += [(args, TOO_BIG) for args in cases]
+for name, cases in TOO_MANY.items():
+    BAD_INPUT[name] += cases
+BAD_INPUT["launch_bound_layer.py"].append((["--variants", "graph", "--cpu"], "needs a GPU (CUDA graphs)"))
 BAD_CASES = [(script, args, message) for script in EXAMPLES for args, message in BAD_INPUT[script.name]]
 
 
@@ -178,6 +203,31 @@ def test_a_partial_capture_run_keeps_the_record_of_the_others():
     e = merge_runs("* run E\n| `01__nsight_systems.ipynb` | 91 s |\n", first, {"01__nsight_systems.ipynb"})
     f = merge_runs("* run F\n| `00__setting_up.ipynb` | 31 s |\n", e, {"00__setting_up.ipynb"})
     assert "run E" in f and "run F" in f and "run A" not in f
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--rows", "1000000000000"], "above this script's limit of 50,000,000"),
+    (["--rows", "1000", "--json", "/nonexistent/dir/x.json"], "the folder /nonexistent/dir does not exist"),
+])
+def test_benchmark_refuses_bad_input_before_the_work(args, message):
+    proc = run(REPO_ROOT / "scripts" / "bench_trace_analysis.py", *args)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_running_out_of_memory_past_the_checks_is_one_sentence():
+    """A size the up-front check lets through (it is a lower bound) can still run out: under an address-space limit
+    of 3 GiB, a batch of 4096 does (PyTorch's CPU allocator fails); the scripts' one handler says so in one sentence."""
+    pytest.importorskip("torch")
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, 3 * 2**30))
+
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "examples" / "nsight_compute" / "torch_conv.py"), "--batch", "4096"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO_ROOT, preexec_fn=limit)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "error: out of host memory; one allocation asked for" in proc.stderr
+    assert "may use only 3.0 GiB of address space (ulimit -v)" in proc.stderr
 
 
 def test_benchmark_runs_on_a_small_export(tmp_path):

@@ -104,8 +104,9 @@ def test_sweep_reports_out_of_memory_as_a_row(tmp_path):
 
 
 def test_sweep_reports_a_failed_child_and_fails(tmp_path):
+    # a million steps cannot finish in one second on any machine (importing PyTorch alone takes longer)
     out = run(tr.BENCHMARK, "--sweep", "--sizes", "tiny", "--contexts", "8", "--child-timeout", "1",
-              "--json", str(tmp_path / "s.json"))
+              "--num-steps", "1000000", "--json", str(tmp_path / "s.json"))
     data = json.loads((tmp_path / "s.json").read_text())
     assert out.returncode == 1 and data["rows"][0]["status"] == "failed"
     assert "did not finish within 1 s" in data["rows"][0]["error"]

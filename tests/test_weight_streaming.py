@@ -4,7 +4,6 @@ import importlib.util
 import json
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -51,10 +50,21 @@ def test_more_buffers_than_layers_are_capped():
     assert sc.max_cached_layers == 6
 
 
-def test_a_model_that_does_not_fit_is_refused():
-    fake = SimpleNamespace(cuda=SimpleNamespace(mem_get_info=lambda: (2**30, 80 * 2**30)))
-    with pytest.raises(GpuprofError, match="does not fit in the GPU's free memory"):
-        ws.check_fits(ws.ModelConfig(), fake, 2)  # the default model's KV cache alone exceeds 1 GiB
+def test_a_model_that_does_not_fit_is_refused(monkeypatch):
+    import gpuprof.cli
+
+    free = {"cpu": 64 * 2**30, "cuda": 2**30}
+    monkeypatch.setattr(gpuprof.cli, "available_memory", lambda device: free[device])
+    with pytest.raises(GpuprofError, match="of GPU memory, but only 1.0 GiB is available"):
+        ws.check_fits(ws.ModelConfig(), ws.StreamingConfig(), ("prefetch",), True, 2)  # the KV cache alone exceeds 1 GiB
+    free["cpu"] = 2**30  # 24 layers of 98 MiB each do not fit in 1 GiB of host memory either
+    with pytest.raises(GpuprofError, match="24 layers of 98.0 MiB would take 2.3 GiB of host memory"):
+        ws.check_fits(ws.ModelConfig(), ws.StreamingConfig(), ("prefetch",), True, 2)
+
+
+def test_absurd_layer_counts_are_refused():
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--layers", "100000"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "above this script's limit of 1,024" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_config_file_and_flags(tmp_path):

@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     if n % CHUNK:
         raise GpuprofError(f"--mib {args.mib} is not a whole number of 32 KiB chunks.", "Use a whole number of MiB.")
     if cp is None:
+        require_memory(2 * n * 4, "cpu", f"Two arrays of {n * 4 / 2**20:,.0f} MiB", "--mib")
         x = np.arange(n, dtype=np.float32)
         out = x.reshape(-1, CHUNK)[:, ::-1].reshape(-1)
         print(f"occupancy: no GPU here, so NumPy reverses {n // CHUNK} chunks instead (nothing for ncu to profile)")

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywher
 import numpy as np  # noqa: E402
 
 from gpuprof import Backend, annotate, choose_backend, exit_on_error, time_call  # noqa: E402
-from gpuprof.cli import positive_int  # noqa: E402
+from gpuprof.cli import positive_int, require_memory  # noqa: E402
 
 KERNEL = r"""
 extern "C" __global__ void saxpy(const float a, const float* __restrict__ x, float* __restrict__ y, const long n) {
@@ -67,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     a, n = 2.0, args.n
     calls = 0
     cp = _cupy_or_none(backend.is_gpu)
+    # x, y, a copy of y and the check's expected values, plus two temporaries of the same size
+    require_memory(6 * 4 * n, "cuda" if backend.is_gpu else "cpu", f"Vectors of {n:,} floats", "--n")
     if cp is not None:
         kernel = cp.RawKernel(KERNEL, "saxpy")
         x = cp.random.standard_normal(n, dtype=cp.float32)

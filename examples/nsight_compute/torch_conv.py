@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywher
 from gpuprof import annotate, exit_on_error  # noqa: E402
 from gpuprof.cli import output_file, positive_int, require_torch  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
+from gpuprof.models import require_training_memory  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -48,10 +49,14 @@ def main(argv: list[str] | None = None) -> int:
     from torch import nn
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.backends.cudnn.benchmark = args.benchmark
+    def build() -> nn.Module:
+        return nn.Sequential(nn.Conv2d(3, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Conv2d(64, 128, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                             nn.Flatten(), nn.Linear(128, 10))
+
+    require_training_memory(build, (3, 32, 32), args.batch, device, "--batch", optimizer_states=0)  # plain SGD
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                          nn.Conv2d(64, 128, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-                          nn.Flatten(), nn.Linear(128, 10)).to(device)
+    model = build().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     x = torch.randn(args.batch, 3, 32, 32, device=device)
     y = torch.randint(0, 10, (args.batch,), device=device)

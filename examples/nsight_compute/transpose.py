@@ -71,6 +71,7 @@ def check_transpose(host_a: np.ndarray, out, rows: list[int], cp, transposed: bo
 def run_cpu(n: int, json_path: Path | None) -> None:
     import time
 
+    require_memory(2 * n * n * 4, "cpu", f"A {n:,} x {n:,} matrix and its transpose", "--n")
     print(f"transpose: no GPU here, so NumPy transposes a {n} x {n} matrix instead (nothing for ncu to profile)")
     a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
     t0 = time.perf_counter()

@@ -38,7 +38,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere in the repo
 
 from gpuprof import exit_on_error  # noqa: E402
-from gpuprof.cli import join_group, nonnegative_int, output_file, positive_int, require_torch, torchrun_place  # noqa: E402
+from gpuprof.cli import (join_group, nonnegative_int, output_file, positive_int, require_memory, require_torch,  # noqa: E402
+                         torchrun_place)
 from gpuprof.errors import GpuprofError  # noqa: E402
 from gpuprof.ranges import annotate  # noqa: E402
 
@@ -109,7 +110,8 @@ def sweep(torch: Any, dist: Any, sizes: list[int], device: str, iterations: int,
     gpu = device.startswith("cuda")
     rows = []
     for nbytes in sizes:
-        buf = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
+        # zeros, which stay zeros: an in-place sum of ones would double every call and overflow after ~128 calls
+        buf = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=device)
         with annotate(f"allreduce_{nbytes}B"):
             for _ in range(warmup):
                 dist.all_reduce(buf)
@@ -144,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     rank, world, device = torchrun_place(torch, args.cpu)
     gpu = device.startswith("cuda")
     sizes = args.sizes or size_list(GPU_SIZES if gpu else CPU_SIZES)
+    require_memory(max(sizes), "cuda" if gpu else "cpu", f"An all-reduce buffer of {max(sizes) / 2**30:,.2f} GiB", "--sizes")
+    if gpu and rank == 0:
+        require_memory(args.copy_mb * 2**20, "cuda", f"The peer copy's {args.copy_mb:,} MiB buffer", "--copy-mb")
     join_group(torch, rank, world, device)
     cpu_group = dist.new_group(backend="gloo")  # a barrier that runs no GPU kernel while rank 0 copies
     try:

@@ -102,19 +102,26 @@ def setup(args: argparse.Namespace) -> tuple[Any, int, int, str]:
     for key, value in (GPU_SIZES if gpu else CPU_SIZES).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    from gpuprof.models import require_training_memory
+
+    # SGD keeps no state, but DDP's buckets hold a second copy of the gradients: one "state"
+    require_training_memory(lambda: build_model(args, torch, None), (args.width,), args.batch_size, device,
+                            "--width, --depth or --batch-size", optimizer_states=1, half_precision=args.bf16)
     join_group(torch, rank, world, device)
     return torch, rank, world, device
 
 
-def build_model(args: argparse.Namespace, torch: Any, device: str) -> Any:
-    """The same initial weights on every rank (DDP would broadcast rank 0's anyway)."""
+def build_model(args: argparse.Namespace, torch: Any, device: str | None) -> Any:
+    """The same initial weights on every rank (DDP would broadcast rank 0's anyway); ``device`` None leaves it where
+    it was made (the memory check builds it on the meta device)."""
     from torch import nn
 
     torch.manual_seed(0)
     layers: list[Any] = []
     for _ in range(args.depth):
         layers += [nn.Linear(args.width, args.width), nn.ReLU()]
-    return nn.Sequential(*layers).to(device)
+    model = nn.Sequential(*layers)
+    return model if device is None else model.to(device)
 
 
 def train(args: argparse.Namespace, torch: Any, rank: int, device: str, bucket_mb: float) -> dict[str, Any]:

@@ -42,7 +42,7 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere in the repo
 
 from gpuprof import exit_on_error  # noqa: E402
-from gpuprof.cli import nonnegative_int, output_file, positive_int, require_torch  # noqa: E402
+from gpuprof.cli import nonnegative_int, output_file, positive_int, require_memory, require_torch  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
 from gpuprof.ranges import annotate  # noqa: E402
 
@@ -113,6 +113,14 @@ def make_weights(args: argparse.Namespace, device: str) -> list[dict[str, Any]]:
         w.update(wo_t=w["wo"].t().contiguous(), w1_t=w["w1"].t().contiguous(), w2_t=w["w2"].t().contiguous())
         layers.append(w)
     return layers
+
+
+def least_bytes(args: argparse.Namespace) -> int:
+    """What the run holds at the least: every layer's weights in both layouts (8 d^2 + 4 d d_ff values, see
+    :func:`make_weights`), the input and the output, and the feed-forward's intermediate."""
+    size = 2 if args.dtype == "bf16" else 4
+    d, ff, tokens = args.d_model, args.d_ff, args.batch_size * args.seq_len
+    return size * (args.layers * (8 * d * d + 4 * d * ff) + tokens * (2 * d + ff))
 
 
 # --- the layer op by op ---------------------------------------------------------------------------
@@ -218,7 +226,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"launch_bound_layer: {args.layers} encoder layers (d_model {args.d_model}, {args.heads} heads, d_ff {args.d_ff}), "
           f"batch {args.batch_size} x {args.seq_len} tokens, {args.dtype} inference, on {where}", flush=True)
     if skipped:
+        if not variants:
+            raise GpuprofError(f"--variants {','.join(skipped)} needs a GPU (CUDA graphs), and this run is on the CPU.",
+                               f"Choose among {', '.join(v for v in VARIANTS if v not in GPU_ONLY)} here.")
         print(f"  no GPU here (or --cpu): {', '.join(skipped)} skipped (CUDA graphs need a GPU)")
+    require_memory(least_bytes(args), device, f"{args.layers} layers at d_model {args.d_model:,}, d_ff {args.d_ff:,} and "
+                   f"batch {args.batch_size:,} x {args.seq_len:,}", "--layers, --d-model, --d-ff, --batch-size or --seq-len",
+                   lower_bound=True)
     torch.backends.cuda.matmul.allow_tf32 = args.dtype == "tf32"
     torch.manual_seed(args.seed)
     weights = make_weights(args, device)

@@ -31,11 +31,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere in the repo
 
 from gpuprof import annotate, exit_on_error  # noqa: E402
-from gpuprof.cli import add_sections_argument, output_file, positive_int, resolve_sections, torch_backend_or_cpu  # noqa: E402
+from gpuprof.cli import (add_sections_argument, bounded_int, output_file, positive_int, require_memory,  # noqa: E402
+                         resolve_sections, torch_backend_or_cpu)
 from gpuprof.errors import GpuprofError  # noqa: E402
 
 SECTIONS = ("caching", "raw", "churn", "pinned_host")
 MIB = 1 << 20
+MAX_ITERATIONS = 100_000
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -43,7 +45,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_sections_argument(p, SECTIONS)
     p.add_argument("--size-mib", type=positive_int, default=64, help="allocation size (default: 64)")
-    p.add_argument("--iterations", type=positive_int, default=50, help="allocations per section (default: 50)")
+    p.add_argument("--iterations", type=bounded_int(MAX_ITERATIONS, "each can be a real cudaMalloc and cudaFree: a hundred "
+                                                         "thousand already take minutes"),
+                   default=50, help=f"allocations per section (default: 50, at most {MAX_ITERATIONS:,})")
     p.add_argument("--json", type=output_file, default=None, metavar="FILE", help="also write the results to FILE")
     p.add_argument("--backend", choices=["torch", "cpu"], default=None, help="force a backend (default: torch CUDA, else CPU)")
     args = p.parse_args(argv)
@@ -154,6 +158,11 @@ class Allocations:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     a = Allocations(args)
+    # the churn section's largest block is 4 x --size-mib (the others hold one --size-mib block at a time)
+    require_memory(4 * args.size_mib * MIB, "cuda" if a.gpu else "cpu",
+                   f"The churn section's largest allocation ({4 * args.size_mib:,} MiB)", "--size-mib")
+    if a.gpu and "pinned_host" in args.sections:
+        require_memory(args.size_mib * MIB, "cpu", f"A pinned host buffer of {args.size_mib:,} MiB", "--size-mib")
     print(f"memory_allocation: {a.backend}" + ("" if a.gpu else " (no GPU: NumPy host allocations stand in)"))
     for name in args.sections:
         print(f"[{name}]")

@@ -32,10 +32,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere in the repo
 
 from gpuprof import choose_backend, exit_on_error  # noqa: E402
-from gpuprof.cli import add_sections_argument, positive_int, resolve_sections  # noqa: E402
+from gpuprof.cli import add_sections_argument, bounded_int, positive_int, resolve_sections  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
 
 SECTIONS = ("basics", "domains", "threads", "marks", "nested", "training", "auto", "cost")
+MAX_COST_CALLS = 10_000_000
 
 try:
     import nvtx
@@ -49,7 +50,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_sections_argument(p, SECTIONS)
     p.add_argument("--steps", type=positive_int, default=5, help="measured training steps after 2 warm-up steps (default: 5)")
     p.add_argument("--emit-nvtx", action="store_true", help="wrap training in torch.autograd.profiler.emit_nvtx()")
-    p.add_argument("--cost-calls", type=positive_int, default=100_000, help="ranges per cost measurement (default: 100000)")
+    p.add_argument("--cost-calls", type=bounded_int(MAX_COST_CALLS, "at up to a few microseconds a range under a "
+                                                                    "profiler, ten million already take minutes"),
+                   default=100_000, help=f"ranges per cost measurement (default: 100000; at most {MAX_COST_CALLS:,})")
     p.add_argument("--backend", choices=["torch", "cpu"], default=None, help="force a backend for training")
     args = p.parse_args(argv)
     args.sections = resolve_sections(p, args.sections, SECTIONS)

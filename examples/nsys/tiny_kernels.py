@@ -26,14 +26,20 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere in the repo
 
 from gpuprof import annotate, choose_backend, exit_on_error  # noqa: E402
-from gpuprof.cli import positive_float, positive_int  # noqa: E402
+from gpuprof.cli import bounded_int, positive_float  # noqa: E402
+
+MAX_KERNELS = 1_000_000
+MAX_STEPS = 100_000
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=positive_int, default=5, help="measured steps after one warm-up step (default: 5)")
-    p.add_argument("--kernels", type=positive_int, default=200, help="tiny kernels launched per step (default: 200)")
+    p.add_argument("--steps", type=bounded_int(MAX_STEPS, "use --seconds for a long run"), default=5,
+                   help=f"measured steps after one warm-up step (default: 5; at most {MAX_STEPS:,})")
+    p.add_argument("--kernels", type=bounded_int(MAX_KERNELS, "at a few microseconds a launch, a million already "
+                                                              "take seconds per step"),
+                   default=200, help=f"tiny kernels launched per step (default: 200; at most {MAX_KERNELS:,})")
     p.add_argument("--seconds", type=positive_float, default=None,
                    help="keep running steps for this long instead of --steps (for attaching a profiler later)")
     p.add_argument("--pause-ms", type=float, default=0.0,

@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywher
 
 from gpuprof import exit_on_error  # noqa: E402
 from gpuprof.cli import nonnegative_int, output_file, positive_int, require_torch  # noqa: E402
-from gpuprof.errors import GpuprofError  # noqa: E402
+from gpuprof.errors import GpuprofError, is_out_of_memory  # noqa: E402
 from gpuprof.ranges import annotate  # noqa: E402
 
 # d_model, d_ff, num_layers, num_heads: the sizes of the benchmark's assignment table, plus a tiny one.
@@ -212,14 +212,6 @@ def summary(values: list[float]) -> dict[str, float]:
     """Mean, standard deviation, min and max of a list of milliseconds."""
     return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
             "min": min(values), "max": max(values)}
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """A GPU allocation failure, or the CPU allocator's (which PyTorch raises as a plain RuntimeError)."""
-    import torch
-
-    return isinstance(exc, torch.OutOfMemoryError) or (
-        isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc))
 
 
 class Clock:

@@ -47,10 +47,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere in the repo
 
 from gpuprof import annotate, exit_on_error  # noqa: E402
-from gpuprof.cli import nonnegative_int, output_file, positive_int, torch_backend_or_cpu  # noqa: E402
+from gpuprof.cli import nonnegative_int, output_file, positive_int, require_memory, torch_backend_or_cpu  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
 
 MODES = ("resident", "transfer_only", "sync", "prefetch")
+MAX_LAYERS = 1024
 
 
 @dataclass(frozen=True)
@@ -372,6 +373,9 @@ def load_settings(args: argparse.Namespace, gpu: bool) -> tuple[ModelConfig, Str
     if args.max_cached_layers is not None:
         streaming["max_cached_layers"] = args.max_cached_layers
     cfg, sc = ModelConfig(**base), StreamingConfig(**streaming)
+    if cfg.layers > MAX_LAYERS:
+        raise GpuprofError(f"{cfg.layers:,} layers is above this script's limit of {MAX_LAYERS:,} (the largest published "
+                           "decoders have under 200; every pass streams every layer).", "Choose fewer --layers.")
     if cfg.d_model % cfg.heads:
         raise GpuprofError(f"d_model={cfg.d_model} is not divisible by heads={cfg.heads}.")
     sc.check(cfg.layers)
@@ -380,14 +384,20 @@ def load_settings(args: argparse.Namespace, gpu: bool) -> tuple[ModelConfig, Str
     return cfg, sc
 
 
-def check_fits(cfg: ModelConfig, torch, dtype_bytes: int) -> None:  # type: ignore[no-untyped-def]
-    """Refuse a model of which not even one layer (plus the KV cache) fits in free GPU memory."""
-    free, _ = torch.cuda.mem_get_info()
+def check_fits(cfg: ModelConfig, sc: StreamingConfig, modes: tuple[str, ...], gpu: bool, dtype_bytes: int) -> None:
+    """Refuse, before drawing any weight, a model this machine cannot hold: every layer lives in host memory
+    (pinned on a GPU machine); on the GPU, the resident mode holds every layer and the others
+    --max-cached-layers of them, beside the KV cache."""
     layer = cfg.layer_params * dtype_bytes
-    kv = 2 * cfg.layers * cfg.batch * (cfg.prompt + cfg.decode_steps) * cfg.d_model * dtype_bytes
-    if layer + kv > free:
-        raise GpuprofError(f"One layer ({layer / 2**30:.1f} GiB) plus the KV cache ({kv / 2**30:.1f} GiB) does not fit in "
-                           f"the GPU's free memory ({free / 2**30:.1f} GiB).", "Use a smaller --d-model, --ffn, --batch or --prompt.")
+    sizes = "--layers, --d-model or --ffn"
+    require_memory(cfg.layers * layer, "cpu", f"{cfg.layers:,} layers of {layer / 2**20:,.1f} MiB", sizes)
+    if gpu:
+        kv = 2 * cfg.layers * cfg.batch * (cfg.prompt + cfg.decode_steps) * cfg.d_model * dtype_bytes
+        held = cfg.layers if "resident" in modes else sc.max_cached_layers
+        require_memory(held * layer + kv, "cuda", f"{held:,} layers of {layer / 2**20:,.1f} MiB on the GPU "
+                       f"(the {'resident mode' if 'resident' in modes else 'layer buffers'}) and a KV cache of "
+                       f"{kv / 2**30:,.1f} GiB", sizes + ", --batch or --prompt" + (", or a --mode other than resident"
+                                                                                     if "resident" in modes else ""))
 
 
 def check_same_logits(name: str, logits, reference, gpu: bool) -> float:  # type: ignore[no-untyped-def]
@@ -416,8 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     torch, gpu = backend.xp, backend.is_gpu
     cfg, sc = load_settings(args, gpu)
     dtype = torch.bfloat16 if gpu else torch.float32
-    if gpu:
-        check_fits(cfg, torch, 2)
+    check_fits(cfg, sc, MODES if args.mode == "all" else (args.mode,), gpu, 2 if gpu else 4)
     layer_bytes = cfg.layer_params * (2 if gpu else 4)
     size = f"{layer_bytes / 2**20:.0f} MiB" if layer_bytes >= 2**20 else f"{layer_bytes / 2**10:.0f} KiB"
     print(f"weight_streaming: {backend}; {cfg.layers} layers of {size}; "

@@ -82,9 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         analyse(tm, log)
         print("result checked: the reference log agrees with the allocator counters it was recorded with")
         return 0
-    from gpuprof.models import check_loss_fell, small_cnn, synthetic_batch, train_step
+    from gpuprof.models import check_loss_fell, require_training_memory, small_cnn, synthetic_batch, train_step
 
     torch.manual_seed(0)
+    require_training_memory(small_cnn, (3, 32, 32), args.batch, "cuda", "--batch", optimizer_states=1)  # SGD, momentum
     model = small_cnn().to("cuda")
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     x, y = synthetic_batch(args.batch, "cuda")

@@ -68,13 +68,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch = require_torch("profiler_overhead.py")
     from torch.profiler import ProfilerActivity, profile, schedule
-    from gpuprof.models import check_loss_fell, small_cnn, synthetic_batch, train_step
+    from gpuprof.models import check_loss_fell, require_training_memory, small_cnn, synthetic_batch, train_step
 
     device = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     print(f"profiler_overhead: {len(CONFIGS)} configurations x {args.rounds} rounds x {args.steps} steps of batch "
           f"{args.batch} on {device}" + ("" if device == "cuda" else " (CPU activities only)"), flush=True)
     torch.manual_seed(0)
+    require_training_memory(small_cnn, (3, 32, 32), args.batch, device, "--batch", optimizer_states=1)  # SGD, momentum
     model = small_cnn().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x, y = synthetic_batch(args.batch, device)

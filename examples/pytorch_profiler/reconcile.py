@@ -64,7 +64,7 @@ def median(values: list[float]) -> float:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch = require_torch("reconcile.py")
-    from gpuprof.models import check_loss_fell, small_cnn, synthetic_batch, train_step
+    from gpuprof.models import check_loss_fell, require_training_memory, small_cnn, synthetic_batch, train_step
 
     gpu = torch.cuda.is_available()
     device = "cuda" if gpu else "cpu"
@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     if not gpu:
         print("  no GPU here: CUDA events and GPU activity cannot be measured; only the host's clock is used")
     torch.manual_seed(0)
+    require_training_memory(small_cnn, (3, 32, 32), args.batch, device, "--batch", optimizer_states=1)  # SGD, momentum
     model = small_cnn().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     x, y = synthetic_batch(args.batch, device)

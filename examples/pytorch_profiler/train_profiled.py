@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch = require_torch("train_profiled.py")
     from torch.profiler import ProfilerActivity, profile, record_function, schedule
-    from gpuprof.models import check_loss_fell, small_cnn, synthetic_batch, train_step
+    from gpuprof.models import check_loss_fell, require_training_memory, small_cnn, synthetic_batch, train_step
     from gpuprof.torch_profiler import key_averages as tk
     from gpuprof.torch_profiler import schedule as tsched
     from gpuprof.torch_profiler import trace as tt
@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         print("  no GPU here (or --cpu): the profiler records CPU operators only, no kernels")
 
     torch.manual_seed(0)
+    require_training_memory(small_cnn, (3, 32, 32), args.batch, device, "--batch", optimizer_states=1)  # SGD, momentum
     model = small_cnn().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     x, y = synthetic_batch(args.batch, device)
