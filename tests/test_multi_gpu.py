@@ -327,3 +327,18 @@ def test_reference_straggler_and_traces():
     ar = json.loads((REF / "allreduce.json").read_text())
     bw = mg.bandwidth_table(ar)
     assert bw["bytes"].is_monotonic_increasing and bw["busbw_gbps"].iloc[-1] > bw["busbw_gbps"].iloc[0]
+
+
+def test_nccl_choices_are_read_from_its_tuning_log():
+    log = ("h:11:12 [0] NCCL INFO NCCL version 2.28.3+cuda13.0\n"
+           "h:11:12 [0] NCCL INFO AllReduce: 1048576 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..1}\n"
+           "h:11:12 [0] NCCL INFO AllReduce: 1048576 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..1}\n"
+           "h:13:14 [1] NCCL INFO AllReduce: 536870912 Bytes -> Algo RING proto SIMPLE channel{Lo..Hi}={0..31}\n"
+           "h:11:12 [0] NCCL INFO comm 0x1 rank 0 nranks 2 - Init COMPLETE\n")
+    t = mg.parse_nccl_choices(log)
+    assert t.to_dict(orient="records") == [
+        {"device": 0, "collective": "AllReduce", "bytes": 1048576, "algorithm": "RING", "protocol": "LL", "channels": 2,
+         "calls": 2},
+        {"device": 1, "collective": "AllReduce", "bytes": 536870912, "algorithm": "RING", "protocol": "SIMPLE",
+         "channels": 32, "calls": 1}]
+    assert mg.parse_nccl_choices("no tuning lines here").empty

@@ -248,3 +248,16 @@ def test_steps_of_a_stored_gpu_trace_launch_the_same_work():
     assert steps["step"].tolist() == [4, 5, 6]
     assert steps["launches"].nunique() == 1 and (steps["gpu_busy_ms"] > 0).all()
     assert (steps["gpu_busy_ms"] <= steps["gpu_span_ms"] + 1e-9).all()
+
+
+def test_self_cpu_by_thread_partitions_each_threads_time():
+    """On the course's GPU trace: the main thread's self time is the steps' wall time; autograd's thread adds more."""
+    trace = tt.read_trace(CH05 / "train_steps.json.gz")
+    per_thread = ts.op_summary(trace, by="thread").set_index("thread")["self_cpu_us"]
+    main = trace.steps()["globalTid"].iloc[0]
+    steps_us = ts.step_summary(trace)["cpu_ms"].sum() * 1e3
+    assert len(per_thread) == 2 and per_thread[main] == pytest.approx(steps_us, rel=1e-3)
+    assert per_thread.sum() == pytest.approx(ts.op_summary(trace)["self_cpu_us"].sum())
+    assert per_thread.sum() > 1.3 * steps_us
+    with pytest.raises(ValueError, match="by must be"):
+        ts.op_summary(trace, by="stream")

@@ -322,7 +322,28 @@ def run(args: argparse.Namespace, device: str) -> dict[str, Any]:
         if gpu:
             torch.cuda.profiler.stop()
     return {"setup_s": setup_s, "warmup_step_s": warmup_s, "windows": windows, "losses": losses,
-            "peak_memory_bytes": int(torch.cuda.max_memory_allocated()) if gpu else None}
+            "peak_memory_bytes": int(torch.cuda.max_memory_allocated()) if gpu else None,
+            "precision": precision(torch), "compile_counters": compile_counters(args)}
+
+
+def precision(torch: Any) -> dict[str, Any]:
+    """The FP32 arithmetic PyTorch allowed in this run: its defaults let cuDNN run FP32 convolutions on TF32 tensor
+    cores (``cudnn.allow_tf32``) but keep FP32 matrix products in FP32 (``cuda.matmul.allow_tf32``)."""
+    return {"cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+            "matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+            "float32_matmul_precision": torch.get_float32_matmul_precision()}
+
+
+def compile_counters(args: argparse.Namespace) -> dict[str, int] | None:
+    """With --compile: Inductor's own counters (``torch._dynamo.utils.counters["inductor"]``), among them
+    ``cudagraph_skips`` when reduce-overhead could not graph a region; None without --compile."""
+    if args.compile == "off":
+        return None
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        return None
+    return {k: int(v) for k, v in counters["inductor"].items()}
 
 
 def window_steps(step: Callable[[], None], steps: int, min_seconds: float, clock: Callable[[], float]) -> int:

@@ -32,7 +32,7 @@ PIPES = {"FMA": "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active",
          "ALU": "sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active",
          "LSU": "sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active",
          "tensor (all)": "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",
-         "tensor (mma.sync)": "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"}
+         "tensor HMMA (mma.sync + wgmma)": "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"}
 
 
 def stall_metric(reason: str) -> str:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -38,7 +39,7 @@ from ..errors import GpuprofError
 from ..nsys import sqlite as ns
 from ..runner import portable_command, python_target
 
-__all__ = ["SCRIPT", "Config", "LADDER", "LEVERS", "SWEEP", "SWEEP_BATCHES", "COMPILE", "all_configs", "run_args",
+__all__ = ["SCRIPT", "Config", "LADDER", "LEVERS", "NCHW_CHECK", "ROUNDS", "run_plan", "preload", "SWEEP", "SWEEP_BATCHES", "COMPILE", "all_configs", "run_args",
            "run_configs", "results_table", "ladder_table", "sweep_table", "phase_table", "gpu_activity",
            "sync_wait_ms", "PHASES", "capture_config", "evidence", "largest_phase", "ladder_figure", "sweep_figure"]
 
@@ -76,17 +77,25 @@ LADDER: list[Config] = [
     Config("3 pinned, non-blocking copies", (*WORKERS, "--pin-memory", "--non-blocking", *SYNC),
            change="pinned batches, copied with non_blocking=True"),
     Config("4 CUDA graph of the step", (*WORKERS, "--pin-memory", "--non-blocking", *SYNC, *GRAPH),
-           change="forward, backward and fused Adam replayed as one CUDA graph"),
-    Config("5 data on the GPU", (*GPU_DATA, *SYNC, *GRAPH), change="the image set on the GPU, augmented there; no DataLoader"),
-    Config("6 bf16, channels_last, cuDNN autotuning", BEST, change="autocast to bf16, NHWC, cudnn.benchmark"),
+           change="two together: forward, backward and Adam replayed as one CUDA graph, which needs Adam fused and "
+                  "capturable"),
+    Config("5 data on the GPU", (*GPU_DATA, *SYNC, *GRAPH),
+           change="the image set on the GPU, augmented there; the DataLoader, pinning and non_blocking go"),
+    Config("6 bf16, channels_last, cuDNN autotuning", BEST,
+           change="three together: autocast to bf16, NHWC, cudnn.benchmark (each alone: section 6)"),
     Config("7 batch 256", BEST, 256, change="8x the images per step"),
     Config("8 batch 1024", BEST, 1024, change="4x the images per step again"),
 ]
 
 LEVERS: list[Config] = [Config(f"alone: {name}", levers) for name, levers in [
     ("workers 8", WORKERS), ("non_blocking", ("--non-blocking",)), ("data on the GPU", GPU_DATA),
-    ("bf16", ("--bf16",)), ("fused Adam", ("--fused-adam",)),
+    ("bf16", ("--bf16",)), ("channels_last", ("--channels-last",)), ("fused Adam", ("--fused-adam",)),
 ]]
+
+# Rung 8 without its NHWC layout: did channels_last, a lever of the ladder, make the slow NHWC pooling backward that
+# section 4 finds at the top of the step?
+NCHW_CHECK: list[Config] = [Config("8 without channels_last", tuple(l for l in BEST if l != "--channels-last"), 1024,
+                                   change="rung 8 in the default NCHW layout")]
 
 SWEEP_BATCHES = (32, 256, 1024, 4096)
 # The loops swept, and the batch sizes each is run at (the slow loops at 32 and 1024 only:
@@ -114,105 +123,181 @@ def _sweep_configs() -> list[Config]:
 
 def all_configs() -> list[Config]:
     """Every configuration the chapter times, each once: runs with the same levers and batch are shared."""
-    return [*LADDER, *LEVERS, *_sweep_configs(), *COMPILE]
+    return [*LADDER, *LEVERS, *NCHW_CHECK, *_sweep_configs(), *COMPILE]
 
 
 def _key(cfg: Config) -> tuple[tuple[str, ...], int]:
     return (tuple(sorted(cfg.levers)), cfg.batch)
 
 
+DATASET_SIZE = 10_000  # images every timed run trains on (drawn once per run of the chapter: preload)
+ROUNDS = 3  # processes each repeated configuration is timed in
+
+
 def run_args(cfg: Config) -> list[str]:
-    """The script's arguments for one timed run: enough warm-up, and three windows of at least 0.4 s each.
+    """The script's arguments for one timed run: enough warm-up, and two windows of at least 0.3 s each.
 
     Large batches take fewer steps per window (a naive step at batch 4096 lasts about half a
     second); every window still lasts long enough to average over the DataLoader's hiccups.
+    The spread that matters is between processes (:data:`ROUNDS` of them per configuration),
+    so each process times two windows, not more.
     """
     steps = max(3, 3200 // cfg.batch)
     warmup = 10 if cfg.batch <= 256 else 5
-    return [*cfg.args(), "--warmup", str(warmup), "--steps", str(steps), "--repeats", "3", "--min-window-s", "0.4",
-            "--dataset-size", "10000"]
+    return [*cfg.args(), "--warmup", str(warmup), "--steps", str(steps), "--repeats", "2", "--min-window-s", "0.3",
+            "--dataset-size", str(DATASET_SIZE)]
 
 
-def _run_one(cfg: Config, env: dict[str, str], timeout_s: int) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "run.json"
-        cmd = python_target(SCRIPT, *run_args(cfg), "--json", str(out))
-        t0 = time.perf_counter()
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
-        except subprocess.TimeoutExpired:
-            return {"status": f"did not finish within {timeout_s} s", "wall_s": timeout_s}
-        wall = time.perf_counter() - t0
-        if out.exists():
-            result = json.loads(out.read_text())
-            result.pop("losses", None)  # the check on them is kept; 27 runs of losses would be most of the file
-            result["wall_s"] = wall
-            return result
-        tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-2:])
-        return {"status": f"failed (exit {proc.returncode}): {tail}", "wall_s": wall}
+def preload() -> None:
+    """Called once in the fork server (:mod:`gpuprof.fork_runs`): the image set every run uses, drawn once."""
+    from . import cnn_data
+
+    cnn_data.preload(DATASET_SIZE, seed=0)
 
 
-def run_configs(chapter: str, filename: str, configs: Sequence[Config] | None = None, *, timeout_s: int = 240) -> FoundCapture:
-    """Time each configuration in a fresh process, one after another, into ``<chapter>/<filename>``.
+def run_plan(configs: Sequence[Config], repeated: Sequence[Config], rounds: int) -> list[Config]:
+    """The order of the runs: the repeated configurations ``rounds`` times, interleaved (A B C, C B A, A B C, ...),
+    so that a drift of the machine over the run spreads over every configuration alike; then the others once.
+    Configurations with the same levers and batch are one run."""
+    unique = {_key(c): c for c in reversed(list(configs))}  # the first label of each run names it
+    keys = [k for k in dict.fromkeys(_key(c) for c in repeated) if k in unique]
+    order = [unique[k] for r in range(rounds) for k in (keys if r % 2 == 0 else keys[::-1])]
+    return order + [c for k, c in reversed(list(unique.items())) if k not in keys]
 
-    Runs with the same levers and batch size are made once and shared by every label that
-    names them. torch.compile runs get empty Inductor and Triton caches, so their first step
-    shows a cold compilation, as a new program's would. Without a GPU: the reference results.
+
+def _summarise(processes: list[dict]) -> dict:
+    """One configuration's result from its processes: the median over processes of each process's median window,
+    the processes' range, the smallest loss fall, the largest peak memory."""
+    ok = [p for p in processes if p.get("status") == "ok"]
+    if len(ok) < len(processes):
+        bad = next(p for p in processes if p.get("status") != "ok")
+        return {"status": bad.get("status"), "processes": processes}
+    rates = [p["images_per_s"] for p in ok]
+    first = ok[0]
+    return {**{k: first[k] for k in ("config", "device", "gpu", "torch") if k in first}, "status": "ok",
+            "images_per_s": float(np.median(rates)), "process_low": min(rates), "process_high": max(rates),
+            "warmup_step_s": first["warmup_step_s"], "first_step_s_each": [p["warmup_step_s"][0] for p in ok],
+            "loss_check": min((p["loss_check"] for p in ok), key=lambda c: c["fall"]),
+            "peak_memory_bytes": max((p.get("peak_memory_bytes") or 0) for p in ok) or None,
+            "processes": processes}
+
+
+def run_configs(chapter: str, filename: str, configs: Sequence[Config] | None = None, *,
+                repeated: Sequence[Config] | None = None, rounds: int = ROUNDS, timeout_s: int = 240) -> FoundCapture:
+    """Time each configuration in fresh processes, into ``<chapter>/<filename>``; without a GPU, the references.
+
+    The ``repeated`` configurations (default: the ladder and each lever alone) are timed in
+    ``rounds`` processes each, in interleaved rounds (:func:`run_plan`): the noise between
+    processes is larger than the noise within one, and a single process of the baseline
+    would make every ratio to it as noisy as that process. The others run once. Each run
+    is a process forked from a server that imported PyTorch once (:mod:`gpuprof.fork_runs`);
+    runs with the same levers and batch are made once per round and shared by every label
+    that names them. torch.compile runs get empty Inductor and Triton caches, so their
+    first step shows a cold compilation, as a new program's would.
     """
     machine = describe_machine()
     if machine.device != "cuda":
         print(f"No GPU on this machine ({machine.summary()}): showing the course's reference results instead.")
         return find_capture(chapter, filename, prefer="reference")
     configs = list(configs or all_configs())
-    unique: dict[tuple[tuple[str, ...], int], Config] = {}
-    for cfg in configs:
-        unique.setdefault(_key(cfg), cfg)
-    print(f"{len(configs)} configurations, {len(unique)} distinct runs, each in its own process:", flush=True)
-    results: dict[tuple[tuple[str, ...], int], dict] = {}
-    t_all = time.perf_counter()
-    for i, (key, cfg) in enumerate(unique.items(), 1):
-        env = dict(os.environ)
-        with tempfile.TemporaryDirectory() as cache:
+    repeated = list(repeated if repeated is not None else [*LADDER, *LEVERS, *NCHW_CHECK])
+    plan = run_plan(configs, repeated, rounds)
+    distinct = {_key(c) for c in configs}
+    n_once = len(distinct - {_key(c) for c in repeated})
+    n_rep = len(plan) - n_once
+    per_round = n_rep // rounds
+    print(f"{len(configs)} configurations, {len(distinct)} distinct runs; {per_round} of them timed in {rounds} processes "
+          f"each (interleaved rounds), {n_once} once: {len(plan)} processes", flush=True)
+    per_key: dict[tuple[tuple[str, ...], int], list[dict]] = {}
+    done = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = []
+        for i, cfg in enumerate(plan):
+            env = {}
             if "--compile" in cfg.levers:
-                env.update(TORCHINDUCTOR_CACHE_DIR=f"{cache}/inductor", TRITON_CACHE_DIR=f"{cache}/triton")
-            results[key] = r = _run_one(cfg, env, timeout_s)
-        shown = " ".join(cfg.args())
-        if r.get("status") == "ok":
-            print(f"  [{i}/{len(unique)}] {shown}: {r['images_per_s']:,.0f} images/s, first step "
-                  f"{r['warmup_step_s'][0]:.2f} s ({r['wall_s']:.0f} s)", flush=True)
-        else:
-            print(f"  [{i}/{len(unique)}] {shown}: {r.get('status')}", flush=True)
+                env = {"TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor{i}", "TRITON_CACHE_DIR": f"{tmp}/triton{i}"}
+            runs.append({"argv": [*run_args(cfg), "--json", f"{tmp}/run{i}.json"], "env": env, "log": f"{tmp}/run{i}.log"})
+        plan_file = Path(tmp) / "plan.json"
+        plan_file.write_text(json.dumps({"script": str(SCRIPT), "preload": "gpuprof.studies.cnn_training:preload",
+                                         "timeout_s": timeout_s, "runs": runs}))
+        t_all = t_block = time.perf_counter()
+        path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+        proc = subprocess.Popen([sys.executable, "-m", "gpuprof.fork_runs", str(plan_file)], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": path})
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            parts = line.split()
+            if len(parts) != 4 or parts[0] != "RUN":
+                print("  " + line.rstrip(), flush=True)  # the server's own message (an import error, say)
+                continue
+            i, status, wall = int(parts[1]), parts[2], float(parts[3])
+            out = Path(tmp) / f"run{i}.json"
+            result = json.loads(out.read_text()) if out.exists() else {}
+            if status != "0" or result.get("status") != "ok":
+                log = (Path(tmp) / f"run{i}.log").read_text(errors="replace").strip().splitlines()
+                result = {"status": f"failed (exit {status}): {' | '.join(log[-2:])}"}
+                print(f"  {' '.join(plan[i].args())}: {result['status']}", flush=True)
+            result.pop("losses", None)  # the check on them is kept; every run's losses would be most of the file
+            result["wall_s"] = wall
+            per_key.setdefault(_key(plan[i]), []).append(result)
+            done += 1
+            if done <= n_rep and done % per_round == 0:
+                print(f"  round {done // per_round}/{rounds}: {per_round} runs in {time.perf_counter() - t_block:.0f} s",
+                      flush=True)
+                t_block = time.perf_counter()
+            elif done > n_rep and result.get("status") == "ok":
+                print(f"  once: {' '.join(plan[i].args())}: {result['images_per_s']:,.0f} images/s, first step "
+                      f"{result['warmup_step_s'][0]:.2f} s", flush=True)
+        proc.wait()
     print(f"all runs: {time.perf_counter() - t_all:.0f} s")
-    runs = {cfg.label: {"levers": list(cfg.levers), "batch": cfg.batch, "args": run_args(cfg), **results[_key(cfg)]}
-            for cfg in configs}
+    if proc.returncode != 0 or done < len(plan):
+        raise GpuprofError(f"the run server stopped early (exit {proc.returncode}) after {done} of {len(plan)} runs.")
+    results = {k: _summarise(v) for k, v in per_key.items()}
+    out_runs = {cfg.label: {"levers": list(cfg.levers), "batch": cfg.batch, "args": run_args(cfg), **results[_key(cfg)]}
+                for cfg in configs}
     command = " ".join(portable_command(python_target(SCRIPT, "<levers>", "--batch-size", "<batch>", "--json", "run.json")))
-    save_json(chapter, filename, {"script": "examples/nsys/cnn_training.py", "runs": runs}, overwrite=True,
-              command=f"gpuprof.studies.cnn_training.run_configs: for each configuration, {command}")
+    save_json(chapter, filename, {"script": "examples/nsys/cnn_training.py", "rounds": rounds, "runs": out_runs},
+              overwrite=True, command=f"gpuprof.studies.cnn_training.run_configs: for each configuration, {command}, in "
+                                      f"a process forked from gpuprof.fork_runs; the ladder and the levers alone in "
+                                      f"{rounds} interleaved rounds")
     return find_capture(chapter, filename)
 
 
 def results_table(runs: dict[str, dict]) -> pd.DataFrame:
-    """One row per configuration: images/s (median window) and the windows' range, first step, loss fall, memory."""
+    """One row per configuration: images/s (the median over processes of each one's median window), low-high (the
+    processes' range; for a configuration timed in one process, its windows' range), processes, first step, loss
+    fall, memory."""
     rows = []
     for label, r in runs.items():
         ok = r.get("status") == "ok"
-        rates = [w["images_per_s"] for w in r.get("windows", [])]
+        procs = r.get("processes") or [r]  # a run recorded before the processes were kept: one process
+        if ok and len(procs) > 1:
+            low, high = r["process_low"], r["process_high"]
+        else:
+            rates = [w["images_per_s"] for w in procs[0].get("windows", [])] if ok else []
+            low, high = (min(rates), max(rates)) if rates else (np.nan, np.nan)
         rows.append({"configuration": label, "batch": r["batch"], "status": r.get("status"),
-                     "images_per_s": r["images_per_s"] if ok else np.nan,
-                     "low": min(rates) if rates else np.nan, "high": max(rates) if rates else np.nan,
-                     "first_step_s": r["warmup_step_s"][0] if ok else np.nan,
+                     "images_per_s": r["images_per_s"] if ok else np.nan, "low": low, "high": high,
+                     "processes": len(procs), "first_step_s": r["warmup_step_s"][0] if ok else np.nan,
                      "loss_fall": r["loss_check"]["fall"] if ok else np.nan,
                      "peak_MiB": (r.get("peak_memory_bytes") or 0) / 2**20 if ok else np.nan})
     return pd.DataFrame(rows).set_index("configuration")
 
 
 def ladder_table(runs: dict[str, dict], ladder: Sequence[Config] = tuple(LADDER)) -> pd.DataFrame:
-    """The ladder: each rung's images/s, its gain over the rung before and over the naive loop."""
+    """The ladder: each rung's images/s, its gain over the rung before and over the naive loop, each gain with the
+    range the processes allow (``x previous low``: this rung's slowest process over the previous rung's fastest;
+    ``high``: the other way round)."""
     t = results_table({c.label: runs[c.label] for c in ladder})
     out = pd.DataFrame({"change": [c.change for c in ladder], "batch": t["batch"].to_numpy(),
-                        "images_per_s": t["images_per_s"].to_numpy()}, index=t.index)
+                        "images_per_s": t["images_per_s"].to_numpy(), "low": t["low"].to_numpy(),
+                        "high": t["high"].to_numpy()}, index=t.index)
     out["x previous"] = out["images_per_s"] / out["images_per_s"].shift(1)
+    out["x previous low"] = out["low"] / out["high"].shift(1)
+    out["x previous high"] = out["high"] / out["low"].shift(1)
     out["x naive"] = out["images_per_s"] / out["images_per_s"].iloc[0]
+    out["x naive low"] = out["low"] / out["high"].iloc[0]
+    out["x naive high"] = out["high"] / out["low"].iloc[0]
     return out
 
 
@@ -275,17 +360,26 @@ def gpu_activity(path: str | Path) -> dict[str, float]:
             "kernels_per_step": len(mine) / n, "median_kernel_us": float(mine["duration_ns"].median() / 1e3)}
 
 
-def sync_wait_ms(path: str | Path) -> float:
-    """Median time per profiled step the CPU spent in ``*Synchronize`` calls (waiting for the GPU)."""
+def sync_wait_ms(path: str | Path) -> np.ndarray:
+    """Per profiled step, the time (ms) the CPU spent in calls that wait for the GPU: ``*Synchronize``, and copies
+    from the device into pageable host memory (``loss.item()``, ``.tolist()``), which return only when the copy,
+    and so all the work queued before it, is done.
+
+    Per step, not one summary: a loop that reads the loss every 50 steps waits long in one
+    step and not at all in the others, so a median would say it never waits.
+    """
     ranges = ns.nvtx_ranges(path)
     steps = _steps(ranges)
     runtime = ns.runtime_calls(path)
-    sync = runtime[runtime["name"].str.contains(ta.SYNC_API, regex=True)]
+    copies = ns.memcpy(path)
+    to_pageable = copies.loc[(copies["kind"] == "Device-to-Host") & (copies["dst_memory"] == "Pageable"), "correlationId"]
+    waits = runtime[runtime["name"].str.contains(ta.SYNC_API, regex=True)
+                    | (runtime["name"].str.startswith("cudaMemcpy") & runtime["correlationId"].isin(to_pageable))]
     per_step = []
     for s in steps.itertuples():
-        calls = ta.inside(sync, (int(s.start), int(s.end)))
+        calls = ta.inside(waits, (int(s.start), int(s.end)))
         per_step.append(float((calls["end"] - calls["start"]).sum()))
-    return float(np.median(per_step)) / 1e6
+    return np.asarray(per_step) / 1e6
 
 
 def capture_config(chapter: str, name: str, cfg: Config, profile_steps: int = 20):  # type: ignore[no-untyped-def]
@@ -310,7 +404,8 @@ def evidence(path: str | Path) -> pd.Series:
     time spent in each NVTX phase (totals, not medians: a DataLoader that stalls one step in
     ten costs the loop that stall, and a median would hide it); ``busy_share`` the GPU's busy
     share over the steps (:func:`gpu_activity`); kernels per step and their median length;
-    ``sync_wait_ms`` the median time per step in ``*Synchronize`` calls.
+    ``sync_wait_ms`` the mean time per step in calls that wait for the GPU (:func:`sync_wait_ms`)
+    and ``sync_wait_max_ms`` the longest (a read every 50 steps waits in one step of 50).
     """
     phases = phase_table(path)
     total = phases.sum()
@@ -319,9 +414,10 @@ def evidence(path: str | Path) -> pd.Series:
         if p in total:
             out[f"{p}_share"] = total[p] / total["step_ms"]
     act = gpu_activity(path)
+    waits = sync_wait_ms(path)
     out.update(busy_share=act["busy_share"], gpu_busy_ms_per_step=act["gpu_busy_ms_per_step"],
                kernels_per_step=act["kernels_per_step"], median_kernel_us=act["median_kernel_us"],
-               sync_wait_ms=sync_wait_ms(path))
+               sync_wait_ms=float(waits.mean()), sync_wait_max_ms=float(waits.max()))
     return pd.Series(out)
 
 
@@ -339,14 +435,18 @@ def ladder_figure(table: pd.DataFrame, gpu: str):  # type: ignore[no-untyped-def
     fig, ax = plt.subplots(figsize=(9, 4.2))
     y = np.arange(len(table))[::-1]
     ax.barh(y, table["images_per_s"], color=["#bbbbbb"] + ["#4c72b0"] * (len(table) - 1))
+    ax.errorbar(table["images_per_s"], y, xerr=[table["images_per_s"] - table["low"], table["high"] - table["images_per_s"]],
+                fmt="none", ecolor="k", capsize=2, lw=0.8)
     for yi, (_, r) in zip(y, table.iterrows()):
-        gain = "" if np.isnan(r["x previous"]) else f"  {r['x previous']:.2f}x"
-        ax.text(r["images_per_s"], yi, f" {r['images_per_s']:,.0f}{gain}", va="center", fontsize=8)
+        gain = "" if np.isnan(r["x previous"]) else \
+            f"  {r['x previous']:.2f}x ({r['x previous low']:.2f}-{r['x previous high']:.2f})"
+        ax.text(r["high"], yi, f" {r['images_per_s']:,.0f}{gain}", va="center", fontsize=8)
     ax.set_yticks(y, [f"{label} (batch {b})" for label, b in zip(table.index, table["batch"])], fontsize=8)
     ax.set_xscale("log")
     ax.set_xlim(table["images_per_s"].min() / 2, table["images_per_s"].max() * 6)
     ax.set_xlabel("training images per second (log scale)")
-    ax.set_title(f"The ladder: each rung adds one change to the rung above ({gpu})", fontsize=10)
+    ax.set_title(f"The ladder: each rung adds the change(s) it names ({gpu})\n"
+                 "bars: median of the processes; whiskers and brackets: their range", fontsize=10)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     return fig

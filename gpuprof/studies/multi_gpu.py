@@ -33,7 +33,7 @@ from ..nsys import sqlite as ns
 __all__ = ["DDP", "ALLREDUCE", "NPROC", "NCCL_KERNEL", "gpus_here", "enough_gpus", "capture_ranks", "capture_launcher",
            "run_json", "pid_of", "RankData", "rank_data", "step_windows", "overlap_table", "overlap_by_rank", "straggler_table",
            "bandwidth_table", "bandwidth_figure", "overlap_figure", "rank_timeline", "torch_trace_table", "load",
-           "run_script", "ncu_on_collective"]
+           "run_script", "ncu_on_collective", "parse_nccl_choices", "nccl_choices", "nccl_choice_table"]
 
 DDP = REPO_ROOT / "examples" / "nsys" / "ddp_training.py"
 ALLREDUCE = REPO_ROOT / "examples" / "nsys" / "allreduce_bandwidth.py"
@@ -128,6 +128,66 @@ def ncu_on_collective(chapter: str, name: str = "ncu_nccl", timeout_s: int = 45)
     atomic_write_bytes(chapter_output(chapter) / filename, text.encode(), overwrite=True)
     record_file(chapter, filename, shown, {"ncu": version})
     return outcome, find_capture(chapter, filename)
+
+
+# What NCCL logs for every collective with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=TUNING (2.28:
+# "AllReduce: 1048576 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..1}"); the GPU's index is in [brackets] before it.
+NCCL_CHOICE = re.compile(r"\[(\d+)\] NCCL INFO (\w+): (\d+) Bytes -> Algo (\w+) proto (\w+)"
+                         r"(?: channel\{Lo\.\.Hi\}=\{(\d+)\.\.(\d+)\})?")
+
+
+def parse_nccl_choices(log: str) -> pd.DataFrame:
+    """NCCL's own record of the algorithm, protocol and channels it chose, one row per (GPU, collective, size, choice)
+    with the number of calls; empty if the log has no TUNING lines."""
+    rows = [{"device": int(m[1]), "collective": m[2], "bytes": int(m[3]), "algorithm": m[4], "protocol": m[5],
+             "channels": int(m[7]) - int(m[6]) + 1 if m[6] is not None else np.nan} for m in NCCL_CHOICE.finditer(log)]
+    cols = ["device", "collective", "bytes", "algorithm", "protocol", "channels"]
+    if not rows:
+        return pd.DataFrame(columns=[*cols, "calls"])
+    t = pd.DataFrame(rows)
+    return t.groupby(cols, dropna=False).size().rename("calls").reset_index()
+
+
+def nccl_choices(chapter: str, filename: str = "nccl_tuning.json", sizes: str = "64K,1M,16M,64M,256M,512M",
+                 timeout_s: int = 180) -> FoundCapture:
+    """The algorithm and protocol NCCL chose for all-reduces of each size, from its own log, or the reference.
+
+    Kernel names do not say (NCCL 2.28 compiles one all-reduce kernel per data type and
+    ring/tree, always named ``..._LL``, and passes the real choice in each work item); NCCL
+    logs it per collective with ``NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=TUNING``. This runs
+    ``allreduce_bandwidth.py`` for ``sizes`` on NPROC ranks with that logging and keeps the
+    parsed table (and the command, NCCL's version line) as ``<chapter>/<filename>``.
+    """
+    from ..artifacts import find_capture, save_json
+    from ..runner import portable_command, run_with_limit, torchrun_target
+
+    reason = enough_gpus()
+    if reason:
+        print(f"No live run: {reason}; showing the course's reference log instead.")
+        return find_capture(chapter, filename, prefer="reference")
+    cmd = torchrun_target(ALLREDUCE, "--sizes", sizes, "--iterations", "2", "--warmup", "1", "--repeats", "1",
+                          "--copy-mb", "0")
+    env = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,TUNING"}
+    shown = " ".join(f"{k}={v}" for k, v in env.items()) + " " + " ".join(portable_command(cmd))
+    print(f"$ {shown}", flush=True)
+    code, out, seconds = run_with_limit(cmd, timeout_s, env=env)
+    if code != 0:
+        from ..errors import GpuprofError
+
+        raise GpuprofError(f"the all-reduce run failed (exit {code}) after {seconds:.0f} s: {' | '.join(out.splitlines()[-3:])}")
+    table = parse_nccl_choices(out)
+    version = next((line.split("NCCL INFO ", 1)[1] for line in out.splitlines() if "NCCL version" in line), "unknown")
+    save_json(chapter, filename, {"command": shown, "nccl": version, "choices": table.to_dict(orient="records")},
+              overwrite=True, command=shown)
+    print(f"  ({seconds:.0f} s; {int(table['calls'].sum()) if len(table) else 0} collectives logged; {version})")
+    return find_capture(chapter, filename)
+
+
+def nccl_choice_table(found: FoundCapture) -> pd.DataFrame:
+    """All-reduce choices by message size, as NCCL logged them on GPU 0 (every rank makes the same choice)."""
+    t = pd.DataFrame(json.loads(Path(found.path).read_text())["choices"])
+    t = t[(t["collective"] == "AllReduce") & (t["device"] == 0)]
+    return t.drop(columns=["device", "collective"]).sort_values("bytes").reset_index(drop=True)
 
 
 # --- splitting a capture by rank -----------------------------------------------------------------

@@ -103,7 +103,7 @@ def self_times(events: pd.DataFrame, *, merge_duplicates: bool = True) -> pd.Ser
     return out
 
 
-def op_summary(trace: Trace, *, kinds: tuple[str, ...] = CPU_KINDS) -> pd.DataFrame:
+def op_summary(trace: Trace, *, kinds: tuple[str, ...] = CPU_KINDS, by: str = "key") -> pd.DataFrame:
     """Per key: calls, CPU total and self CPU time in microseconds, like ``key_averages()``' CPU columns.
 
     Self time is computed over operators and ``record_function`` ranges together, as the
@@ -111,7 +111,13 @@ def op_summary(trace: Trace, *, kinds: tuple[str, ...] = CPU_KINDS) -> pd.DataFr
     the profiler does. With ``with_stack=True`` the profiler also nests Python frames and its
     self times can go negative (a known trap); these, from time nesting alone, cannot.
     Sorted by self CPU time, largest first.
+
+    ``by="thread"`` sums per thread instead (column ``thread``: the reader's ``globalTid``): self
+    time partitions each thread's time, so a thread's sum is at most its wall time, while the
+    sum over threads that ran at once can exceed the wall time of the whole.
     """
+    if by not in ("key", "thread"):
+        raise ValueError(f"by must be 'key' or 'thread', not {by!r}")
     ev = pd.concat([trace.events(k) for k in kinds if len(trace.events(k))], ignore_index=True) \
         if any(len(trace.events(k)) for k in kinds) else pd.DataFrame(columns=["start", "end", "name", "globalTid"])
     cols = ["key", "calls", "cpu_total_us", "self_cpu_us"]
@@ -119,10 +125,13 @@ def op_summary(trace: Trace, *, kinds: tuple[str, ...] = CPU_KINDS) -> pd.DataFr
         return pd.DataFrame(columns=cols)
     ev = ev.assign(self_ns=self_times(ev), key=ev["name"].astype(str).map(key_name))
     ev = ev[ev["self_ns"].notna()]  # only children of a parent of the same name: merged into it
-    g = ev.groupby("key")
+    if by == "thread":
+        ev = ev.assign(thread=ev["globalTid"])
+        cols[0] = "thread"
+    g = ev.groupby(cols[0])
     out = pd.DataFrame({"calls": g.size(), "cpu_total_us": g["duration_ns"].sum() / 1e3,
                         "self_cpu_us": g["self_ns"].sum() / 1e3}).reset_index()
-    return out.sort_values(["self_cpu_us", "key"], ascending=[False, True], ignore_index=True)[cols]
+    return out.sort_values(["self_cpu_us", cols[0]], ascending=[False, True], ignore_index=True)[cols]
 
 
 def gpu_activity(trace: Trace) -> pd.DataFrame:
