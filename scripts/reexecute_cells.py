@@ -26,6 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpuprof import exit_on_error  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
@@ -79,7 +80,11 @@ def main(argv: list[str] | None = None) -> int:
         if any(o.get("output_type") == "error" for o in outputs):
             raise GpuprofError(f"cell {cid} failed here: {text_of(outputs)[-300:]}")
         by_id[cid].outputs = outputs
+        by_id[cid].execution_count = fresh[cid].get("execution_count")
         print(f"  cell {cid}: {len(outputs)} output(s) replaced")
+    from capture_all import shrink_figures  # beside this script: figures stored as a capture run stores them
+
+    shrink_figures(nb)
     nbformat.write(nb, args.notebook)
     print(f"{args.notebook}: {len(wanted)} cell(s) re-executed; every other cell keeps its stored output")
     return 0
