@@ -138,3 +138,22 @@ def test_time_units(unit, factor):
 def test_unknown_time_unit():
     with pytest.raises(GpuprofError, match="Unknown time unit"):
         to_seconds(1.0, "fortnight")
+
+
+def test_trim_reference_keeps_the_kernels_of_the_named_ranges_and_says_what_went(tmp_path):
+    import shutil
+
+    src = REPO_ROOT / "artifacts" / "ch06" / "rung0.sqlite"
+    path = tmp_path / "r.sqlite"
+    shutil.copy(src, path)
+    ranges = ns.nvtx_ranges(path)
+    steps = ranges[ranges["text"].str.fullmatch(r"step_\d+")].sort_values("start").head(5)  # keep five steps' kernels
+    before = ns.kernels(path)
+    inside = before["start"].map(lambda t: bool(((steps["start"] <= t) & (t <= steps["end"])).any()))
+    names = "|".join(steps["text"])
+    note = ns.trim_reference(path, drop_tables=["CUPTI_ACTIVITY_KIND_MEMSET", "NO_SUCH_TABLE"], keep_kernels_in=names)
+    after = ns.kernels(path)
+    assert len(after) == int(inside.sum()) and 0 < len(after) < len(before)
+    assert "CUPTI_ACTIVITY_KIND_MEMSET" in note and "NO_SUCH_TABLE" not in note
+    assert f"{len(after)} of {len(before)}" in note and "MiB)" in note
+    assert ns.memset(path).empty

@@ -23,7 +23,7 @@ from ..errors import GpuprofError
 
 __all__ = ["NoKernelRows", "open_export", "table_names", "kernels", "nvtx_ranges", "runtime_calls", "scrub_environment",
            "attribute_to_ranges", "nvtx_marks", "ensure_sqlite", "memcpy", "memset", "synchronization", "streams", "gpu_info",
-           "memory_usage", "thread_names", "LAUNCH_COLUMNS"]
+           "memory_usage", "thread_names", "LAUNCH_COLUMNS", "trim_reference"]
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
@@ -469,3 +469,43 @@ def keep_callchains(path: str | Path, correlation_ids: Sequence[int]) -> int:
         conn.commit()
         conn.execute("VACUUM")
     return len(keep)
+
+
+def trim_reference(path: str | Path, *, drop_tables: Sequence[str] = (), keep_kernels_in: str | None = None) -> str:
+    """Make an export small enough to keep as a course reference: drop whole tables a chapter does not read, and
+    keep only the kernels that start inside an NVTX range whose text matches ``keep_kernels_in`` (a regex, e.g.
+    ``step_\\d+``). Returns a sentence saying what was removed, to append to the file's provenance, because a
+    reader comparing the reference with the tool's own report must know it was cut. Only for references: a reader's
+    own capture is never changed.
+    """
+    import re
+
+    path = Path(path)
+    before = path.stat().st_size
+    notes = []
+    with closing(sqlite3.connect(path)) as conn:
+        present = table_names(conn)
+        dropped = [t for t in drop_tables if t in present]
+        for t in dropped:
+            conn.execute(f'DROP TABLE "{t}"')
+        if dropped:
+            notes.append("the tables this chapter does not read were dropped: " + ", ".join(dropped))
+        conn.commit()
+    if keep_kernels_in is not None:
+        ranges = nvtx_ranges(path)
+        keep = ranges[ranges["text"].astype(str).map(lambda t: re.fullmatch(keep_kernels_in, t) is not None)]
+        with closing(sqlite3.connect(path)) as conn:
+            total = conn.execute(f"SELECT count(*) FROM {KERNEL_TABLE}").fetchone()[0]
+            conn.execute("CREATE TEMP TABLE keep_windows (lo INTEGER, hi INTEGER)")
+            conn.executemany("INSERT INTO keep_windows VALUES (?, ?)",
+                             [(int(a), int(b)) for a, b in zip(keep["start"], keep["end"])])
+            conn.execute(f"DELETE FROM {KERNEL_TABLE} WHERE NOT EXISTS (SELECT 1 FROM keep_windows "
+                         f"WHERE {KERNEL_TABLE}.start >= lo AND {KERNEL_TABLE}.start <= hi)")
+            kept = conn.execute(f"SELECT count(*) FROM {KERNEL_TABLE}").fetchone()[0]
+            conn.commit()
+        notes.append(f"only the kernels that start inside an NVTX range matching {keep_kernels_in!r} were kept, "
+                     f"{kept} of {total}")
+    with closing(sqlite3.connect(path)) as conn:
+        conn.execute("VACUUM")
+    after = path.stat().st_size
+    return "; ".join(notes) + f" ({before / 2**20:.1f} -> {after / 2**20:.1f} MiB)"
