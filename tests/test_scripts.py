@@ -9,7 +9,8 @@ from gpuprof.artifacts import REPO_ROOT
 
 EXAMPLES = sorted((REPO_ROOT / "examples").rglob("*.py"))
 SCRIPTS = EXAMPLES + [REPO_ROOT / "scripts" / "capture_all.py", REPO_ROOT / "scripts" / "bench_trace_analysis.py",
-                      REPO_ROOT / "scripts" / "bench_torch_trace.py", REPO_ROOT / "scripts" / "gpu_nbval.py"]
+                      REPO_ROOT / "scripts" / "bench_torch_trace.py", REPO_ROOT / "scripts" / "gpu_nbval.py",
+                      REPO_ROOT / "scripts" / "reexecute_cells.py"]
 SMALL_ARGS = {"tiny_kernels.py": ["--steps", "2", "--kernels", "10"], "saxpy.py": ["--n", "10000", "--repeats", "2"],
               "data_transfer.py": ["--size-mib", "2", "--curve-max-mib", "1", "--repeats", "2"],
               "memory_allocation.py": ["--size-mib", "2", "--iterations", "5"],
@@ -134,6 +135,15 @@ def test_bad_input_gets_one_sentence_not_a_traceback(script, args, message):
     proc = run(script, *args)
     assert proc.returncode == 2
     assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["/no/such.ipynb", "--cells", "x"], "is not a notebook file"),
+    (["notebooks/00__setting_up.ipynb", "--cells", "nosuchcell"], "no cell with id nosuchcell"),
+])
+def test_reexecute_cells_refuses_bad_input_in_one_sentence(args, message):
+    proc = run(REPO_ROOT / "scripts" / "reexecute_cells.py", *args)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_strict_nbval_refuses_without_a_gpu():
