@@ -32,7 +32,8 @@ from .ranges import annotate, process_range
 from .timing import time_call
 
 __all__ = ["cupy_gpu", "compile_kernels", "Variant", "Result", "bench", "format_results", "write_json",
-           "NVRTC_OPTIONS", "add_bench_arguments", "sample_rows"]
+           "NVRTC_OPTIONS", "add_bench_arguments", "sample_rows", "ptxas_usage", "parse_ptxas_verbose",
+           "kernel_attributes"]
 
 NVRTC_OPTIONS = ("-lineinfo", "-std=c++17")
 
@@ -127,6 +128,62 @@ def compile_kernels(cu_file: str | Path, names: Sequence[str], cp: ModuleType) -
             raise GpuprofError(f"{cu_file.name} did not compile (NVRTC): {lines[0].strip()[:300]}",
                                "If you edited the file, the line number in the message points at the mistake.") from None
     return {name: module.get_function(name) for name in names}
+
+
+def parse_ptxas_verbose(text: str) -> dict[str, dict[str, int]]:
+    """Per kernel, what ``nvcc -Xptxas -v`` printed: registers, stack frame and spill bytes.
+
+    ptxas names a kernel in "Compiling entry function 'NAME'" or "Function properties for
+    NAME", then gives "N bytes stack frame, N bytes spill stores, N bytes spill loads" and
+    "Used N registers". Kernels ptxas did not describe are absent.
+    """
+    import re
+
+    out: dict[str, dict[str, int]] = {}
+    current = None
+    for line in text.splitlines():
+        m = re.search(r"(?:Compiling entry function '([^']+)'|Function properties for (\S+))", line)
+        if m:
+            current = m.group(1) or m.group(2)
+            out.setdefault(current, {})
+            continue
+        if current is None:
+            continue
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m:
+            out[current].update(stack_bytes=int(m.group(1)), spill_store_bytes=int(m.group(2)),
+                                spill_load_bytes=int(m.group(3)))
+        m = re.search(r"Used (\d+) registers", line)
+        if m:
+            out[current]["registers"] = int(m.group(1))
+    return {k: v for k, v in out.items() if v}
+
+
+def ptxas_usage(cu_file: str | Path, cp: ModuleType) -> tuple[dict[str, dict[str, int]], list[str]] | None:
+    """Compile ``cu_file`` once more with ``-Xptxas -v``: per kernel registers and spill bytes, and
+    ptxas's own lines (to show them as the compiler printed them). None without nvcc (NVRTC
+    does not print them; :func:`kernel_attributes` still gives registers and local memory)."""
+    import subprocess
+    import tempfile
+
+    nvcc = _nvcc()
+    if nvcc is None:
+        return None
+    arch = f"sm_{cp.cuda.Device().compute_capability}"
+    with tempfile.TemporaryDirectory(prefix="gpuprof-ptxas-") as tmp:
+        proc = subprocess.run([nvcc, "-cubin", f"-arch={arch}", "-lineinfo", "-std=c++17", "-Xptxas", "-v",
+                               "-o", str(Path(tmp) / "k.cubin"), str(cu_file)],
+                              capture_output=True, text=True, timeout=600, check=False)
+    text = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        return None
+    lines = [line.strip() for line in text.splitlines() if "ptxas info" in line or "bytes stack frame" in line]
+    return parse_ptxas_verbose(text), lines
+
+
+def kernel_attributes(kernel: Any) -> dict[str, int]:
+    """Registers per thread and local memory per thread of a loaded kernel, as the driver reports them."""
+    return {"registers": int(kernel.num_regs), "local_bytes": int(kernel.local_size_bytes)}
 
 
 @dataclass

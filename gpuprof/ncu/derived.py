@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from .plots import OCCUPANCY_LIMITS, PIPES, STALL_REASONS, stall_metric
+from .plots import OCCUPANCY_LIMITS, PIPES, SAMPLED_STALLS, STALL_REASONS, stall_metric
 from .report import metric_table
 
-__all__ = ["MEMORY_METRICS", "OCCUPANCY_METRICS", "DIVERGENCE_METRICS", "COMPUTE_METRICS", "SOL_METRICS",
+__all__ = ["SCHEDULER_METRICS", "ROOFLINE_METRICS", "scheduler_table", "ncu_roofline", "sampled_lines", "spill_table", "SPILL_METRICS", "SPILL_METRICS_OPTION", "MEMORY_METRICS", "OCCUPANCY_METRICS", "DIVERGENCE_METRICS", "COMPUTE_METRICS", "SOL_METRICS",
            "memory_table", "occupancy_table", "divergence_table", "compute_table", "stall_table", "sol_table",
            "metrics_option"]
 
@@ -167,3 +167,112 @@ def stall_table(path: str | Path | pd.DataFrame) -> pd.DataFrame:
     the report lacks the section."""
     t = _wide(path, [stall_metric(r) for r in STALL_REASONS])
     return t
+
+
+# Scheduler Statistics and Warp State Statistics: the "latency" branch of NVIDIA's workflow
+# (neither the SM nor memory near its peak: are there warps ready to issue, and if not, why?).
+SCHEDULER_METRICS = [DURATION, "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+                     "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
+                     "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
+                     "l1tex__data_pipe_lsu_wavefronts.avg.pct_of_peak_sustained_elapsed",
+                     "smsp__warps_active.avg.per_cycle_active", "smsp__warps_eligible.avg.per_cycle_active",
+                     "smsp__issue_active.avg.pct_of_peak_sustained_active",
+                     "smsp__average_warp_latency_per_inst_issued.ratio",
+                     "sm__maximum_warps_per_active_cycle_pct", "sm__warps_active.avg.pct_of_peak_sustained_active",
+                     "launch__registers_per_thread", "launch__block_size"]
+
+
+def scheduler_table(path: str | Path | pd.DataFrame) -> pd.DataFrame:
+    """Per launch: how busy the SM and memory were, the L1 data pipe (shared and global loads go
+    through it), warps resident and eligible per scheduler, the share of cycles a scheduler
+    issued, the cycles between two instructions of one warp, and the two leading stall reasons
+    (cycles per issued instruction)."""
+    t = _wide(path, SCHEDULER_METRICS)
+    out = pd.DataFrame({"kernel": t["kernel"], "duration_us": t[DURATION] / 1e3,
+                        "sm_pct": t["sm__throughput.avg.pct_of_peak_sustained_elapsed"],
+                        "memory_pct": t["gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed"],
+                        "dram_pct": t["gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed"],
+                        "l1_lsu_pct": t["l1tex__data_pipe_lsu_wavefronts.avg.pct_of_peak_sustained_elapsed"],
+                        "active_warps": t["smsp__warps_active.avg.per_cycle_active"],
+                        "eligible_warps": t["smsp__warps_eligible.avg.per_cycle_active"],
+                        "issue_active_pct": t["smsp__issue_active.avg.pct_of_peak_sustained_active"],
+                        "cycles_per_issue": t["smsp__average_warp_latency_per_inst_issued.ratio"],
+                        "achieved_occupancy_pct": t["sm__warps_active.avg.pct_of_peak_sustained_active"],
+                        "theoretical_occupancy_pct": t["sm__maximum_warps_per_active_cycle_pct"],
+                        "registers": t["launch__registers_per_thread"], "block": t["launch__block_size"]})
+    st = stall_table(path)
+    short = {c: c.replace("smsp__average_warps_issue_stalled_", "").replace("_per_issue_active.ratio", "")
+             for c in st.columns if c.startswith("smsp__")}
+    reasons = st[list(short)].astype(float).rename(columns=short).drop(columns=["selected"], errors="ignore")
+    out["top_stalls"] = [", ".join(f"{k} {v:.1f}" for k, v in row.dropna().nlargest(2).items())
+                         for _, row in reasons.iterrows()]
+    return out
+
+
+# The metrics of ncu's own roofline chart (section SpeedOfLight_RooflineChart, ncu 2025.3):
+# achieved FP32 work is FADD + FMUL + 2 x FFMA thread instructions per cycle times the SM
+# clock; the peak is 2 x the FFMA peak per cycle times the same clock; the memory roof is
+# DRAM bytes per cycle at peak times the DRAM clock. Tensor-core instructions are not in it.
+ROOFLINE_METRICS = [DURATION, "sm__sass_thread_inst_executed_op_ffma_pred_on.sum.peak_sustained",
+                    "smsp__sass_thread_inst_executed_op_ffma_pred_on.sum.per_cycle_elapsed",
+                    "smsp__sass_thread_inst_executed_op_fadd_pred_on.sum.per_cycle_elapsed",
+                    "smsp__sass_thread_inst_executed_op_fmul_pred_on.sum.per_cycle_elapsed",
+                    "sm__cycles_elapsed.avg.per_second", "smsp__cycles_elapsed.avg.per_second",
+                    "dram__bytes.sum.peak_sustained", "dram__cycles_elapsed.avg.per_second", "dram__bytes.sum.per_second"]
+
+
+def ncu_roofline(path: str | Path | pd.DataFrame) -> pd.DataFrame:
+    """Per launch, the point and roofs of ncu's single-precision roofline chart, computed as the
+    section file defines them: achieved and peak FP32 FLOP/s at the clock the kernel ran at under
+    ncu, the DRAM roof, DRAM bytes/s, the intensity (FLOP per DRAM byte) and the ridge point."""
+    t = _wide(path, ROOFLINE_METRICS)
+    achieved = (t["smsp__sass_thread_inst_executed_op_fadd_pred_on.sum.per_cycle_elapsed"]
+                + t["smsp__sass_thread_inst_executed_op_fmul_pred_on.sum.per_cycle_elapsed"]
+                + 2 * t["smsp__sass_thread_inst_executed_op_ffma_pred_on.sum.per_cycle_elapsed"]) \
+        * t["smsp__cycles_elapsed.avg.per_second"]
+    peak = 2 * t["sm__sass_thread_inst_executed_op_ffma_pred_on.sum.peak_sustained"] * t["sm__cycles_elapsed.avg.per_second"]
+    dram_peak = t["dram__bytes.sum.peak_sustained"] * t["dram__cycles_elapsed.avg.per_second"]
+    dram = t["dram__bytes.sum.per_second"]
+    return pd.DataFrame({"kernel": t["kernel"], "fp32_tflops": achieved / 1e12, "fp32_peak_tflops": peak / 1e12,
+                         "sm_ghz": t["sm__cycles_elapsed.avg.per_second"] / 1e9, "dram_tbps": dram / 1e12,
+                         "dram_peak_tbps": dram_peak / 1e12, "intensity": _ratio(achieved, dram),
+                         "ridge": peak / dram_peak})
+
+
+def sampled_lines(lines: pd.DataFrame) -> pd.DataFrame:
+    """Per-line program-counter samples (rows of :func:`gpuprof.ncu.runs.source_lines` or
+    :func:`gpuprof.ncu.report.source_counters` with ``smsp__pcsamp_*`` counters) with each line's
+    share of its kernel's samples and the stall state most of its samples were in, lines with
+    samples only, most sampled first within each kernel."""
+    df = lines[lines["smsp__pcsamp_sample_count"] > 0].copy()
+    df["share"] = df["smsp__pcsamp_sample_count"] / df.groupby("kernel")["smsp__pcsamp_sample_count"].transform("sum")
+    cols = [c for c in (f"smsp__pcsamp_warps_issue_stalled_{r}" for r in SAMPLED_STALLS) if c in df]
+    df["waiting_on"] = df[cols].idxmax(axis=1).str.replace("smsp__pcsamp_warps_issue_stalled_", "", regex=False)
+    order = {k: i for i, k in enumerate(dict.fromkeys(df["kernel"]))}
+    df["_k"] = df["kernel"].map(order)
+    return df.sort_values(["_k", "share"], ascending=[True, False]).drop(columns="_k").reset_index(drop=True)
+
+
+# Register spills: what a kernel squeezed into fewer registers does to local memory.
+SPILL_METRICS = [DURATION, "launch__registers_per_thread", "smsp__sass_inst_executed_op_local_ld.sum",
+                 "smsp__sass_inst_executed_op_local_st.sum", "sass__inst_executed_register_spilling",
+                 "l1tex__t_sectors_pipe_lsu_mem_local_op_ld.sum", "l1tex__t_sector_pipe_lsu_mem_local_op_ld_hit_rate.pct",
+                 "sm__maximum_warps_per_active_cycle_pct", "dram__bytes_read.sum", "dram__bytes_write.sum"]
+# What to name in --metrics: sass__inst_executed_register_spilling comes with MemoryWorkloadAnalysis_Tables.
+SPILL_METRICS_OPTION = [m for m in SPILL_METRICS if not m.startswith("sass__")]
+
+
+def spill_table(path: str | Path | pd.DataFrame) -> pd.DataFrame:
+    """Per launch: registers per thread, local-memory load and store instructions (warp level),
+    the spilling instructions ncu attributes to register spills, local-load sectors and their L1
+    hit rate, theoretical occupancy and DRAM bytes."""
+    t = _wide(path, SPILL_METRICS)
+    return pd.DataFrame({"kernel": t["kernel"], "duration_us": t[DURATION] / 1e3,
+                         "registers": t["launch__registers_per_thread"],
+                         "local_loads": t["smsp__sass_inst_executed_op_local_ld.sum"],
+                         "local_stores": t["smsp__sass_inst_executed_op_local_st.sum"],
+                         "spilling_inst": t["sass__inst_executed_register_spilling"],
+                         "local_ld_sectors": t["l1tex__t_sectors_pipe_lsu_mem_local_op_ld.sum"],
+                         "local_ld_l1_hit_pct": t["l1tex__t_sector_pipe_lsu_mem_local_op_ld_hit_rate.pct"],
+                         "theoretical_occupancy_pct": t["sm__maximum_warps_per_active_cycle_pct"],
+                         "dram_gb": (t["dram__bytes_read.sum"] + t["dram__bytes_write.sum"]) / 1e9})

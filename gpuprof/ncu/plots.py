@@ -20,9 +20,14 @@ from matplotlib.axes import Axes
 from matplotlib.ticker import NullFormatter, ScalarFormatter
 
 __all__ = ["throughput_bars", "roofline", "stall_bars", "occupancy_limits", "occupancy_bandwidth",
-           "pipe_bars", "STALL_REASONS",
+           "pipe_bars", "STALL_REASONS", "SAMPLED_STALLS",
            "stall_metric", "OCCUPANCY_LIMITS", "PIPES"]
 
+# Warp states of ncu's program-counter sampling (Source Counters, smsp__pcsamp_warps_issue_stalled_<state>,
+# ncu 2025.3 on Hopper), without "selected" (the warp was issuing: not a stall).
+SAMPLED_STALLS = ["long_scoreboard", "short_scoreboard", "mio_throttle", "lg_throttle", "barrier", "wait",
+                  "math_pipe_throttle", "not_selected", "dispatch_stall", "branch_resolving", "no_instructions", "drain",
+                  "imc_miss", "membar", "misc", "sleeping", "tex_throttle", "warpgroup_arrive"]
 STALL_REASONS = ["long_scoreboard", "barrier", "mio_throttle", "short_scoreboard", "lg_throttle", "math_pipe_throttle",
                  "wait", "not_selected", "selected", "dispatch_stall", "branch_resolving", "no_instruction", "drain",
                  "imc_miss", "membar", "misc", "sleeping", "tex_throttle"]

@@ -40,7 +40,7 @@ import pandas as pd
 from ..errors import GpuprofError
 
 __all__ = ["ncu_report_available", "open_report", "kernels", "metrics", "metric_table", "rules", "source_counters",
-           "sections", "ensure_details_csv", "clean_message", "RULE_TYPES", "LAUNCH_METRICS"]
+           "sections", "ensure_details_csv", "clean_message", "RULE_TYPES", "LAUNCH_METRICS", "instances"]
 
 RULE_TYPES = {0: "", 1: "INF", 2: "OPT", 3: "WRN", 4: "ERR"}
 SPEEDUP_TYPES = {0: "", 1: "local", 2: "global"}
@@ -232,13 +232,7 @@ def source_counters(path: str | Path, kernel: int | str, counters: Sequence[str]
     a file of the same name under ``search``.
     """
     path = Path(path)
-    rep = open_report(path)
-    if isinstance(kernel, str):
-        matches = [k["id"] for k in rep.kernels if k["name"] == kernel]
-        if not matches:
-            raise GpuprofError(f"{path.name} has no kernel named {kernel!r}.",
-                               f"It has: {', '.join(sorted({k['name'] for k in rep.kernels}))}.")
-        kernel = matches[0]
+    kernel = _kernel_id(path, kernel)
     data = _source(str(path.resolve()), path.stat().st_mtime, int(kernel), tuple(counters))
     if not data["found"]:
         raise GpuprofError(f"Kernel {data['kernel']!r} in {path.name} has no per-instruction counters among {list(counters)}.",
@@ -260,6 +254,37 @@ def source_counters(path: str | Path, kernel: int | str, counters: Sequence[str]
 @lru_cache(maxsize=32)
 def _source(path: str, mtime: float, kernel: int, counters: tuple[str, ...]) -> dict:
     return _run_dump(Path(path), "--source", str(kernel), *counters)
+
+
+def instances(path: str | Path, kernel: int | str, metric: str) -> pd.Series:
+    """The instance values of an instanced metric of one kernel launch, by correlation id.
+
+    Some metrics have one value per instance rather than one in all: for
+    ``sass__inst_executed_per_opcode`` (the Instruction Statistics section) the instances
+    are the SASS opcodes and the values the warp instructions executed of each; that is
+    the instruction mix. ``kernel`` is a kernel id or name (its first launch). Sorted by
+    value, largest first.
+    """
+    path = Path(path)
+    kid = _kernel_id(path, kernel)
+    data = _run_dump(path, "--instances", str(kid), metric)
+    if metric not in data["instances"]:
+        raise GpuprofError(f"Kernel {data['kernel']!r} in {path.name} has no instance values of {metric}.",
+                           "Collect the section that holds it (InstructionStats for the per-opcode counts).")
+    pairs = data["instances"][metric]
+    s = pd.Series([v for _, v in pairs], index=[k for k, _ in pairs], name=metric)
+    return s.sort_values(ascending=False)
+
+
+def _kernel_id(path: Path, kernel: int | str) -> int:
+    if not isinstance(kernel, str):
+        return int(kernel)
+    rep = open_report(path)
+    matches = [k["id"] for k in rep.kernels if k["name"] == kernel]
+    if not matches:
+        raise GpuprofError(f"{path.name} has no kernel named {kernel!r}.",
+                           f"It has: {', '.join(sorted({k['name'] for k in rep.kernels}))}.")
+    return matches[0]
 
 
 def ensure_details_csv(path: str | Path) -> Path:

@@ -10,7 +10,9 @@ the JSON it prints. Nothing else is imported here before ``ncu_report``.
 Usage: ``python -m gpuprof.ncu.report_dump REPORT`` (every kernel: metrics with units,
 rules, NVTX state) or ``python -m gpuprof.ncu.report_dump REPORT --source ID METRIC ...``
 (per-instruction counters of kernel ID summed by source line, with the source files
-the report holds).
+the report holds) or ``... REPORT --instances ID METRIC ...`` (the instance values of
+instanced metrics, such as ``sass__inst_executed_per_opcode``, keyed by their
+correlation ids: the opcode names).
 """
 
 from __future__ import annotations
@@ -121,6 +123,27 @@ def dump_source(ncu_report, path: str, kernel: int, counters: list[str]) -> dict
     return {"kernel": a.name(), "found": found, "lines": lines, "files": contents}
 
 
+def dump_instances(ncu_report, path: str, kernel: int, names: list[str]) -> dict:  # type: ignore[no-untyped-def]
+    ctx, actions = _actions(ncu_report, path)
+    a = actions[kernel][1]
+    out: dict[str, list] = {}
+    for name in names:
+        m = a.metric_by_name(name)
+        if m is None or not m.num_instances():
+            continue
+        ids = m.correlation_ids() if m.has_correlation_ids() else None
+        rows = []
+        for j in range(m.num_instances()):
+            key = None
+            if ids is not None:
+                key = ids.as_string(j) if ids.kind() == ids.ValueKind_STRING else int(ids.as_uint64(j))
+            value = m.as_double(j) if m.kind() == m.ValueKind_DOUBLE else float(m.as_uint64(j))
+            rows.append([key, value])
+        out[name] = rows
+    del ctx
+    return {"kernel": a.name(), "instances": out}
+
+
 def main(argv: list[str]) -> int:
     ncu_report = find_ncu_report()
     if ncu_report is None:
@@ -129,6 +152,8 @@ def main(argv: list[str]) -> int:
     path = argv[0]
     if len(argv) > 2 and argv[1] == "--source":
         result = dump_source(ncu_report, path, int(argv[2]), argv[3:])
+    elif len(argv) > 2 and argv[1] == "--instances":
+        result = dump_instances(ncu_report, path, int(argv[2]), argv[3:])
     else:
         result = dump(ncu_report, path)
     json.dump(result, sys.stdout)

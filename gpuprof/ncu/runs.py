@@ -23,7 +23,7 @@ from .capture import ncu_listing, parse_passes
 from .csv_reader import parse_details
 
 __all__ = ["parse_list_sets", "set_table", "filter_table", "clock_cache_durations", "nsys_durations",
-           "CLOCK_CACHE_CONFIGS", "check_metric_names", "kernels_with_ranges", "metric_rows"]
+           "CLOCK_CACHE_CONFIGS", "check_metric_names", "kernels_with_ranges", "metric_rows", "source_lines"]
 
 CLOCK_CACHE_CONFIGS = [("base", "all"), ("base", "none"), ("none", "all"), ("none", "none")]
 
@@ -86,9 +86,11 @@ def set_table(script: str | Path, script_args: Sequence[str], kernel_regex: str,
                 said = [line for line in lines if "==ERROR==" in line or "==WARNING==" in line]
                 rows.append({"set": name, "error": said[0].split("==", 2)[-1].strip() if said else str(exc).split(". ")[0]})
                 continue
+            said = [line.split("==", 2)[-1].strip() for line in cap.log.read_text().splitlines()
+                    if "==WARNING==" in line or "==ERROR==" in line]
             rows.append({"set": name, "passes": passes[0][1] if passes else None, "wall_s": wall,
                          "report_mib": report.stat().st_size / 2**20, "metrics_in_report": len(kernel["metrics"]),
-                         "rules": len(kernel["rules"]), "kernel": kernel["name"]})
+                         "rules": len(kernel["rules"]), "kernel": kernel["name"], "ncu_said": said})
     return rows
 
 
@@ -133,6 +135,31 @@ def metric_rows(script: str | Path, script_args: Sequence[str], options: Sequenc
     for i, row in t.iterrows():
         values = {m: (None if row[m] != row[m] else float(row[m])) for m in metrics}
         rows.append({"id": int(i), "kernel": row["kernel"], "nvtx": k.loc[i, "nvtx"], **values})
+    return rows
+
+
+def source_lines(script: str | Path, script_args: Sequence[str], options: Sequence[str], kernels: Sequence[str],
+                 counters: Sequence[str], *, search: Sequence[Path] = ()) -> list[dict]:
+    """One ncu run with ``options`` (which must collect SourceCounters); for each kernel in
+    ``kernels``, its per-instruction ``counters`` summed by source line, with the line's text.
+
+    The report is not kept: per-instruction data with the embedded source makes it about a
+    megabyte per kernel, while the lines that matter are a few kilobytes of JSON.
+    """
+    from .report import source_counters
+
+    live = live_tool("ncu")
+    if isinstance(live, str):
+        raise GpuprofError(f"ncu cannot run here: {live}.")
+    ncu, _ = live
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        cap = run_profiler(ncu, [*options, "-o", "{output}"], python_target(script, *script_args),
+                           out_dir=Path(tmp), name="source", overwrite=True)
+        report = cap.file(".ncu-rep")
+        for kernel in kernels:
+            df = source_counters(report, kernel, counters, search=search)
+            rows += df.drop(columns=["file"]).to_dict("records")
     return rows
 
 
