@@ -5,7 +5,9 @@ Trains a small CNN (gpuprof.models.small_cnn) on random CIFAR-sized images, one
 ``prof.step()`` per training step, under ``torch.profiler.profile`` with the schedule and
 options given. Every time the schedule completes a cycle, the profiler hands it to
 ``on_trace_ready``, which here writes the trace (Kineto JSON; gzipped when the name ends in
-.gz), writes the ``key_averages()`` records beside it (FILE.key_averages.json), and prints
+.gz), writes the ``key_averages()`` records beside it (FILE.key_averages.json; with
+--record-shapes also FILE.by_shape.key_averages.json, from
+``key_averages(group_by_input_shape=True)``), and prints
 the table sorted by self device time (self CPU time without a GPU). The trace is then read
 back with gpuprof.torch_profiler and its ProfilerStep#N ranges are checked against the
 steps the schedule says it recorded.
@@ -109,7 +111,12 @@ def main(argv: list[str] | None = None) -> int:
         averages = prof.key_averages()
         records = tk.save_records(path.with_name(path.name.split(".json")[0] + ".key_averages.json"), averages,
                                   device=device, options=options, cycle=cycle)
-        written.append({"trace": str(path), "key_averages": str(records), "bytes": path.stat().st_size})
+        entry = {"trace": str(path), "key_averages": str(records), "bytes": path.stat().st_size}
+        if options.get("record_shapes"):  # the same rows split by the shapes of their inputs
+            entry["by_shape"] = str(tk.save_records(path.with_name(path.name.split(".json")[0] + ".by_shape.key_averages.json"),
+                                                    prof.key_averages(group_by_input_shape=True), device=device,
+                                                    options=options, cycle=cycle, group_by_input_shape=True))
+        written.append(entry)
         print(f"  cycle {cycle}: trace {path} ({path.stat().st_size / 1e6:.2f} MB), key_averages records {records.name}")
         print(averages.table(sort_by=sort_key, row_limit=args.rows))
 

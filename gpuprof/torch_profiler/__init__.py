@@ -9,7 +9,7 @@
   its attribute names and sort keys work on the installed PyTorch
 """
 
-from .summary import kernel_summary, launch_latency, op_summary, step_summary
+from .summary import kernel_lineage, kernel_summary, launch_latency, op_summary, step_summary
 from .trace import Trace, read_trace
 
-__all__ = ["Trace", "read_trace", "op_summary", "kernel_summary", "step_summary", "launch_latency"]
+__all__ = ["Trace", "read_trace", "op_summary", "kernel_summary", "step_summary", "launch_latency", "kernel_lineage"]

@@ -23,10 +23,11 @@ import numpy as np
 import pandas as pd
 
 from .. import activity
+from ..errors import GpuprofError
 from .trace import STEP_PATTERN, Trace
 
 __all__ = ["self_times", "op_summary", "kernel_summary", "step_summary", "launch_latency", "gpu_activity",
-           "key_name"]
+           "key_name", "kernel_lineage", "LAUNCH_FIELDS"]
 
 CPU_KINDS = ("cpu_op", "user_annotation")
 
@@ -193,3 +194,34 @@ def step_summary(trace: Trace, *, rule: str = "window") -> pd.DataFrame:
     runtime = trace.runtime_calls().dropna(subset=["correlationId"])
     out = activity.range_busy(work, runtime, ranges, rule=rule)
     return out.assign(step=out["text"].astype(int))[cols]
+
+
+# What Kineto records about each kernel launch (the "args" of a kernel event), as the trace names them.
+LAUNCH_FIELDS = ["grid", "block", "registers per thread", "shared memory", "blocks per SM", "warps per SM",
+                 "est. achieved occupancy %"]
+
+
+def kernel_lineage(trace: Trace, kernel: int | None = None) -> dict:
+    """Follow one kernel back to the operator that launched it, through the ids Kineto records.
+
+    A kernel event carries ``correlationId`` (shared with the runtime call that launched it:
+    ``cudaLaunchKernel`` and its kin) and ``External id``/``externalId`` (shared with the CPU
+    operator that was running when the call was made); an ``ac2g`` flow ("async CPU to GPU")
+    with the correlation id as its id draws the arrow between call and kernel in Perfetto.
+    ``kernel`` is a row label of ``trace.kernels()``; by default the longest kernel. Returns the
+    kernel's launch fields and the matching call, operator and flow events (None where the trace
+    has no match: a kernel launched by a library outside any operator has no operator).
+    """
+    kernels = trace.kernels()
+    if kernels.empty:
+        raise GpuprofError(f"{trace.path.name} has no kernel events.", "Profile with ProfilerActivity.CUDA on a GPU.")
+    k = kernels.loc[kernel] if kernel is not None else kernels.loc[kernels["duration_ns"].idxmax()]
+    calls = trace.runtime_calls()
+    call = calls[calls["correlationId"] == k["correlationId"]]
+    ops = trace.cpu_ops()
+    op = ops[ops["externalId"] == k["externalId"]] if "externalId" in ops else ops.iloc[0:0]
+    flows = trace.flows()
+    flow = flows[(flows["cat"] == "ac2g") & (flows["id"] == k["correlationId"])] if not flows.empty else flows
+    return {"kernel": k, "launch": {f: k.get(f) for f in LAUNCH_FIELDS if f in k.index},
+            "call": None if call.empty else call.iloc[0], "operator": None if op.empty else op.iloc[0],
+            "flow_phases": sorted(flow["phase"]) if not flow.empty else []}
