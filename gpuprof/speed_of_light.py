@@ -21,12 +21,18 @@ from .backend import Backend, choose_backend, describe_machine
 from .errors import GpuprofError
 from .timing import Timing, time_call
 
-__all__ = ["Figure", "measure", "matmul_bf16", "device_copy", "save", "load", "GPU_DEFAULTS", "CPU_DEFAULTS", "CHAPTER", "FILENAME"]
+__all__ = ["Figure", "measure", "matmul_bf16", "device_copy", "save", "load", "GPU_DEFAULTS", "CPU_DEFAULTS", "CHAPTER", "FILENAME",
+           "DATASHEET_BF16_DENSE_TFLOPS", "datasheet_bf16_tflops"]
 
 CHAPTER = "ch00"
 FILENAME = "speed_of_light.json"
 GPU_DEFAULTS = {"copy_bytes": 1 << 30, "matmul_n": 8192, "repeats": 10, "launches": 2000}
 CPU_DEFAULTS = {"copy_bytes": 64 << 20, "matmul_n": 1024, "repeats": 5, "launches": 2000}
+
+# Specified dense bf16 tensor-core peaks (TFLOP/s), the denominator of MFU as published figures use it.
+# NVIDIA's H100 (SXM5) and H200 (SXM) datasheets give 1,979 TFLOP/s "with sparsity"; dense is half.
+# Matched by substring of the name the driver reports, most specific first.
+DATASHEET_BF16_DENSE_TFLOPS = {"H100 80GB HBM3": 989.4, "H100 SXM": 989.4, "H200": 989.4}
 
 
 @dataclass(frozen=True)
@@ -259,6 +265,15 @@ def load(prefer: str = "this machine") -> tuple[list[Figure], FoundCapture]:
 # Per-lane signalling rate (GT/s) and line-code efficiency, by PCIe generation, from the
 # PCI-SIG base specifications: 8b/10b encoding up to gen 2, 128b/130b for gens 3 to 5.
 _PCIE = {1: (2.5, 8 / 10), 2: (5.0, 8 / 10), 3: (8.0, 128 / 130), 4: (16.0, 128 / 130), 5: (32.0, 128 / 130)}
+
+
+def datasheet_bf16_tflops(gpu_name: str | None) -> float | None:
+    """The specified dense bf16 peak of a GPU by its reported name, or None for a GPU not in the table
+    (H100 PCIe and NVL have lower clocks and other peaks: they are deliberately absent)."""
+    for key, value in DATASHEET_BF16_DENSE_TFLOPS.items():
+        if gpu_name and key in gpu_name:
+            return value
+    return None
 
 
 def pcie_theoretical_gbps(gen: int | None, width: int | None) -> float | None:

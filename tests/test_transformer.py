@@ -268,3 +268,36 @@ def test_library_kernels_launch_through_the_driver_api_without_backtraces():
     assert kinds == {"matrix product", "attention"}
     cov = tr.backtrace_coverage(path).set_index("api")
     assert cov.loc["cuLaunchKernelEx", "with_backtrace"] == 0 < cov.loc["cuLaunchKernelEx", "calls"]
+
+
+def test_datasheet_peak_by_name_and_sweep_columns_over_it():
+    from gpuprof import speed_of_light as sol
+
+    assert sol.datasheet_bf16_tflops("NVIDIA H100 80GB HBM3") == sol.datasheet_bf16_tflops("NVIDIA H200") == 989.4
+    assert sol.datasheet_bf16_tflops("NVIDIA H100 PCIe") is None and sol.datasheet_bf16_tflops(None) is None
+    data = {"rows": [{"name": "x", "context_length": 8, "status": "ok", "parameters": 1e6, "forward_ms": {"mean": 1.0},
+                      "backward_ms": {"mean": 2.0}, "step_ms": {"mean": 4.0, "std": 0.1}, "optimizer_ms": {"mean": 1.0},
+                      "tokens_per_s": 1.0, "forward_backward_tflops": 500.0, "achieved_tflops": 400.0,
+                      "peak_memory_bytes": 2**30}]}
+    t = tr.sweep_table(data, 800.0, 1000.0).iloc[0]
+    assert (t.mfu_fwd_bwd, t.mfu_step, t.datasheet_fwd_bwd, t.datasheet_step) == (0.625, 0.5, 0.5, 0.4)
+
+
+def test_memory_by_category_counts_what_the_step_held():
+    gib, n = 2**30, 2**28  # a billion-byte-ish model, round numbers in GiB
+    result = {"peak_memory_bytes": 20 * gib, "memory": {
+        "parameter_bytes": 4 * n, "optimizer_state_bytes": 8 * n, "step_start": 12 * n, "forward_end": 12 * n + 3 * gib,
+        "backward_end": 16 * n, "optimizer_peak": 16 * n + 2 * gib}}
+    m = tr.memory_by_category(result)
+    assert m["parameters"] == m["gradients"] == 1.0 and m["optimizer state"] == 2.0
+    assert m["saved by forward (activations, bf16 weight copies)"] == 3.0
+    assert m["optimizer temporaries (peak)"] == 2.0 and m["peak"] == 20.0
+
+
+def test_optimizer_table_takes_medians_and_ranges_over_rounds():
+    def row(impl, opt):
+        return {"optimizer": impl, "optimizer_ms": {"mean": opt}, "step_ms": {"mean": 100 + opt}, "forward_ms": {"mean": 30},
+                "backward_ms": {"mean": 70}, "achieved_tflops": 1.0, "peak_memory_bytes": 2**30}
+    t = tr.optimizer_table([row("foreach", 70), row("fused", 20), row("foreach", 80), row("fused", 22)])
+    assert list(t.index) == ["foreach", "fused"]
+    assert t.loc["foreach", "optimizer_ms"] == 75 and t.loc["fused", "optimizer_ms_max"] == 22 and t.loc["fused", "rounds"] == 2

@@ -115,6 +115,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     r.add_argument("--dtype", choices=DTYPES, default="fp32",
                    help="fp32 (TF32 off), tf32 (fp32 tensors, TF32 matrix products) or bf16 (autocast) (default: fp32)")
     r.add_argument("--compile", action="store_true", help="torch.compile the model (compilation falls in the warm-up)")
+    r.add_argument("--optimizer", choices=OPTIMIZER_IMPLS, default="foreach",
+                   help="AdamW's implementation: foreach (PyTorch's default on a GPU: one kernel per operation of the "
+                        "update, over all weights at once) or fused (one kernel for the whole update) (default: foreach)")
     r.add_argument("--seed", type=nonnegative_int, default=0, help="seed for weights and tokens (default: 0)")
     r.add_argument("--cpu", action="store_true", help="run on the CPU even where a GPU is available")
     r.add_argument("--json", type=output_file, default=None, metavar="FILE", help="write the configuration and results to FILE")
@@ -134,6 +137,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if d % h:
             p.error(f"size {name}: d_model {d} is not divisible by num_heads {h}")
     return args
+
+
+OPTIMIZER_IMPLS = ("foreach", "fused")
 
 
 def model_config(args: argparse.Namespace) -> dict[str, Any]:
@@ -255,7 +261,8 @@ def run(args: argparse.Namespace, device: str) -> dict[str, Any]:
     t0 = time.perf_counter()
     model = build_model(cfg, device)
     forward_model = torch.compile(model) if args.compile else model
-    opt = None if args.forward_only else torch.optim.AdamW(model.parameters(), lr=1e-4)
+    opt = None if args.forward_only else torch.optim.AdamW(model.parameters(), lr=1e-4,
+                                                            **{args.optimizer: True})  # foreach=True or fused=True
     gen = torch.Generator(device=device).manual_seed(args.seed)
     tokens = torch.randint(0, VOCAB, (args.batch_size, args.context_length + 1), device=device, generator=gen)
     x, y = tokens[:, :-1], tokens[:, 1:]
@@ -264,25 +271,44 @@ def run(args: argparse.Namespace, device: str) -> dict[str, Any]:
     clock = Clock(torch, gpu)
     outputs: list[Any] = []  # the loss (or the logits' mean) of every step, read back once at the end
 
+    memory: dict[str, int] = {}  # the last measured step's memory, phase by phase (GPU only)
+
+    def phase_memory(name: str) -> None:
+        """Record the allocated bytes now and the peak since the last call, then restart the peak."""
+        if gpu and track[0]:
+            memory[f"{name}_peak"] = int(torch.cuda.max_memory_allocated())
+            memory[f"{name}_end"] = int(torch.cuda.memory_allocated())
+            torch.cuda.reset_peak_memory_stats()
+
+    track = [False]
+
     def step() -> list[float]:
         """One step; returns [forward, backward, optimizer] ms (forward only: [forward])."""
+        if gpu and track[0]:
+            memory["earlier_peak"] = int(torch.cuda.max_memory_allocated())  # set-up, warm-up, the other steps
+            memory["step_start"] = int(torch.cuda.memory_allocated())
+            torch.cuda.reset_peak_memory_stats()
         clock.mark()
         if args.forward_only:
             with annotate("forward_pass"), torch.no_grad(), autocast:
                 outputs.append(forward_model(x).float().mean())
             clock.mark()
+            phase_memory("forward")
         else:
             with annotate("forward_pass"), autocast:
                 loss = F.cross_entropy(forward_model(x).flatten(0, 1), y.flatten())
             outputs.append(loss.detach())
             clock.mark()
+            phase_memory("forward")
             with annotate("backward_pass"):
                 loss.backward()
             clock.mark()
+            phase_memory("backward")
             with annotate("optimizer_step"):
                 opt.step()
                 opt.zero_grad(set_to_none=True)
             clock.mark()
+            phase_memory("optimizer")
         if gpu:
             torch.cuda.synchronize()  # as the benchmark does after every step: the step's work is done
         return clock.intervals_ms()
@@ -295,6 +321,7 @@ def run(args: argparse.Namespace, device: str) -> dict[str, Any]:
     measured: list[list[float]] = []
     with annotate("measured_steps"):
         for i in range(args.num_steps):
+            track[0] = i == args.num_steps - 1  # phase memory in the last step (its calls are host-side only)
             with annotate(f"step_{i}"):
                 measured.append(step())
     phases = PHASES[:1] if args.forward_only else PHASES
@@ -310,8 +337,14 @@ def run(args: argparse.Namespace, device: str) -> dict[str, Any]:
         "warmup_step_ms": [sum(s) for s in warmup], "step_ms_each": step_ms, "phase_ms_each": measured,
         "step_ms": summary(step_ms), **per_phase,
         "tokens_per_s": args.batch_size * args.context_length / mean_s, "achieved_tflops": flops / mean_s / 1e12,
-        "peak_memory_bytes": int(torch.cuda.max_memory_allocated()) if gpu else None,
+        "peak_memory_bytes": max(v for k, v in memory.items() if k.endswith("_peak")) if gpu else None,
+        "optimizer": args.optimizer,
     }
+    if gpu:  # what the memory holds: weights, gradients and AdamW's moments are counted, not inferred
+        result["memory"] = {**memory, "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+                            "optimizer_state_bytes": 0 if opt is None else sum(
+                                t.numel() * t.element_size() for st in opt.state.values() for t in st.values()
+                                if torch.is_tensor(t) and t.dim() > 0)}
     if not args.forward_only:  # model FLOPs of forward + backward over their time, the optimizer apart
         fb_s = statistics.fmean([s[0] + s[1] for s in measured]) / 1e3
         result["forward_backward_tflops"] = flops / fb_s / 1e12
@@ -376,7 +409,8 @@ def child_args(args: argparse.Namespace, name: str, dims: tuple[int, int, int, i
     cmd = [sys.executable, str(Path(__file__).resolve()), "--d-model", str(d), "--d-ff", str(ff),
            "--num-layers", str(layers), "--num-heads", str(heads), "--context-length", str(context),
            "--batch-size", str(args.batch_size), "--warmup-steps", str(args.warmup_steps),
-           "--num-steps", str(args.num_steps), "--dtype", args.dtype, "--seed", str(args.seed), "--json", str(out)]
+           "--num-steps", str(args.num_steps), "--dtype", args.dtype, "--seed", str(args.seed), "--json", str(out),
+           "--optimizer", args.optimizer]
     for flag in ("forward_only", "compile", "cpu"):
         if getattr(args, flag):
             cmd.append("--" + flag.replace("_", "-"))

@@ -28,11 +28,12 @@ from .. import activity as ta
 from ..artifacts import REPO_ROOT, FoundCapture, chapter_output, find_capture, record_file
 from ..kernel_kinds import kernel_kind, time_by_kind
 from ..nsys import sqlite as ns
+from ..errors import GpuprofError
 
 __all__ = ["BENCHMARK", "LAYER", "SIZES", "CAPTURE_ARGS", "MEASURED_RANGE", "BACKTRACES", "capture_benchmark",
            "capture_layer", "step_table", "measured", "phase_summary", "kinds_per_step", "matmul_kernels",
            "tensor_cores", "events_vs_nvtx", "backtrace_coverage", "sweep_table", "sweep_figure", "layer_table",
-           "layer_figure", "LAUNCH_CALLS"]
+           "layer_figure", "LAUNCH_CALLS", "memory_by_category", "compare_optimizers", "optimizer_table"]
 
 BENCHMARK = REPO_ROOT / "examples" / "nsys" / "transformer_benchmark.py"
 LAYER = REPO_ROOT / "examples" / "nsys" / "launch_bound_layer.py"
@@ -222,12 +223,14 @@ def backtrace_coverage(path: str | Path) -> pd.DataFrame:
 
 # --- the sweep ------------------------------------------------------------------------------------------
 
-def sweep_table(data: dict[str, Any], peak_tflops: float | None) -> pd.DataFrame:
+def sweep_table(data: dict[str, Any], peak_tflops: float | None, datasheet_tflops: float | None = None) -> pd.DataFrame:
     """One row per size and context length: status, time of forward / forward+backward / step, tokens/s, MFU, memory.
 
     ``mfu_fwd_bwd`` is model FLOPs of forward and backward over their measured time, divided
     by ``peak_tflops`` (the bf16 matrix-product rate measured on this machine); ``mfu_step``
-    includes the optimizer's time. Out-of-memory and failed rows keep their status and no numbers.
+    includes the optimizer's time. With ``datasheet_tflops`` (the specified dense peak), the
+    same two rates over it: ``datasheet_fwd_bwd`` and ``datasheet_step``, MFU as published
+    figures define it. Out-of-memory and failed rows keep their status and no numbers.
     """
     rows = []
     for r in data["rows"]:
@@ -241,6 +244,9 @@ def sweep_table(data: dict[str, Any], peak_tflops: float | None) -> pd.DataFrame
             if peak_tflops:
                 row["mfu_fwd_bwd"] = r["forward_backward_tflops"] / peak_tflops
                 row["mfu_step"] = r["achieved_tflops"] / peak_tflops
+            if datasheet_tflops:
+                row["datasheet_fwd_bwd"] = r["forward_backward_tflops"] / datasheet_tflops
+                row["datasheet_step"] = r["achieved_tflops"] / datasheet_tflops
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -335,3 +341,68 @@ def layer_figure(table: pd.DataFrame, gpu: str):  # type: ignore[no-untyped-def]
     fig.suptitle(f"The encoder stack, four ways ({gpu})", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def memory_by_category(result: dict[str, Any]) -> dict[str, float]:
+    """What one training step's GPU memory held, in GiB, from a benchmark result's ``memory`` record.
+
+    Counted, not inferred: weights (``parameter_bytes``) and AdamW's two moments
+    (``optimizer_state_bytes``); gradients are the weights' size (FP32 gradients of FP32
+    weights, all alive after backward). What the forward pass left allocated for backward
+    (allocated at the end of forward less at the step's start) is the activations autograd
+    saved plus, under bf16 autocast, its bf16 copies of the weights (2 bytes per weight,
+    cached for the step); the optimizer's temporaries are its peak above what backward left.
+    """
+    m = result["memory"]
+    gib = 2**30
+    params, state = m["parameter_bytes"], m["optimizer_state_bytes"]
+    return {"parameters": params / gib, "gradients": params / gib, "optimizer state": state / gib,
+            "saved by forward (activations, bf16 weight copies)": (m["forward_end"] - m["step_start"]) / gib,
+            "optimizer temporaries (peak)": (m["optimizer_peak"] - m["backward_end"]) / gib,
+            "peak": result["peak_memory_bytes"] / gib}
+
+
+def compare_optimizers(size: str, context: int, *, rounds: int = 2, impls: tuple[str, ...] = ("foreach", "fused"),
+                       extra: tuple[str, ...] = ("--dtype", "bf16", "--batch-size", "4", "--warmup-steps", "3",
+                                                 "--num-steps", "5")) -> list[dict[str, Any]]:
+    """The benchmark at one size and context with each AdamW implementation, in fresh processes,
+    interleaved ``rounds`` times (foreach, fused, foreach, fused, ...): one result per run.
+
+    A fresh process per run, as the sweep does: one run's memory and autotuning do not help
+    the next, and interleaving spreads any drift of the machine over both implementations.
+    """
+    import json as _json
+    import subprocess
+    import sys
+    import tempfile
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for rnd in range(rounds):
+            for impl in impls:
+                out = Path(tmp) / f"{impl}_{rnd}.json"
+                cmd = [sys.executable, str(BENCHMARK), "--size", size, "--context-length", str(context),
+                       "--optimizer", impl, *extra, "--json", str(out)]
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+                if proc.returncode != 0:
+                    raise GpuprofError(f"the benchmark with --optimizer {impl} failed: {proc.stderr.strip()[-300:]}")
+                data = _json.loads(out.read_text())
+                rows.append({"round": rnd, "optimizer": impl, **data})
+                peak = data["peak_memory_bytes"]
+                print(f"  round {rnd + 1}, {impl:<8} step {data['step_ms']['mean']:7.1f} ms, optimizer "
+                      f"{data['optimizer_ms']['mean']:6.1f} ms" + (f", peak {peak / 2**30:5.1f} GiB" if peak else ""))
+    return rows
+
+
+def optimizer_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """Per AdamW implementation: median over rounds (and min-max) of the optimizer and step times, the
+    step's model-FLOP rate, and the peak memory."""
+    df = pd.DataFrame([{"optimizer": r["optimizer"], "optimizer_ms": r["optimizer_ms"]["mean"], "step_ms": r["step_ms"]["mean"],
+                        "fwd_bwd_ms": r["forward_ms"]["mean"] + r["backward_ms"]["mean"],
+                        "step_tflops": r["achieved_tflops"],
+                        "peak_GiB": (r["peak_memory_bytes"] or float("nan")) / 2**30} for r in rows])
+    g = df.groupby("optimizer", sort=False)
+    out = g.median()
+    out["optimizer_ms_min"], out["optimizer_ms_max"] = g["optimizer_ms"].min(), g["optimizer_ms"].max()
+    out["rounds"] = g.size()
+    return out
