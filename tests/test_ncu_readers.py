@@ -7,6 +7,7 @@ process; these tests read the course's real reports, so they need no GPU and no 
 import json
 import sys
 
+import pandas as pd
 import pytest
 
 from gpuprof import gpu_available
@@ -190,3 +191,25 @@ def test_capture_without_a_gpu_falls_back_to_the_reference(isolated_dirs, capsys
 def test_listing_without_a_gpu_is_one_sentence():
     with pytest.raises(GpuprofError, match="ncu cannot run here"):
         ncap.ncu_listing(["--list-sets"])
+
+
+def test_a_truncated_csv_page_is_one_sentence(tmp_path):
+    text = SAXPY_CSV.read_text()
+    cut = tmp_path / "cut.csv"
+    cut.write_text(text[: len(text) // 2] + '"unterminated')
+    with pytest.raises(GpuprofError, match="not a complete ncu CSV table"):
+        csv_reader.read_details(cut)
+
+
+def test_a_details_page_given_to_the_raw_reader_says_so():
+    with pytest.raises(GpuprofError, match="details page .* not the raw page"):
+        csv_reader.read_raw(SAXPY_CSV)
+
+
+def test_an_empty_raw_value_reads_as_missing_not_zero():
+    text = ('"ID","Kernel Name","gpu__time_duration.sum","sm__ops_path_tensor_op_hmma.sum"\n'
+            '"","","ns",""\n"0","k1","1,024","12"\n"1","k2","2,048",""\n')
+    df, units = csv_reader.parse_raw(text)
+    assert units["gpu__time_duration.sum"] == "ns"
+    assert df["gpu__time_duration.sum"].tolist() == [1024.0, 2048.0]
+    assert df["sm__ops_path_tensor_op_hmma.sum"].iloc[0] == 12 and pd.isna(df["sm__ops_path_tensor_op_hmma.sum"].iloc[1])

@@ -53,13 +53,22 @@ def _table_lines(text: str, source: str) -> list[str]:
     return [header] + [line for line in lines[start + 1:] if line.startswith('"') and line != header]
 
 
+def _read_table(lines: list[str], source: str) -> pd.DataFrame:
+    """The CSV table as text columns; a table cut short (a copy interrupted, ncu killed) is one sentence."""
+    try:
+        return pd.read_csv(io.StringIO("\n".join(lines)), dtype=str, keep_default_na=False)
+    except (pd.errors.ParserError, ValueError) as exc:
+        raise GpuprofError(f"{source} is not a complete ncu CSV table: {str(exc).strip().splitlines()[-1][:160]}.",
+                           "It looks cut short or edited: export it again with `ncu --import R.ncu-rep --csv --page ...`.") from None
+
+
 def _numbers(col: pd.Series) -> pd.Series:
     return pd.to_numeric(col.astype(str).str.replace(",", "", regex=False), errors="coerce")
 
 
 def parse_details(text: str, source: str = "this output") -> pd.DataFrame:
     """The details page from ncu's printed output; ``value`` holds the metric as a float where it is one."""
-    df = pd.read_csv(io.StringIO("\n".join(_table_lines(text, source))), dtype=str, keep_default_na=False)
+    df = _read_table(_table_lines(text, source), source)
     missing = _REQUIRED - set(df.columns)
     if missing:
         raise GpuprofError(f"{source} lacks the columns {sorted(missing)}: it is not the details page.",
@@ -76,16 +85,21 @@ def read_details(path: str | Path) -> pd.DataFrame:
 def parse_raw(text: str, source: str = "this output") -> tuple[pd.DataFrame, dict[str, str]]:
     """The raw page from ncu's printed output: one row per launch (metrics as floats where they are
     numbers, text otherwise), and the unit of each metric column."""
-    lines = _table_lines(text, source)
-    df = pd.read_csv(io.StringIO("\n".join(lines)), dtype=str, keep_default_na=False)
+    df = _read_table(_table_lines(text, source), source)
+    if _REQUIRED <= set(df.columns):
+        raise GpuprofError(f"{source} is ncu's details page (one row per metric), not the raw page.",
+                           "Read it with read_details, or export the raw page: `ncu --import R.ncu-rep --csv --page raw`.")
     units: dict[str, str] = {}
     if len(df) and df.iloc[0]["ID"] == "":  # the second header row holds the units
         units = {c: u for c, u in df.iloc[0].items() if u}
         df = df.iloc[1:].reset_index(drop=True)
     for col in df.columns:
+        # A metric ncu leaves empty for some launches (it does not apply there) is missing, not 0 and
+        # not a reason to keep the whole column as text: numeric where every non-empty value is a number.
+        present = df[col].astype(str).str.strip() != ""
         nums = _numbers(df[col])
-        if nums.notna().all() and len(df):
-            df[col] = nums
+        if len(df) and present.any() and nums[present].notna().all():
+            df[col] = nums.where(present)
     return df, units
 
 

@@ -102,11 +102,39 @@ def _loads(raw: bytes) -> Any:
     return orjson.loads(raw)
 
 
+def _what_it_is(raw: bytes, path: Path) -> str | None:
+    """For a file that is not JSON at all, what it looks like (None when it starts like JSON)."""
+    head = raw.lstrip()[:64]
+    if head[:1] in (b"{", b"["):
+        return None
+    if head.startswith(b"SQLite format 3"):
+        return "an SQLite database (an Nsight Systems export? read it with gpuprof.nsys.sqlite)"
+    if head[:1] == b"\x80":
+        return "a Python pickle (a CUDA memory snapshot? read it with gpuprof.torch_profiler.memory)"
+    if head.startswith(b"PK"):
+        return "a zip archive"
+    if path.suffix in (".nsys-rep", ".qdrep"):
+        return "an Nsight Systems report (export it to sqlite and read it with gpuprof.nsys.sqlite)"
+    if path.suffix == ".ncu-rep":
+        return "an Nsight Compute report (read it with gpuprof.ncu.report)"
+    if head[:1] == b"<":
+        return "HTML or XML"
+    try:
+        first = raw.lstrip()[:200].decode("utf-8").splitlines()[0]
+    except (UnicodeDecodeError, IndexError):
+        return "binary data"
+    return f"text that does not start like JSON ({first[:40]!r}{', CSV?' if first.count(',') >= 2 else ''})"
+
+
 def _parse(path: Path) -> dict[str, Any]:
     if not path.exists():
         raise GpuprofError(f"{path} does not exist.", "Give the path of a trace written by export_chrome_trace "
                            "or tensorboard_trace_handler (.json or .json.gz).")
     raw = _read_bytes(path)
+    what = _what_it_is(raw, path)
+    if what is not None:
+        raise GpuprofError(f"{path} is not a PyTorch profiler trace: it is {what}.",
+                           "Give a trace written by export_chrome_trace or tensorboard_trace_handler (.json or .json.gz).")
     try:
         data = _loads(raw)
     except (json.JSONDecodeError, ValueError) as exc:  # orjson's error is a ValueError subclass of its own
