@@ -266,3 +266,17 @@ def test_self_cpu_by_thread_partitions_each_threads_time():
     assert per_thread.sum() > 1.3 * steps_us
     with pytest.raises(ValueError, match="by must be"):
         ts.op_summary(trace, by="stream")
+
+
+def test_steps_by_a_name_pattern_when_there_is_no_profiler_step(cpu_run):
+    trace, _, _ = cpu_run
+    default = trace.steps()
+    by_name = trace.steps("train_step")  # no group: numbered in time order
+    assert list(by_name["step"]) == [0, 1] and len(by_name) == len(default)
+    # each train_step range lies inside its ProfilerStep range
+    assert (by_name["start"].to_numpy() >= default["start"].to_numpy()).all()
+    assert (by_name["end"].to_numpy() <= default["end"].to_numpy()).all()
+    numbered = trace.steps(r"ProfilerStep#(\d+)")
+    assert list(numbered["step"]) == list(default["step"])
+    assert trace.steps("no_such_range").empty
+    assert list(ts.step_summary(trace, pattern="train_step")["step"]) == [0, 1]

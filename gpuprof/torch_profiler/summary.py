@@ -174,8 +174,9 @@ def launch_latency(trace: Trace) -> pd.Series:
                                    trace.runtime_calls().dropna(subset=["correlationId"]))
 
 
-def step_summary(trace: Trace, *, rule: str = "window") -> pd.DataFrame:
-    """Per ``ProfilerStep#N``: CPU time, GPU work launched in it, and how busy that kept the GPU.
+def step_summary(trace: Trace, *, rule: str = "window", pattern: str | None = None) -> pd.DataFrame:
+    """Per ``ProfilerStep#N`` (or per range matching ``pattern``: see :meth:`Trace.steps`): CPU time,
+    GPU work launched in it, and how busy that kept the GPU.
 
     Columns: step, cpu_ms (the step's range), launches (kernels, copies and memsets whose
     launching call fell in the step), gpu_busy_ms (the union of their intervals: work on
@@ -185,7 +186,7 @@ def step_summary(trace: Trace, *, rule: str = "window") -> pd.DataFrame:
     thread, the default, since autograd launches the backward pass from a thread of its
     own) or ``"thread"``.
     """
-    steps = trace.steps()
+    steps = trace.steps(pattern)
     cols = ["step", "cpu_ms", "launches", "gpu_busy_ms", "gpu_span_ms", "busy_share"]
     if steps.empty:
         return pd.DataFrame(columns=cols)

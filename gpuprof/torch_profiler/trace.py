@@ -244,15 +244,29 @@ class Trace:
         """
         return self._tables["gpu_user_annotation" if gpu else "user_annotation"]
 
-    def steps(self) -> pd.DataFrame:
-        """The ``ProfilerStep#N`` ranges that ``prof.step()`` marks: step, start, end, globalTid (CPU side)."""
+    def steps(self, pattern: str | re.Pattern[str] | None = None) -> pd.DataFrame:
+        """Step ranges on the CPU side: step, start, end, duration_ns, globalTid.
+
+        By default the ``ProfilerStep#N`` ranges that ``prof.step()`` marks. A trace without
+        them (a program that never called ``prof.step()``, or a trace of someone else's
+        program) can define its steps by ``pattern``: a regular expression matched against
+        the whole name of ``record_function`` / user annotations (``"train_step"``,
+        ``r"iteration_(\d+)"``). With a group, the group is the step number; without one, the
+        matching ranges are numbered 0, 1, ... in time order. Nested matches count as they are.
+        """
         a = self._tables["user_annotation"]
+        cols = ["step", "start", "end", "duration_ns", "globalTid"]
         if a.empty:
-            return pd.DataFrame(columns=["step", "start", "end", "duration_ns", "globalTid"])
-        m = a["name"].astype(str).str.extract(STEP_PATTERN, expand=False)
-        s = a[m.notna()].copy()
-        s.insert(0, "step", m[m.notna()].astype(int).to_numpy())
-        return s[["step", "start", "end", "duration_ns", "globalTid"]].sort_values("start", ignore_index=True)
+            return pd.DataFrame(columns=cols)
+        rx = STEP_PATTERN if pattern is None else re.compile(pattern) if isinstance(pattern, str) else pattern
+        names = a["name"].astype(str)
+        hit = names.map(lambda n: rx.fullmatch(n) is not None)
+        s = a[hit].sort_values("start", ignore_index=True).copy()
+        if rx.groups:
+            s.insert(0, "step", s["name"].astype(str).map(lambda n: int(rx.fullmatch(n).group(1))))
+        else:
+            s.insert(0, "step", range(len(s)))
+        return s[cols]
 
     def flows(self) -> pd.DataFrame:
         """Flow events: id, cat (``ac2g`` or ``fwdbwd``), phase (``s`` start / ``f`` finish), ts (ns), pid, tid."""
