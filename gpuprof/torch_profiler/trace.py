@@ -251,7 +251,7 @@ class Trace:
         them (a program that never called ``prof.step()``, or a trace of someone else's
         program) can define its steps by ``pattern``: a regular expression matched against
         the whole name of ``record_function`` / user annotations (``"train_step"``,
-        ``r"iteration_(\d+)"``). With a group, the group is the step number; without one, the
+        ``r"iteration_(\\d+)"``). With a group, the group is the step number; without one, the
         matching ranges are numbered 0, 1, ... in time order. Nested matches count as they are.
         """
         a = self._tables["user_annotation"]
