@@ -143,3 +143,20 @@ def test_window_with_an_unknown_range_name():
                                               ("forward_pass", 10, "")])
 def test_labels_are_cut_to_fit_their_bar(text, width, shown):
     assert fit_label(text, width, fontsize=7, dpi=100) == shown
+
+
+def test_nvtx_summary_splits_push_pop_from_start_end_ranges():
+    """features.sqlite holds both kinds: the start/end range handed to a worker thread is its own style."""
+    table = st.nvtx_summary(ns.nvtx_ranges(FEATURES))
+    assert list(table.columns[:2]) == ["Style", "Range"]
+    summary = table.set_index("Range")
+    assert summary.loc[":handed_to_worker", "Style"] == "StartEnd"
+    assert (summary.drop(index=":handed_to_worker")["Style"] == "PushPop").all()
+
+
+def test_the_comparison_fails_on_a_changed_style():
+    mine = st.nvtx_summary(ns.nvtx_ranges(TRANSFER))
+    theirs = nsys_csv("nvtx_sum")
+    theirs.loc[0, "Style"] = "StartEnd"
+    with pytest.raises(AssertionError, match="Style differs"):
+        st.compare_summaries(mine, theirs, "Range")

@@ -325,16 +325,19 @@ def _nvtx_events(path: str | Path) -> tuple[pd.DataFrame, dict[int, str]]:
 
 def nvtx_ranges(path: str | Path) -> pd.DataFrame:
     """NVTX push/pop and start/end ranges: start, end, duration_ns, text, domain, category, payload,
-    thread (``globalTid``; ``endGlobalTid`` where a start/end range ended on another thread), depth.
+    thread (``globalTid``; ``endGlobalTid`` where a start/end range ended on another thread), depth,
+    and ``style``: ``PushPop`` or ``StartEnd``, as ``nsys stats`` names the two kinds.
 
     ``depth`` is the nesting level on its thread (0 = outermost), computed from the
     intervals, because the export does not store it.
     """
     df, _ = _nvtx_events(path)
-    cols = ["start", "end", "duration_ns", "text", "domain", "category", "payload", "globalTid", "endGlobalTid", "depth"]
+    cols = ["start", "end", "duration_ns", "text", "domain", "category", "payload", "globalTid", "endGlobalTid", "depth",
+            "style"]
     if df.empty:
         return pd.DataFrame(columns=cols)
     df = df[df["eventType"].isin(NVTX_RANGE_TYPES) & df["end"].notna()].copy()
+    df["style"] = df["eventType"].map({NVTX_RANGE_TYPES[0]: "PushPop", NVTX_RANGE_TYPES[1]: "StartEnd"})
     df["end"] = df["end"].astype("int64")
     df["duration_ns"] = df["end"] - df["start"]
     df["category"] = df["category"].fillna("").astype(str) if "category" in df else ""

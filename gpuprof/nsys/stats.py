@@ -10,7 +10,7 @@ that ``nsys stats --format csv`` wrote for a real capture.
 report                     function
 =========================  ===============================================================
 ``cuda_gpu_kern_sum``      :func:`kernel_summary` (GPU time per kernel name)
-``nvtx_sum``               :func:`nvtx_summary` (time per NVTX range name)
+``nvtx_sum``               :func:`nvtx_summary` (time per NVTX range name and style)
 ``cuda_gpu_mem_time_sum``  :func:`memop_time_summary` (GPU time per copy direction / memset)
 ``cuda_gpu_mem_size_sum``  :func:`memop_size_summary` (megabytes per copy direction / memset)
 ``cuda_api_sum``           :func:`api_summary` (CPU time per CUDA API function)
@@ -68,13 +68,21 @@ def kernel_summary(kernels: pd.DataFrame, by: str = "demangled") -> pd.DataFrame
 
 
 def nvtx_summary(ranges: pd.DataFrame) -> pd.DataFrame:
-    """Per NVTX range name, like ``nvtx_sum``: push/pop and start/end ranges.
+    """Per NVTX range name and style, like ``nvtx_sum``: push/pop and start/end ranges.
 
     ``nsys stats`` names a range ``:text`` (its domain before the colon, empty for the
-    default domain); so does this summary, so that the two can be compared directly.
+    default domain) and reports push/pop and start/end ranges of one name as separate
+    rows, with a ``Style`` column (``PushPop``, ``StartEnd``); so does this
+    summary, so that the two can be compared directly. Ranges read before the ``style``
+    column existed count as push/pop.
     """
     domain = ranges["domain"].where(ranges["domain"] != "default", "")
-    return _summary(ranges["duration_ns"], domain + ":" + ranges["text"], "Range")
+    style = ranges["style"] if "style" in ranges else pd.Series("PushPop", index=ranges.index)
+    out = _summary(ranges["duration_ns"], style.astype(str) + "\t" + domain + ":" + ranges["text"], "Range")
+    parts = out["Range"].str.split("\t", n=1, expand=True)
+    out["Range"] = parts[1] if len(out) else out["Range"]
+    out.insert(0, "Style", parts[0] if len(out) else pd.Series(dtype=str))
+    return out
 
 
 def memop_operations(copies: pd.DataFrame, memsets: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -130,6 +138,8 @@ def compare_summaries(mine: pd.DataFrame, theirs: pd.DataFrame, key: str, *, flo
         only_a, only_b = sorted(set(a.index) - set(b.index))[:5], sorted(set(b.index) - set(a.index))[:5]
         raise AssertionError(f"different {key} sets: only here {only_a}, only in nsys stats {only_b}")
     b = b.loc[a.index]
+    if "Style" in a and "Style" in b and not (a["Style"].astype(str) == b["Style"].astype(str)).all():
+        raise AssertionError(f"Style differs for {list(a.index[a['Style'].astype(str) != b['Style'].astype(str)][:3])}")
     exact = [c for c in EXACT_COLUMNS if c in a and c in b]
     for col in exact:
         diff = (a[col].astype("int64") - b[col].astype("int64")).abs()
