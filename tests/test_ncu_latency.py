@@ -11,7 +11,7 @@ import pytest
 from gpuprof import kernels as gk
 from gpuprof.artifacts import REPO_ROOT
 from gpuprof.errors import GpuprofError
-from gpuprof.ncu import derived, plots as nplots, replay, report as nr
+from gpuprof.ncu import capture as ncap, derived, plots as nplots, replay, report as nr
 
 LADDER = REPO_ROOT / "artifacts" / "ch04" / "ladder.ncu-rep"
 OCCUPANCY = REPO_ROOT / "artifacts" / "ch04" / "occupancy.ncu-rep"
@@ -101,7 +101,7 @@ def test_ptxas_report_parsed_per_kernel():
 
 def test_ncu_warnings_and_errors_are_kept_without_their_prefix():
     log = "==PROF== Connected\n==WARNING== Range replay saw no kernel\nprogram output\n==ERROR== Failed to profile\n"
-    assert replay.ncu_said(log) == ["Range replay saw no kernel", "Failed to profile"]
+    assert ncap.ncu_said(log) == ["Range replay saw no kernel", "Failed to profile"]
 
 
 def test_replay_table_without_ncu_is_one_sentence(clean_tool_env):

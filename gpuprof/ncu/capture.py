@@ -26,7 +26,8 @@ from ..errors import GpuprofError
 from ..runner import ProfilerFailed, portable_command, python_target, run_profiler
 from ..tools import classify_ncu_output, live_tool
 
-__all__ = ["NcuCapture", "ncu_capture", "ncu_listing", "Listing", "parse_passes", "parse_profiled", "MAX_REPORT_BYTES"]
+__all__ = ["NcuCapture", "ncu_capture", "ncu_listing", "Listing", "parse_passes", "parse_profiled", "ncu_said",
+           "MAX_REPORT_BYTES"]
 
 MAX_REPORT_BYTES = 3 * 2**20  # the course keeps reference reports small: filter kernels, pick sections
 _PASSES = re.compile(r'==PROF== Profiling "([^"]+)"[^\n]*?- (\d+) pass')
@@ -36,6 +37,11 @@ _PROFILING = re.compile(r'==PROF== Profiling "([^"]+)"')
 def parse_passes(text: str) -> list[tuple[str, int]]:
     """(kernel, replay passes) for every launch ncu profiled, from its ``==PROF== Profiling`` lines."""
     return [(name, int(n)) for name, n in _PASSES.findall(text)]
+
+
+def ncu_said(log: str) -> list[str]:
+    """ncu's own warnings and errors in its output (``==WARNING==`` / ``==ERROR==`` lines), without the prefix."""
+    return [line.split("==", 2)[-1].strip() for line in log.splitlines() if "==WARNING==" in line or "==ERROR==" in line]
 
 
 def parse_profiled(text: str) -> list[str]:

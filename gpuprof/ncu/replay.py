@@ -25,9 +25,10 @@ from typing import Sequence
 from ..errors import GpuprofError
 from ..runner import ProfilerFailed, python_target, run_profiler
 from ..tools import live_tool
-from .capture import parse_passes
+from .capture import ncu_said, parse_passes
+from .csv_reader import to_seconds
 
-__all__ = ["REPLAY_RUNS", "replay_mode_table", "ncu_said"]
+__all__ = ["REPLAY_RUNS", "replay_mode_table"]
 
 ONE_METRIC = ["--metrics", "gpu__time_duration.sum"]
 
@@ -44,24 +45,15 @@ REPLAY_RUNS: list[tuple[str, list[str] | None, str]] = [
 ]
 
 
-def ncu_said(log: str) -> list[str]:
-    """ncu's own warnings and errors in a log (``==WARNING==`` / ``==ERROR==`` lines), without the prefix."""
-    return [line.split("==", 2)[-1].strip() for line in log.splitlines() if "==WARNING==" in line or "==ERROR==" in line]
-
-
 def _results(report: Path) -> list[dict]:
     from .report import open_report
 
     rows = []
     for k in open_report(report).kernels:
         dur = k["metrics"].get("gpu__time_duration.sum")
-        rows.append({"name": k["name"], "nvtx": k["nvtx"], "duration_us": None if dur is None else _to_us(*dur)})
+        us = to_seconds(dur[0], dur[1]) * 1e6 if dur is not None and isinstance(dur[0], float) else None
+        rows.append({"name": k["name"], "nvtx": k["nvtx"], "duration_us": us})
     return rows
-
-
-def _to_us(value: float | str | None, unit: str) -> float | None:
-    scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
-    return float(value) * scale[unit.strip().lower()] if isinstance(value, float) else None
 
 
 def replay_mode_table(script: str | Path, script_args: Sequence[str] = (),

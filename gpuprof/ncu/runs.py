@@ -19,7 +19,7 @@ from typing import Sequence
 from ..errors import GpuprofError
 from ..runner import portable_command, python_target, run_profiler
 from ..tools import live_tool
-from .capture import ncu_listing, parse_passes
+from .capture import ncu_listing, ncu_said, parse_passes
 from .csv_reader import parse_details
 
 __all__ = ["parse_list_sets", "set_table", "filter_table", "clock_cache_durations", "nsys_durations",
@@ -82,12 +82,10 @@ def set_table(script: str | Path, script_args: Sequence[str], kernel_regex: str,
                 passes = parse_passes(cap.log.read_text())
                 kernel = open_report(report).kernels[0]
             except (ProfilerFailed, GpuprofError) as exc:
-                lines = log.read_text().splitlines() if log.exists() else []
-                said = [line for line in lines if "==ERROR==" in line or "==WARNING==" in line]
-                rows.append({"set": name, "error": said[0].split("==", 2)[-1].strip() if said else str(exc).split(". ")[0]})
+                said = ncu_said(log.read_text()) if log.exists() else []
+                rows.append({"set": name, "error": said[0] if said else str(exc).split(". ")[0]})
                 continue
-            said = [line.split("==", 2)[-1].strip() for line in cap.log.read_text().splitlines()
-                    if "==WARNING==" in line or "==ERROR==" in line]
+            said = ncu_said(cap.log.read_text())
             rows.append({"set": name, "passes": passes[0][1] if passes else None, "wall_s": wall,
                          "report_mib": report.stat().st_size / 2**20, "metrics_in_report": len(kernel["metrics"]),
                          "rules": len(kernel["rules"]), "kernel": kernel["name"], "ncu_said": said})
