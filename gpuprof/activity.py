@@ -259,7 +259,7 @@ ATTRIBUTION_RULES = ("thread", "window")
 
 
 def attribute_kernels(kernels: pd.DataFrame, runtime: pd.DataFrame, ranges: pd.DataFrame, *,
-                      rule: str = "thread") -> pd.DataFrame:
+                      rule: str) -> pd.DataFrame:
     """Pair every kernel with each of ``ranges`` whose span holds the CPU call that launched it.
 
     A kernel runs after the CPU launches it, often after the range has closed, so the
@@ -272,6 +272,10 @@ def attribute_kernels(kernels: pd.DataFrame, runtime: pd.DataFrame, ranges: pd.D
       answers "what did the program launch during this phase?", including work that
       libraries launch from threads of their own (PyTorch's autograd engine runs the
       backward pass on one).
+
+    ``rule`` has no default, here or in the readers built on it (:func:`range_busy`,
+    ``gpuprof.nsys.sqlite.attribute_to_ranges``, ``gpuprof.torch_profiler.step_summary``):
+    on a PyTorch program the two rules give different answers, so a caller says which.
 
     Returns the kernel rows (a kernel inside nested ranges appears once per range) with
     ``range_text``, ``range_index`` (0 for the first occurrence of that name, in time
@@ -319,7 +323,7 @@ def attribute_kernels(kernels: pd.DataFrame, runtime: pd.DataFrame, ranges: pd.D
     return out.sort_values(["range_start", "start"], kind="stable", ignore_index=True)
 
 
-def range_busy(work: pd.DataFrame, runtime: pd.DataFrame, ranges: pd.DataFrame, *, rule: str = "window") -> pd.DataFrame:
+def range_busy(work: pd.DataFrame, runtime: pd.DataFrame, ranges: pd.DataFrame, *, rule: str) -> pd.DataFrame:
     """Per range: the GPU work launched in it (:func:`attribute_kernels`), and how busy that kept the GPU.
 
     ``work`` is kernels (and, if wanted, copies and memsets) with ``correlationId``;

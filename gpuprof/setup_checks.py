@@ -173,7 +173,7 @@ def tiny_kernels_steps(sqlite_path: Path) -> pd.DataFrame:
     steps = sorted({t for t in ranges["text"] if t.startswith("step_")}, key=lambda t: int(t.split("_")[1]))
     rows = []
     for step in steps:
-        k = attribute_to_ranges(sqlite_path, step)
+        k = attribute_to_ranges(sqlite_path, step, rule="thread")
         r = ranges[ranges["text"] == step].iloc[0]
         starts = k["start"].sort_values()
         window = (int(r["start"]), int(r["end"]))

@@ -119,7 +119,7 @@ from gpuprof.torch_profiler import trace as tt, summary as ts
 t = tt.read_trace(PATH)
 k = ts.kernel_summary(t)
 ops = ts.op_summary(t)
-steps = ts.step_summary(t)
+steps = ts.step_summary(t, rule="window")
 lat = ts.launch_latency(t)
 RESULT = {"kernels": len(t.kernels()), "kernel_names": len(k), "operators": len(ops), "steps": len(steps),
           "median_latency_us": float(lat.median()) / 1e3 if len(lat) else None}

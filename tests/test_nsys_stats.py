@@ -101,19 +101,19 @@ def test_attribution_of_many_ranges_reads_the_file_once(monkeypatch):
         return real(path)
 
     monkeypatch.setattr(ns, "open_export", counting)
-    ns.attribute_to_ranges(FEATURES, steps(FEATURES)[:1])
+    ns.attribute_to_ranges(FEATURES, steps(FEATURES)[:1], rule="thread")
     one = len(opened)
     opened.clear()
-    ns.attribute_to_ranges(FEATURES, steps(FEATURES))
+    ns.attribute_to_ranges(FEATURES, steps(FEATURES), rule="thread")
     assert len(opened) == one, "more ranges must not mean more reads of the file"
 
 
 def test_attribution_by_name_matches_the_one_range_answer():
     for step in ("warmup", "step_0", "step_4"):
-        assert len(ns.attribute_to_ranges(TINY, step)) == 200
-    both = ns.attribute_to_ranges(TINY, ["step_0", "step_4"])
+        assert len(ns.attribute_to_ranges(TINY, step, rule="thread")) == 200
+    both = ns.attribute_to_ranges(TINY, ["step_0", "step_4"], rule="thread")
     assert both.groupby("range_text").size().to_dict() == {"step_0": 200, "step_4": 200}
-    assert ns.attribute_to_ranges(TINY, "no_such_range").empty
+    assert ns.attribute_to_ranges(TINY, "no_such_range", rule="thread").empty
 
 
 def test_attribution_rule_is_checked():
@@ -160,3 +160,17 @@ def test_the_comparison_fails_on_a_changed_style():
     theirs.loc[0, "Style"] = "StartEnd"
     with pytest.raises(AssertionError, match="Style differs"):
         st.compare_summaries(mine, theirs, "Range")
+
+
+def test_attribution_rule_has_no_default():
+    """Every attribution reader asks for its rule: the two rules disagree on PyTorch programs,
+    and the readers once defaulted to different ones."""
+    import inspect
+
+    from gpuprof import activity
+    from gpuprof.torch_profiler import summary
+
+    for fn in (ns.attribute_to_ranges, activity.attribute_kernels, activity.range_busy, summary.step_summary):
+        assert inspect.signature(fn).parameters["rule"].default is inspect.Parameter.empty, fn.__name__
+    with pytest.raises(TypeError, match="rule"):
+        ns.attribute_to_ranges(TINY, "step_0")

@@ -29,8 +29,8 @@ def test_nvtx_ranges_have_text_and_depth():
 
 def test_kernels_are_attributed_through_their_launch_call():
     for step in ("warmup", "step_0", "step_4"):
-        assert len(ns.attribute_to_ranges(SQLITE, step)) == 200
-    assert ns.attribute_to_ranges(SQLITE, "no_such_range").empty
+        assert len(ns.attribute_to_ranges(SQLITE, step, rule="thread")) == 200
+    assert ns.attribute_to_ranges(SQLITE, "no_such_range", rule="thread").empty
 
 
 def test_reference_capture_carries_no_environment():

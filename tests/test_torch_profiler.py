@@ -78,7 +78,7 @@ def test_steps_in_the_trace_are_the_ones_the_schedule_records(cpu_run):
 def test_a_cpu_only_trace_has_no_gpu_tables_and_says_so(cpu_run):
     trace, _, _ = cpu_run
     assert not trace.has_gpu_activity and trace.kernels().empty and ts.kernel_summary(trace).empty
-    steps = ts.step_summary(trace)
+    steps = ts.step_summary(trace, rule="window")
     assert list(steps["launches"]) == [0, 0] and (steps["cpu_ms"] > 0).all()
     assert "GPUs: none listed" in trace.describe() and "steps 2, 3" in trace.describe()
 
@@ -163,7 +163,7 @@ def test_gpu_tables_and_their_link_to_the_cpu(tmp_path):
 
 def test_step_summary_by_window_and_by_thread(tmp_path):
     t = tt.read_trace(write(tmp_path, gpu_events()))
-    w = ts.step_summary(t).set_index("step")
+    w = ts.step_summary(t, rule="window").set_index("step")
     assert w.loc[4, "launches"] == 2 and w.loc[4, "gpu_busy_ms"] == pytest.approx(0.014)
     assert w.loc[4, "gpu_span_ms"] == pytest.approx(0.034)  # 1030 .. 1064 us
     assert w.loc[5, "launches"] == 2 and w.loc[5, "busy_share"] == pytest.approx(30 / 40)
@@ -249,7 +249,7 @@ def test_kernel_totals_of_a_stored_gpu_trace_equal_key_averages_self_device_time
 
 
 def test_steps_of_a_stored_gpu_trace_launch_the_same_work():
-    steps = ts.step_summary(tt.read_trace(CH05 / "train_steps.json.gz"))
+    steps = ts.step_summary(tt.read_trace(CH05 / "train_steps.json.gz"), rule="window")
     assert steps["step"].tolist() == [4, 5, 6]
     assert steps["launches"].nunique() == 1 and (steps["gpu_busy_ms"] > 0).all()
     assert (steps["gpu_busy_ms"] <= steps["gpu_span_ms"] + 1e-9).all()
@@ -260,7 +260,7 @@ def test_self_cpu_by_thread_partitions_each_threads_time():
     trace = tt.read_trace(CH05 / "train_steps.json.gz")
     per_thread = ts.op_summary(trace, by="thread").set_index("thread")["self_cpu_us"]
     main = trace.steps()["globalTid"].iloc[0]
-    steps_us = ts.step_summary(trace)["cpu_ms"].sum() * 1e3
+    steps_us = ts.step_summary(trace, rule="window")["cpu_ms"].sum() * 1e3
     assert len(per_thread) == 2 and per_thread[main] == pytest.approx(steps_us, rel=1e-3)
     assert per_thread.sum() == pytest.approx(ts.op_summary(trace)["self_cpu_us"].sum())
     assert per_thread.sum() > 1.3 * steps_us
@@ -279,4 +279,4 @@ def test_steps_by_a_name_pattern_when_there_is_no_profiler_step(cpu_run):
     numbered = trace.steps(r"ProfilerStep#(\d+)")
     assert list(numbered["step"]) == list(default["step"])
     assert trace.steps("no_such_range").empty
-    assert list(ts.step_summary(trace, pattern="train_step")["step"]) == [0, 1]
+    assert list(ts.step_summary(trace, pattern="train_step", rule="window")["step"]) == [0, 1]

@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                 timed_step()
                 prof.step()
         trace = read_trace(args.trace)
-        steps = step_summary(trace)
+        steps = step_summary(trace, rule="window")
         if len(steps) != args.steps:
             raise GpuprofError(f"the trace holds {len(steps)} ProfilerStep ranges for {args.steps} timed steps.")
         result["profiler_steps"] = steps.to_dict(orient="records")

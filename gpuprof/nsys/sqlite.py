@@ -373,7 +373,7 @@ def nvtx_marks(path: str | Path) -> pd.DataFrame:
     return df[df["eventType"] == NVTX_MARK][["start", "text", "domain", "globalTid"]].reset_index(drop=True)
 
 
-def attribute_to_ranges(path: str | Path, names: str | Sequence[str], *, rule: str = "thread") -> pd.DataFrame:
+def attribute_to_ranges(path: str | Path, names: str | Sequence[str], *, rule: str) -> pd.DataFrame:
     """Kernels launched inside the NVTX ranges called ``names`` (one name or several), read from
     the file once, with each kernel's range (``range_text``, ``range_index``: which occurrence).
 

@@ -352,7 +352,7 @@ def gpu_activity(path: str | Path) -> dict[str, float]:
     work = pd.concat([kernels[["start", "end", "correlationId"]], ns.memcpy(path)[["start", "end", "correlationId"]],
                       ns.memset(path)[["start", "end", "correlationId"]]], ignore_index=True)
     runtime = ns.runtime_calls(path)
-    busy = ta.range_busy(work, runtime, window).iloc[0]
+    busy = ta.range_busy(work, runtime, window, rule="window").iloc[0]
     mine = ta.attribute_kernels(kernels, runtime, window, rule="window")
     n = len(steps)
     return {"steps": n, "busy_share": float(busy["busy_share"]), "gpu_span_ms_per_step": float(busy["gpu_span_ms"]) / n,

@@ -115,7 +115,7 @@ def step_table(path: str | Path) -> pd.DataFrame:
     if steps.empty:
         return pd.DataFrame(columns=["step", "warmup", "index", "cpu_ms", "forward_ms", "backward_ms", "optimizer_ms",
                                      "launches", "gpu_busy_ms", "gpu_span_ms"])
-    busy = ta.range_busy(ns.kernels(path), ns.runtime_calls(path), steps[["text", "start", "end", "globalTid"]])
+    busy = ta.range_busy(ns.kernels(path), ns.runtime_calls(path), steps[["text", "start", "end", "globalTid"]], rule="window")
     rows = []
     phase_ranges = ranges[ranges["text"].isin(["forward_pass", "backward_pass", "optimizer_step"])]
     for s, b in zip(steps.itertuples(), busy.itertuples()):

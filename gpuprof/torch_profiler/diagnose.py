@@ -45,7 +45,7 @@ def checks(trace: Trace) -> pd.DataFrame:
     steps = trace.steps()
     if not trace.has_gpu_activity or steps.empty:
         return pd.DataFrame(columns=cols)
-    per_step = step_summary(trace)
+    per_step = step_summary(trace, rule="window")
     idle = 1 - (per_step["gpu_busy_ms"] / per_step["cpu_ms"]).clip(upper=1)
     kernels = trace.kernels()
     runtime = trace.runtime_calls()
@@ -88,7 +88,7 @@ def checks(trace: Trace) -> pd.DataFrame:
 def report(trace: Trace, *, top: int = 5) -> str:
     """A short plain-text report: what the trace holds, the steps, the top kernels and CPU operators, the checks."""
     lines = [trace.describe(), ""]
-    per_step = step_summary(trace)
+    per_step = step_summary(trace, rule="window")
     if len(per_step):
         lines.append("per step (ms): " + "; ".join(
             f"#{int(r.step)} CPU {r.cpu_ms:.2f}, GPU busy {r.gpu_busy_ms:.2f}" for r in per_step.itertuples()))

@@ -58,7 +58,7 @@ def nsys_steps(sqlite: str | Path) -> pd.DataFrame:
     ranges = nsql.nvtx_ranges(sqlite)
     ranges = ranges[ranges["text"].astype(str).str.match(r"^step_\d+$")]
     work = pd.concat([nsql.kernels(sqlite), nsql.memcpy(sqlite), nsql.memset(sqlite)], ignore_index=True)
-    return activity.range_busy(work.dropna(subset=["correlationId"]), nsql.runtime_calls(sqlite), ranges)
+    return activity.range_busy(work.dropna(subset=["correlationId"]), nsql.runtime_calls(sqlite), ranges, rule="window")
 
 
 def reconcile_table(runs: ReconcileRuns) -> pd.DataFrame:

@@ -174,7 +174,7 @@ def launch_latency(trace: Trace) -> pd.Series:
                                    trace.runtime_calls().dropna(subset=["correlationId"]))
 
 
-def step_summary(trace: Trace, *, rule: str = "window", pattern: str | None = None) -> pd.DataFrame:
+def step_summary(trace: Trace, *, rule: str, pattern: str | None = None) -> pd.DataFrame:
     """Per ``ProfilerStep#N`` (or per range matching ``pattern``: see :meth:`Trace.steps`): CPU time,
     GPU work launched in it, and how busy that kept the GPU.
 
@@ -182,9 +182,11 @@ def step_summary(trace: Trace, *, rule: str = "window", pattern: str | None = No
     launching call fell in the step), gpu_busy_ms (the union of their intervals: work on
     two streams at once counts once), gpu_span_ms (first start to last end of that work)
     and busy_share (busy over span: below 1, the GPU waited between pieces of the step's
-    work). ``rule`` is :func:`gpuprof.activity.attribute_kernels`' rule: ``"window"`` (any
-    thread, the default, since autograd launches the backward pass from a thread of its
-    own) or ``"thread"``.
+    work). ``rule`` is :func:`gpuprof.activity.attribute_kernels`' rule, and has no default
+    (the readers once had two, "thread" for NVTX attribution and "window" here; now every
+    caller says which it means): ``"window"`` (any thread: what a step launched, the backward
+    pass included, since autograd launches it from a thread of its own) or ``"thread"``
+    (only the step's own thread, nsys's rule).
     """
     steps = trace.steps(pattern)
     cols = ["step", "cpu_ms", "launches", "gpu_busy_ms", "gpu_span_ms", "busy_share"]
