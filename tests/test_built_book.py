@@ -136,3 +136,31 @@ def test_numbers_in_the_prose_come_from_the_notebook():
     html = (BUILD / "book" / "execution_model.html").read_text()
     assert 'class="pasted-text"' in html
     assert "NVIDIA" in html and "??" not in html
+
+
+def test_a_generated_report_opens_offline_with_its_figures(browser, tmp_path):
+    """`python -m gpuprof report -o` writes one file that a browser shows whole with no network:
+    every figure is inline, nothing is requested from anywhere."""
+    from gpuprof.report import build_pages
+    from gpuprof.report.render import write_html
+
+    captures = [REPO_ROOT / "artifacts" / "ch06" / "rung0.sqlite", REPO_ROOT / "artifacts" / "ch04" / "ladder.ncu-rep",
+                REPO_ROOT / "artifacts" / "ch05" / "train_steps.json.gz"]
+    out = write_html(build_pages(captures), tmp_path / "report.html")
+    ctx = browser.new_context()
+    requests: list[str] = []
+    problems: list[str] = []
+    ctx.route("**/*", lambda r: (requests.append(r.request.url), r.continue_()))
+    tab = ctx.new_page()
+    tab.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+    tab.on("pageerror", lambda e: problems.append(str(e)))
+    tab.goto(out.as_uri(), wait_until="load")
+    images = tab.eval_on_selector_all("img", "els => els.map(e => e.complete && e.naturalWidth > 0)")
+    tables = tab.eval_on_selector_all("table", "els => els.length")
+    sections = tab.eval_on_selector_all("section h2", "els => els.map(e => e.textContent)")
+    ctx.close()
+    assert [u for u in requests if not u.startswith(("file:", "data:"))] == []
+    assert not problems, problems
+    assert len(images) >= 3 and all(images)  # two steps charts and the nsys timeline
+    assert tables >= 15
+    assert sections == ["rung0.sqlite", "ladder.ncu-rep", "train_steps.json.gz"]

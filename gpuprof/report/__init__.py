@@ -1,0 +1,71 @@
+"""``python -m gpuprof report`` and ``diff``: any capture to one page, numbers equal to the tools' own.
+
+* :mod:`gpuprof.report.detect`: what a file is, from its content (``capture_kind``)
+* :mod:`gpuprof.report.activity_view`: nsys exports and PyTorch profiler traces as one view;
+  steps, the headline numbers, idle time by cause
+* :mod:`gpuprof.report.timeline_page`, :mod:`gpuprof.report.ncu_page`: the pages
+* :mod:`gpuprof.report.diff`: two captures compared
+* :mod:`gpuprof.report.render`: terminal text and one self-contained HTML file
+* :mod:`gpuprof.report.cli`: the command line
+
+From Python: ``pages = build_pages(["run.sqlite"])``, then ``pages[0].table("Top kernels")``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from ..errors import GpuprofError
+from .activity_view import ActivityView, load
+from .detect import capture_kind, captures_in
+from .page import Page
+
+__all__ = ["build_pages", "build_diff", "capture_kind", "load", "Page", "ActivityView"]
+
+TIMELINE_KINDS = ("nsys", "nsys-rep", "kineto")
+
+
+def _expand(paths: Sequence[str | Path]) -> list[tuple[Path, str, Path | None]]:
+    out = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            out += [(f, k, p) for f, k in captures_in(p)]
+        else:
+            out.append((p, capture_kind(p), None))
+    return out
+
+
+def build_pages(paths: Sequence[str | Path], *, steps: str | None = None, window: str | None = None,
+                top: int = 15) -> list[Page]:
+    """One page per capture (a folder's captures each get one, then one page side by side)."""
+    from .ncu_page import ncu_page
+    from .timeline_page import ranks_page, timeline_page
+
+    pages: list[Page] = []
+    folders: dict[Path, list[ActivityView]] = {}
+    for path, kind, folder in _expand(paths):
+        if kind in TIMELINE_KINDS:
+            view = load(path, kind, steps=steps)
+            pages.append(timeline_page(view, window=window, top=top))
+            if folder is not None:
+                folders.setdefault(folder, []).append(view)
+        else:
+            pages.append(ncu_page(path, kind, top=top))
+    for views in folders.values():
+        if len(views) > 1:
+            pages.insert(0, ranks_page(views))
+    return pages
+
+
+def build_diff(before: str | Path, after: str | Path, *, steps: str | None = None) -> Page:
+    """The diff page of two captures of one family (two timelines, or two Nsight Compute captures)."""
+    from .diff import diff_ncu, diff_timelines
+
+    kb, ka = capture_kind(before), capture_kind(after)
+    if kb in TIMELINE_KINDS and ka in TIMELINE_KINDS:
+        return diff_timelines(load(before, kb, steps=steps), load(after, ka, steps=steps))
+    if kb in ("ncu", "ncu-csv") and ka in ("ncu", "ncu-csv"):
+        return diff_ncu(Path(before), kb, Path(after), ka)
+    raise GpuprofError(f"{Path(before).name} ({kb}) and {Path(after).name} ({ka}) cannot be compared.",
+                       "Compare two timelines (nsys exports or PyTorch profiler traces) or two Nsight Compute captures.")

@@ -1,0 +1,178 @@
+"""The report on an Nsight Compute capture: per kernel launch, the numbers its first read starts from.
+
+Per launch: duration and launch configuration; the Speed Of Light table (percent of each
+unit's peak: SM, memory, DRAM, L1, L2); occupancy, theoretical and achieved; ncu's own
+bottleneck verdict (its SOLBottleneck rule); its roofline point where the report has the
+roofline's metrics; then every rule finding, largest estimated speedup first.
+
+Three inputs, one set of tables: a ``.ncu-rep`` (read through NVIDIA's ``ncu_report``,
+:mod:`gpuprof.ncu.report`), ``ncu --csv --page details`` (the section tables as ncu prints
+them; its display units turned back into the report's) and ``--page raw`` (metric names
+as columns). The values are ncu's: nothing here recomputes a percentage ncu reports.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..errors import GpuprofError
+from .page import Page
+
+__all__ = ["ncu_page", "launch_table", "findings", "SOL_COLUMNS"]
+
+# column -> (metric name in the report / raw page, row name in the details page's sections)
+SOL_COLUMNS = {
+    "duration_us": ("gpu__time_duration.sum", "Duration"),
+    "sm_pct": ("sm__throughput.avg.pct_of_peak_sustained_elapsed", "Compute (SM) Throughput"),
+    "memory_pct": ("gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed", "Memory Throughput"),
+    "dram_pct": ("gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed", "DRAM Throughput"),
+    "l1_pct": ("l1tex__throughput.avg.pct_of_peak_sustained_active", "L1/TEX Cache Throughput"),
+    "l2_pct": ("lts__throughput.avg.pct_of_peak_sustained_elapsed", "L2 Cache Throughput"),
+    "theoretical_occupancy_pct": ("sm__maximum_warps_per_active_cycle_pct", "Theoretical Occupancy"),
+    "achieved_occupancy_pct": ("sm__warps_active.avg.pct_of_peak_sustained_active", "Achieved Occupancy"),
+    "registers": ("launch__registers_per_thread", "Registers Per Thread"),
+    "block": ("launch__block_size", "Block Size"),
+    "grid": ("launch__grid_size", "Grid Size"),
+}
+_FINDING_COLS = ["id", "kernel", "section", "rule", "type", "title", "speedup_pct", "speedup_type", "message"]
+
+
+def _from_report(path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    from ..ncu import report
+
+    names = [m for m, _ in SOL_COLUMNS.values()]
+    wide = report.metric_table(path, names, missing="nan")
+    out = pd.DataFrame({"id": wide.index.astype(int), "kernel": wide["kernel"].to_numpy()})
+    for col, (metric, _) in SOL_COLUMNS.items():
+        out[col] = wide[metric].to_numpy(dtype=float)
+    out["duration_us"] = out["duration_us"] / 1e3
+    return out, report.rules(path)
+
+
+def _from_details(details: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    metrics = details[details["Metric Name"].astype(str) != ""]
+    ids = details.groupby("ID")["Kernel Name"].first()
+    out = pd.DataFrame({"id": ids.index.astype(int), "kernel": ids.to_numpy()})
+    for col, (_, row) in SOL_COLUMNS.items():
+        hit = metrics[metrics["Metric Name"] == row].groupby("ID")
+        vals = hit["value"].first()
+        units = hit["Metric Unit"].first()
+        if col == "duration_us":
+            from ..ncu.csv_reader import to_seconds
+
+            vals = pd.Series({i: to_seconds(v, units[i]) * 1e6 for i, v in vals.items()}, dtype=float)
+        out[col] = out["id"].map(lambda i, v=vals: v.get(str(i), v.get(i, np.nan))).astype(float)
+    rules = details[details["Rule Name"].astype(str) != ""]
+    types = {"OPT": "OPT", "WRN": "WRN", "INF": "INF", "ERR": "ERR"}
+    f = pd.DataFrame({"id": rules["ID"].astype(int).to_numpy(), "kernel": rules["Kernel Name"].to_numpy(),
+                      "section": rules["Section Name"].to_numpy(), "rule": rules["Rule Name"].to_numpy(),
+                      "type": rules["Rule Type"].map(lambda t: types.get(str(t), str(t))).to_numpy(),
+                      "title": "", "message": rules["Rule Description"].to_numpy(),
+                      "speedup_pct": pd.to_numeric(rules["Estimated Speedup"], errors="coerce").to_numpy(),
+                      "speedup_type": rules["Estimated Speedup Type"].astype(str).str.lower().to_numpy()})
+    return out, f
+
+
+def _from_raw(raw: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    out = pd.DataFrame({"id": pd.to_numeric(raw["ID"]).astype(int), "kernel": raw["Kernel Name"]})
+    for col, (metric, _) in SOL_COLUMNS.items():
+        out[col] = pd.to_numeric(raw[metric], errors="coerce") if metric in raw else np.nan
+    # the raw page prints durations in the unit its header row names; the report stores ns
+    return out, pd.DataFrame(columns=_FINDING_COLS)
+
+
+def launch_table(path: str | Path, kind: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(per-launch table with the :data:`SOL_COLUMNS`, rule findings) from a report or ncu's CSV."""
+    path = Path(path)
+    if kind == "ncu":
+        return _from_report(path)
+    from ..ncu import csv_reader
+
+    text = path.read_text(encoding="utf-8", errors="replace")
+    try:
+        return _from_details(csv_reader.parse_details(text, str(path)))
+    except GpuprofError:
+        raw, units = csv_reader.parse_raw(text, str(path))
+        table, f = _from_raw(raw)
+        unit = units.get("gpu__time_duration.sum", "ns")
+        table["duration_us"] = [csv_reader.to_seconds(v, unit) * 1e6 for v in table["duration_us"]]
+        return table, f
+
+
+def findings(rules: pd.DataFrame) -> pd.DataFrame:
+    """The rule results that suggest a change (OPT) or warn (WRN), largest estimated speedup first."""
+    if rules.empty:
+        return pd.DataFrame(columns=_FINDING_COLS)
+    r = rules[rules["type"].isin(["OPT", "WRN"])].copy()
+    r["speedup_pct"] = pd.to_numeric(r["speedup_pct"], errors="coerce")
+    return r.sort_values(["speedup_pct", "id"], ascending=[False, True], na_position="last",
+                         ignore_index=True)[[c for c in _FINDING_COLS if c in r]]
+
+
+def _bottleneck(rules: pd.DataFrame, table: pd.DataFrame) -> pd.Series:
+    if rules.empty:
+        return pd.Series("", index=table.index)
+    sol = rules[rules["rule"] == "SOLBottleneck"].groupby("id")
+    # The rule's last sentence names where to look next ("Start by analyzing DRAM in the Memory
+    # Workload Analysis section."); its first restates the threshold, the same for every kernel.
+    text = sol["message"].first().map(lambda m: [x for x in str(m).rstrip(". ").split(". ") if x][-1] + ".")
+    title = sol["title"].first()
+    said = {i: (f"{title.get(i, '')}: " if title.get(i, "") else "") + text[i] for i in text.index}
+    return table["id"].map(lambda i: said.get(i, ""))
+
+
+def _roofline(path: Path, table: pd.DataFrame) -> pd.DataFrame | None:
+    from ..ncu import derived
+
+    try:
+        r = derived.ncu_roofline(path)
+    except GpuprofError:
+        return None
+    if r[["fp32_tflops", "dram_tbps"]].isna().all().all():
+        return None
+    r = r.reset_index(drop=True)
+    r.insert(0, "id", table["id"].to_numpy()[: len(r)])
+    return r
+
+
+def ncu_page(path: str | Path, kind: str, *, top: int = 15) -> Page:
+    """The page for one Nsight Compute report or CSV (see the module's text)."""
+    path = Path(path)
+    table, rules = launch_table(path, kind)
+    page = Page(title=path.name, path=path, kind="Nsight Compute report" if kind == "ncu" else "Nsight Compute CSV")
+    if table.empty:
+        page.add("Summary", text="The report holds no profiled kernel launch.")
+        return page
+    table["bottleneck"] = _bottleneck(rules, table)
+    names = table["kernel"].astype(str).value_counts()
+    page.facts = {"launches": len(table), "kernels": len(names), "duration_us": float(table["duration_us"].sum())}
+    lines = [f"{len(table):,} profiled launch(es) of {len(names):,} kernel(s), {table['duration_us'].sum():,.1f} us "
+             "of kernel time under the profiler (ncu locks clocks to base by default: durations are not the "
+             "program's own)."]
+    longest = table.loc[table["duration_us"].idxmax()]
+    if pd.notna(longest["sm_pct"]):
+        lines.append(f"Longest launch: {longest['kernel']} (id {int(longest['id'])}), {longest['duration_us']:,.1f} us, "
+                     f"SM {longest['sm_pct']:.1f}% and memory {longest['memory_pct']:.1f}% of peak.")
+    page.add("Summary", text="\n".join(lines))
+    cols = ["id", "kernel", "duration_us", "sm_pct", "memory_pct", "dram_pct", "l1_pct", "l2_pct"]
+    page.add("Speed of light (% of peak)", table=table[cols], terminal_rows=top,
+             note="The GPU Speed Of Light section's first table, as ncu reports it.")
+    page.add("Occupancy and launch", table=table[["id", "kernel", "grid", "block", "registers",
+                                                  "theoretical_occupancy_pct", "achieved_occupancy_pct"]],
+             terminal_rows=top)
+    if table["bottleneck"].astype(bool).any():
+        page.add("Bottleneck (ncu's SOLBottleneck rule)", table=table[["id", "kernel", "bottleneck"]], terminal_rows=top)
+    f = findings(rules)
+    page.add("Rule findings (OPT and WRN), largest estimated speedup first", table=f, terminal_rows=top, html_rows=200,
+             note="speedup_pct is ncu's estimate; 'local' is of the part of the kernel the rule looks at, "
+                  "'global' of the kernel's runtime.")
+    if kind == "ncu":
+        roof = _roofline(path, table)
+        if roof is not None:
+            page.add("Roofline point (FP32, as ncu's chart defines it)", table=roof, terminal_rows=top,
+                     note="Achieved FP32 FLOP/s (FADD + FMUL + 2 FFMA) at the profiling clock; tensor-core work is not "
+                          "in this chart. intensity: FLOP per DRAM byte; ridge: where the roofs meet.")
+    return page

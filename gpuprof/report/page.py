@@ -1,0 +1,57 @@
+"""A report as data: sections of tables, sentences and figures, rendered for a terminal or as one HTML file.
+
+Builders (:mod:`gpuprof.report.timeline_page`, :mod:`gpuprof.report.ncu_page`) fill a
+:class:`Page`; :mod:`gpuprof.report.render` prints it or writes it. Keeping the numbers
+in DataFrames until the last step is what lets the tests compare a report's tables
+with the tools' own (``nsys stats`` CSVs, ``ncu --csv``, ``key_averages``) cell by cell.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+__all__ = ["Block", "Page"]
+
+
+@dataclass
+class Block:
+    """One part of a page: a table (``table``), a few sentences (``text``) or a figure (``png`` bytes).
+
+    ``terminal_rows`` is how many table rows the terminal shows (the HTML shows ``html_rows``);
+    ``note`` says where the numbers come from or how to read them.
+    """
+
+    heading: str
+    table: pd.DataFrame | None = None
+    text: str = ""
+    png: bytes | None = None
+    note: str = ""
+    terminal_rows: int = 10
+    html_rows: int = 50
+    terminal: bool = True
+
+
+@dataclass
+class Page:
+    """The report on one capture (or one folder of per-rank captures)."""
+
+    title: str
+    path: Path
+    kind: str
+    blocks: list[Block] = field(default_factory=list)
+    facts: dict[str, float] = field(default_factory=dict)  # the headline numbers, for diff and tests
+
+    def add(self, heading: str, **kw) -> Block:  # type: ignore[no-untyped-def]
+        b = Block(heading, **kw)
+        self.blocks.append(b)
+        return b
+
+    def table(self, heading: str) -> pd.DataFrame:
+        """The table under ``heading`` (for tests and notebooks)."""
+        for b in self.blocks:
+            if b.heading == heading and b.table is not None:
+                return b.table
+        raise KeyError(f"no table {heading!r}; tables: {[b.heading for b in self.blocks if b.table is not None]}")

@@ -1,0 +1,202 @@
+"""The report on a timeline capture (an Nsight Systems export or a PyTorch profiler trace).
+
+What a reader asks of a capture first, in that order: how long a step takes and how busy
+the GPU was in it; when it was idle, what the CPU was doing (synchronising, copying,
+launching, or its own code); which kernels took the time, and of what kind; then the
+ranges, copies and API calls. Every table that ``nsys stats`` or ``key_averages`` also
+prints is computed by the function that the course's tests hold equal to it
+(:mod:`gpuprof.nsys.stats`, :mod:`gpuprof.torch_profiler.summary`), over the whole capture
+as they do; the step and idle numbers are over the steps' window (first step's start to
+last step's end), so warm-up and start-up do not dilute them.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from typing import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from .. import activity  # noqa: E402
+from ..kernel_kinds import time_by_kind  # noqa: E402
+from ..nsys import stats  # noqa: E402
+from .activity_view import ActivityView, headline, idle_by_cause, step_table  # noqa: E402
+from .page import Page  # noqa: E402
+
+__all__ = ["timeline_page", "ranks_page", "parse_window", "HEADLINE_LABELS"]
+
+HEADLINE_LABELS = {
+    "window_ms": "window (ms)", "steps": "steps", "step_ms": "step, median (ms)", "kernels": "kernels",
+    "kernels_per_step": "kernels per step", "kernel_ms": "kernel time (ms)", "gpu_busy": "GPU busy (share of window)",
+    "kernel_busy": "kernels alone (share of window)", "idle_ms": "GPU idle (ms)", "copies": "copies",
+    "copy_ms": "copy time (ms)", "copy_bytes": "bytes copied", "api_calls": "CUDA API calls",
+}
+
+
+def _png(fig: plt.Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def parse_window(text: str, view: ActivityView) -> tuple[int, int]:
+    """``--window``: ``A:B`` in milliseconds from the capture's first GPU activity, or a range name
+    (its last occurrence), or ``step`` (the last step)."""
+    m = re.fullmatch(r"\s*([\d.]+)\s*:\s*([\d.]+)\s*", text)
+    if m:
+        t0 = int(view.work["start"].min())
+        lo, hi = t0 + int(float(m.group(1)) * 1e6), t0 + int(float(m.group(2)) * 1e6)
+        if hi <= lo:
+            raise ValueError(f"--window {text}: the end must come after the start")
+        return lo, hi
+    if text == "step" and not view.steps.empty:
+        last = view.steps.iloc[-1]
+        return int(last["start"]), int(last["end"])
+    rows = view.ranges[view.ranges["text"].astype(str) == text] if not view.ranges.empty else view.ranges
+    if rows.empty:
+        raise ValueError(f"--window {text!r}: no range of that name, and not A:B in milliseconds")
+    last = rows.sort_values("start").iloc[-1]
+    return int(last["start"]), int(last["end"])
+
+
+def _headline_table(facts: dict[str, float]) -> pd.DataFrame:
+    rows = [(HEADLINE_LABELS[k], float(facts[k])) for k in HEADLINE_LABELS if k in facts]
+    return pd.DataFrame(rows, columns=["measure", "value"])
+
+
+def _steps_figure(steps: pd.DataFrame) -> bytes:
+    fig, ax = plt.subplots(figsize=(8, 2.8))
+    x = np.arange(len(steps))
+    ax.bar(x - 0.2, steps["cpu_ms"], width=0.4, label="step (CPU range)", color="#ccb974")
+    ax.bar(x + 0.2, steps["gpu_busy_ms"], width=0.4, label="GPU busy on its work", color="#4c72b0")
+    every = max(1, int(np.ceil(len(steps) / 20)))  # at most 20 labels, so they never overlap
+    ax.set_xticks(x[::every], [str(s) for s in steps["step"].to_numpy()[::every]], fontsize=7)
+    ax.set_xlabel("step")
+    ax.set_ylabel("ms")
+    ax.legend(fontsize=8, frameon=False)
+    ax.set_title("Each step: its length, and the GPU time its work kept the GPU busy", fontsize=9)
+    return _png(fig)
+
+
+def _timeline_figure(view: ActivityView, window: tuple[int, int]) -> bytes | None:
+    if view.tool != "nsys":
+        return None
+    from ..nsys.timeline import draw_timeline
+
+    fig, ax = plt.subplots(figsize=(11, 4))
+    draw_timeline(view.path, window=window, ax=ax, max_depth=3,
+                  title=f"{view.path.name}: {(window[1] - window[0]) / 1e6:.2f} ms")
+    return _png(fig)
+
+
+def _operators(page: Page, view: ActivityView, top: int) -> None:
+    if view.tool != "kineto":
+        return
+    from ..torch_profiler.summary import op_summary
+
+    page.add("Operators (CPU)", table=op_summary(view.extra["trace"]), terminal_rows=top,
+             note="As key_averages(): self CPU time is the operator's own, its children's taken out.")
+
+
+def timeline_page(view: ActivityView, *, window: str | None = None, top: int = 15) -> Page:
+    """The page for one nsys or Kineto capture (see the module's text)."""
+    kind = "Nsight Systems export" if view.tool == "nsys" else "PyTorch profiler trace"
+    page = Page(title=view.path.name, path=view.path, kind=kind)
+    facts = headline(view)
+    page.facts = facts
+    gpus = ", ".join(dict.fromkeys(view.devices)) or "not recorded"
+    w = view.window
+    lines = [f"GPU: {gpus}.", f"Steps: {view.step_rule}."]
+    if w is not None and not view.work.empty:
+        where = "first step's start to last step's end" if len(view.steps) else "span of the GPU's work (no steps)"
+        lines.append(f"Window: {(w[1] - w[0]) / 1e6:,.2f} ms ({where}); the GPU ran something in "
+                     f"{facts['gpu_busy']:.1%} of it, kernels alone {facts['kernel_busy']:.1%}.")
+    else:
+        lines.append("The capture holds no GPU work: no kernel, copy or memset.")
+    page.add("Summary", text="\n".join(lines), table=_headline_table(facts), terminal_rows=20)
+    if w is None or view.work.empty:
+        _operators(page, view, top)
+        return page
+
+    steps = step_table(view)
+    if len(steps):
+        page.add("Steps", table=steps, terminal_rows=8, html_rows=200, png=_steps_figure(steps),
+                 note="launches: kernels, copies and memsets whose launching call fell inside the step, on any thread; "
+                      "gpu_busy_ms: the union of their intervals; busy_share: busy over their span.")
+    idle = idle_by_cause(view)
+    page.add("GPU idle, by what the CPU was doing", table=idle,
+             note=f"Gaps of 10 us or more in the window ({idle['idle_ms'].sum() if len(idle) else 0:,.2f} of "
+                  f"{facts['idle_ms']:,.2f} idle ms), each labelled by the CUDA call that overlaps it most: "
+                  "synchronize = the GPU ran out of work while the CPU waited for it; launch = the CPU could not "
+                  "launch fast enough; host code = no CUDA call (Python, data loading).")
+
+    if len(view.kernels):
+        by = "demangled" if view.tool == "nsys" else "name"
+        top_k = stats.kernel_summary(view.kernels, by=by)
+        page.add("Top kernels", table=top_k, terminal_rows=top, html_rows=max(top, 40),
+                 note="Whole capture, as nsys stats' cuda_gpu_kern_sum (same columns; names demangled)."
+                 if view.tool == "nsys" else "Whole capture; Total Time equals key_averages' self device time.")
+        page.add("Kernels by kind", table=time_by_kind(view.kernels), terminal_rows=14,
+                 note="Kinds from kernel names (gpuprof.kernel_kinds); 'other' is never a guess.")
+    if view.tool == "nsys" and len(view.ranges):
+        page.add("NVTX ranges", table=stats.nvtx_summary(view.ranges), terminal_rows=top,
+                 note="As nsys stats' nvtx_sum.")
+    _operators(page, view, top)
+    if len(view.copies) or len(view.memsets):
+        page.add("Copies and memsets", table=stats.memop_time_summary(view.copies, view.memsets),
+                 note="As nsys stats' cuda_gpu_mem_time_sum.")
+        if len(view.copies):
+            page.add("Copy bandwidth", table=activity.copy_summary(view.copies),
+                     note="gbps: bytes over the copies' own busy time (GB/s).")
+    if len(view.runtime):
+        page.add("CUDA API calls", table=stats.api_summary(view.runtime), terminal_rows=8,
+                 note="As nsys stats' cuda_api_sum.")
+    if view.tool == "kineto":
+        mem = view.extra["trace"].memory_events()
+        if len(mem) and "total_allocated" in mem:
+            peak = pd.to_numeric(mem["total_allocated"], errors="coerce").max()
+            page.add("Memory", text=f"Peak allocated while profiling: {peak / 2**20:,.1f} MiB "
+                                    f"({len(mem):,} allocation events; profile_memory=True).")
+    try:
+        tw = parse_window(window, view) if window else (
+            (int(view.steps.iloc[-1]["start"]), int(view.steps.iloc[-1]["end"])) if len(view.steps) else w)
+    except ValueError as exc:
+        from ..errors import GpuprofError
+
+        raise GpuprofError(str(exc), "Give --window A:B (ms from the first GPU activity) or a range's name.") from None
+    png = _timeline_figure(view, tw)
+    if png is not None:
+        page.add("Timeline", png=png, terminal=False,
+                 note="The last step (or --window): NVTX ranges, synchronising calls, then one row per stream.")
+    return page
+
+
+def ranks_page(views: Sequence[ActivityView]) -> Page:
+    """One row per capture of a multi-rank folder: the headline numbers side by side, and the
+    time in NCCL kernels (communication), so a straggler or an unbalanced rank stands out."""
+    rows = []
+    for v in views:
+        f = headline(v)
+        k = v.kernels
+        nccl = k[k["name"].astype(str).str.contains("nccl", case=False)] if len(k) else k
+        rows.append({"capture": v.path.name, "steps": int(f.get("steps", 0)), "step_ms": f.get("step_ms", float("nan")),
+                     "gpu_busy": f.get("gpu_busy", float("nan")), "kernel_ms": f.get("kernel_ms", 0.0),
+                     "nccl_ms": float(nccl["duration_ns"].sum()) / 1e6 if len(nccl) else 0.0,
+                     "idle_ms": f.get("idle_ms", float("nan"))})
+    folder = views[0].path.parent
+    page = Page(title=f"{folder.name}: {len(views)} captures side by side", path=folder, kind="folder")
+    table = pd.DataFrame(rows)
+    page.add("Per capture", table=table, terminal_rows=64,
+             note="Each capture over its own steps' window. nccl_ms: kernels whose name contains 'nccl'.")
+    if len(table) > 1 and table["step_ms"].notna().all():
+        spread = table["step_ms"].max() / table["step_ms"].min()
+        page.add("Balance", text=f"Slowest median step / fastest: {spread:.3f}x "
+                                 f"({table.loc[table['step_ms'].idxmax(), 'capture']} slowest).")
+    return page
