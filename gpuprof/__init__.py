@@ -25,6 +25,10 @@ By tool
 * :mod:`gpuprof.torch_profiler`: PyTorch profiler traces read as tables, ``key_averages`` as records,
   schedules
 
+The command line
+* :mod:`gpuprof.report`: ``python -m gpuprof report CAPTURE...`` and ``diff BEFORE AFTER``, over
+  any tool's capture (the readers above), to the terminal and one HTML page
+
 Case studies
 * :mod:`gpuprof.studies.weight_streaming`: chapter 3's target table and report
 """

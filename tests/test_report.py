@@ -46,6 +46,23 @@ def test_a_capture_is_recognised_by_its_content_not_its_name(tmp_path, source, k
     assert capture_kind(renamed) == kind
 
 
+def test_an_nsys_report_is_known_by_its_first_bytes(tmp_path):
+    p = tmp_path / "report.data"
+    p.write_bytes(b"NVIDIA Tegra Profiler Report 363\x00\x01" + bytes(64))
+    assert capture_kind(p) == "nsys-rep"
+
+
+def test_an_nsys_report_without_nsys_says_how_to_export_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("NSYS", str(tmp_path / "no-nsys-here"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    rep = tmp_path / "run.nsys-rep"
+    rep.write_bytes(b"NVIDIA Tegra Profiler Report 363\x00\x01" + bytes(64))
+    r = subprocess.run([sys.executable, "-m", "gpuprof", "report", str(rep)], capture_output=True, text=True,
+                       cwd=REPO_ROOT, timeout=120, env={**__import__("os").environ})
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "nsys export --type sqlite" in r.stderr
+
+
 def test_a_plain_json_trace_and_the_bare_event_list_are_kineto(tmp_path):
     plain = tmp_path / "t.json"
     plain.write_bytes(gzip.decompress((CH05 / "train_steps.json.gz").read_bytes()))
@@ -257,11 +274,13 @@ def test_report_writes_one_self_contained_html_page(tmp_path):
     (["report", "{ch06}/rung0.sqlite", "--top", "0"], "out of range"),
     (["report", "{ch06}/rung0.sqlite", "-o", "{tmp}/no/such/dir/r.html"], "does not exist"),
     (["diff", "{ch06}/rung0.sqlite", "{ch04}/ladder.ncu-rep"], "cannot be compared"),
+    (["report", "{tmp}/capture.bin"], "without the .nsys-rep suffix"),
 ])
 def test_wrong_input_is_one_sentence_not_a_traceback(tmp_path, args, said):
     (tmp_path / "empty.sqlite").write_bytes(b"")
     (tmp_path / "notes.json").write_text('{"a": 1}')
     (tmp_path / "cut.sqlite").write_bytes((CH06 / "rung0.sqlite").read_bytes()[:8192])
+    (tmp_path / "capture.bin").write_bytes(b"NVIDIA Tegra Profiler Report 363\x00\x01" + bytes(64))  # a .nsys-rep's head
     (tmp_path / "nothing").mkdir()
     (tmp_path / "nothing" / "notes.txt").write_text("hello")
     r = run_cli(*[a.format(tmp=tmp_path, ch06=CH06, ch04=CH04) for a in args])
@@ -274,3 +293,54 @@ def test_html_page_escapes_names():
     page = build_pages([CH05 / "small_steps.json.gz"])[0]
     text = html_page([page])
     assert "<unnamed>" not in text  # kernel names with template brackets are escaped
+
+
+# ---- nsys's own answers: nvtx_kern_sum and the recipes, on the same reports (artifacts/report, H100) -------
+
+REPORT = ART / "report"
+
+
+@pytest.mark.parametrize("name", ["naive", "fast"])
+def test_nvtx_kern_summary_equals_nsys_stats_cell_by_cell(name):
+    """The fast capture replays CUDA graphs (one correlation id for many kernels): still equal."""
+    p = REPORT / f"{name}.sqlite"
+    mine = st.nvtx_kern_summary(ns.kernels(p, launch=False), ns.runtime_calls(p), ns.nvtx_ranges(p))
+    theirs = pd.read_csv(REPORT / f"{name}_nvtx_kern_sum.csv").fillna({"NVTX Range": "", "Style": ""})
+    assert list(mine.columns) == list(theirs.columns) and len(mine) == len(theirs) > 400
+    key = ["NVTX Range", "Style", "PID", "TID", "Kernel Name"]
+    assert (mine[key].astype(str).to_numpy() == theirs[key].astype(str).to_numpy()).all()  # same rows, same order
+    for c in ["NVTX Inst", "Kern Inst", "Total Time (ns)", "Min (ns)", "Max (ns)"]:
+        assert (mine[c].to_numpy() == theirs[c].to_numpy()).all(), c
+    for c in ["Avg (ns)", "Med (ns)", "StdDev (ns)"]:  # nsys prints one decimal
+        assert np.allclose(mine[c], theirs[c], atol=0.051), c
+    assert (theirs.loc[theirs["NVTX Range"] == "", "NVTX Inst"] == 0).all()  # autograd's kernels: no range
+
+
+def test_nvtx_kern_summary_fails_on_a_changed_cell():
+    p = REPORT / "naive.sqlite"
+    mine = st.nvtx_kern_summary(ns.kernels(p, launch=False), ns.runtime_calls(p), ns.nvtx_ranges(p))
+    theirs = pd.read_csv(REPORT / "naive_nvtx_kern_sum.csv")
+    theirs.loc[5, "Kern Inst"] += 1
+    assert not (mine["Kern Inst"].to_numpy() == theirs["Kern Inst"].to_numpy()).all()
+
+
+@pytest.mark.parametrize("name", ["naive", "fast"])
+def test_the_recipes_equal_gpuprofs_measures(name):
+    from gpuprof.nsys import recipes as rc
+
+    p = REPORT / f"{name}.sqlite"
+    kern = rc.kern_sum_check(pd.read_csv(REPORT / f"recipe_cuda_gpu_kern_sum_{name}.csv"), p)
+    util = rc.time_util_check(pd.read_csv(REPORT / f"recipe_gpu_time_util_{name}.csv"), p)
+    proj = rc.nvtx_proj_check(pd.read_csv(REPORT / f"recipe_nvtx_gpu_proj_sum_{name}.csv"), p)
+    assert kern["equal"].all() and len(kern) > 20
+    assert util["equal"].all() and len(util) >= 1
+    assert proj["equal"].all() and len(proj) > 20
+
+
+def test_the_diff_recipe_is_first_minus_second_over_the_first_names():
+    from gpuprof.nsys import recipes as rc
+
+    first, second = (pd.read_csv(REPORT / f"recipe_cuda_gpu_kern_sum_{n}.csv") for n in ("naive", "fast"))
+    d = rc.diff_check(pd.read_csv(REPORT / "recipe_diff.csv"), first, second)
+    assert d["equal"].all() and set(d["Name"]) == set(first["Name"])
+    assert (d["only_in"] == "first").sum() == len(set(first["Name"]) - set(second["Name"])) > 0

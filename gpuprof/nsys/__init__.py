@@ -4,7 +4,8 @@
   (the course's reference capture when there is no GPU or no nsys)
 * :mod:`gpuprof.nsys.session`: the interactive mode (launch now, record a window later)
 * :mod:`gpuprof.nsys.sqlite`: readers of the sqlite export (kernels, copies, API calls, NVTX, ...)
-* :mod:`gpuprof.nsys.stats`: the ``nsys stats`` summary reports, column for column
+* :mod:`gpuprof.nsys.stats`: the ``nsys stats`` summary reports, column for column (``nvtx_kern_sum`` too)
+* :mod:`gpuprof.nsys.recipes`: ``nsys recipe`` outputs set beside the gpuprof measures they equal
 * :mod:`gpuprof.nsys.analysis`: busy time, idle gaps, overlap, launch latency, attribution to ranges
   (re-exported from :mod:`gpuprof.activity`: the same measures serve PyTorch profiler traces)
 * :mod:`gpuprof.nsys.timeline`: the timeline figure

@@ -120,6 +120,11 @@ def load(path: str | Path, kind: str, *, steps: str | None = None) -> ActivityVi
     if kind in ("nsys", "nsys-rep"):
         from ..nsys.sqlite import ensure_sqlite
 
+        if kind == "nsys-rep" and path.suffix not in (".nsys-rep", ".qdrep"):
+            from ..errors import GpuprofError
+
+            raise GpuprofError(f"{path} is an Nsight Systems report (by its first bytes) without the .nsys-rep suffix.",
+                               "Rename it to .nsys-rep, or export it: `nsys export --type sqlite -o OUT.sqlite REPORT`.")
         view = _nsys(ensure_sqlite(path) if kind == "nsys-rep" else path)
     elif kind == "kineto":
         view = _kineto(path)

@@ -6,8 +6,9 @@ kind the report reads has a signature of its own:
 
 * an Nsight Systems sqlite export starts with ``SQLite format 3\\0`` (and holds nsys's tables);
 * an Nsight Compute report (``.ncu-rep``) starts with ``NVR\\0``;
-* an Nsight Systems report (``.nsys-rep``, older ``.qdrep``) is told by its suffix: it is
-  read through its sqlite export, which needs nsys;
+* an Nsight Systems report (``.nsys-rep``, older ``.qdrep``) starts with ``NVIDIA Tegra
+  Profiler Report`` (the name of the tool nsys grew from); it is read through its sqlite
+  export, which needs nsys;
 * a PyTorch profiler (Kineto) trace is JSON, possibly gzipped, with a ``traceEvents`` list;
 * Nsight Compute's CSV (``ncu --csv``, the details or the raw page) starts with the quoted
   header ``"ID","Process ID",...``, possibly after ``==PROF==`` lines.
@@ -29,6 +30,7 @@ __all__ = ["KINDS", "capture_kind", "captures_in", "NotACapture"]
 KINDS = ("nsys", "nsys-rep", "ncu", "ncu-csv", "kineto")
 _SQLITE = b"SQLite format 3\x00"
 _NCU = b"NVR\x00"
+_NSYS_REP = b"NVIDIA Tegra Profiler Report"  # the first bytes of every .nsys-rep (seen with nsys 2025.3.1)
 _HINT = ("Give an Nsight Systems report (.nsys-rep) or its sqlite export, an Nsight Compute report (.ncu-rep) "
          "or its --csv output, or a PyTorch profiler trace (.json / .json.gz).")
 
@@ -64,7 +66,7 @@ def capture_kind(path: str | Path) -> str:
         return "nsys"
     if head.startswith(_NCU):
         return "ncu"
-    if path.suffix in (".nsys-rep", ".qdrep"):
+    if head.startswith(_NSYS_REP) or path.suffix in (".nsys-rep", ".qdrep"):
         return "nsys-rep"
     text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
     if text[:1] == b"[":  # the bare Chrome-trace form: a list of events

@@ -148,6 +148,10 @@ def timeline_page(view: ActivityView, *, window: str | None = None, top: int = 1
     if view.tool == "nsys" and len(view.ranges):
         page.add("NVTX ranges", table=stats.nvtx_summary(view.ranges), terminal_rows=top,
                  note="As nsys stats' nvtx_sum.")
+        page.add("Kernels by NVTX range", table=stats.nvtx_kern_summary(view.kernels, view.runtime, view.ranges),
+                 terminal=False, html_rows=100,
+                 note="As nsys stats' nvtx_kern_sum: a kernel counts in every range open on its launching thread; "
+                      "the first rows (no range) are kernels launched outside every range, e.g. by autograd's thread.")
     _operators(page, view, top)
     if len(view.copies) or len(view.memsets):
         page.add("Copies and memsets", table=stats.memop_time_summary(view.copies, view.memsets),
