@@ -69,19 +69,22 @@ def format_table(df: pd.DataFrame, rows: int, *, width: int = 60) -> str:
     return "\n".join(x.rstrip() for x in out)
 
 
-def terminal_text(pages: Sequence[Page]) -> str:
-    """Every page's blocks that are meant for a terminal, tables cut to their ``terminal_rows``."""
+def terminal_text(pages: Sequence[Page], only: Sequence[str] | None = None, rows: int | None = None) -> str:
+    """Every page's blocks that are meant for a terminal, tables cut to their ``terminal_rows``
+    (or to ``rows``); ``only`` keeps the blocks whose heading starts with one of its strings."""
     out: list[str] = []
     for p in pages:
         out += ["", f"== {p.title} ==", f"   {p.path} ({p.kind})"]
         for b in p.blocks:
             if not b.terminal or (b.table is None and not b.text):
                 continue
+            if only is not None and not any(b.heading.startswith(o) for o in only):
+                continue
             out += ["", f"-- {b.heading}"]
             if b.text:
                 out.append(b.text)
             if b.table is not None:
-                out.append(format_table(b.table, b.terminal_rows) if len(b.table) else "(none)")
+                out.append(format_table(b.table, rows or b.terminal_rows) if len(b.table) else "(none)")
     return "\n".join(out).lstrip("\n") + "\n"
 
 
