@@ -38,9 +38,10 @@ python-version:
 	@$(PYTHON) -c "import sys; f = tuple(map(int, '$(PYTHON_FLOOR)'.split('.'))); sys.exit(0 if sys.version_info[:2] >= f else 1)" \
 	  || { echo "This course needs Python $(PYTHON_FLOOR) or newer (its pinned numpy, pandas and matplotlib do); $(PYTHON) is $$($(PYTHON) -c 'import platform; print(platform.python_version())'). Run make with PYTHON=python3.11 (or newer)." >&2; exit 2; }
 
-$(VENV)/.requirements: requirements.txt pyproject.toml | python-version
+$(VENV)/.requirements: requirements.txt requirements-hta.txt pyproject.toml | python-version
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps -r requirements-hta.txt
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
 	touch $@
 

@@ -10,7 +10,12 @@ in a fresh process so that peak memory is its own:
 * **toolkit**: ``gpuprof.torch_profiler.trace.read_trace``, then the kernel summary, the
   operator summary (self CPU time, as ``key_averages``), the per-step summary and launch
   latency;
-* **baseline**: ``json.load`` and a pandas ``groupby`` of the kernel events by name, nothing else.
+* **baseline**: ``json.load`` and a pandas ``groupby`` of the kernel events by name, nothing else;
+* **HTA** (Holistic Trace Analysis 0.5, where installed): ``TraceAnalysis`` over the trace, then
+  ``get_temporal_breakdown`` (idle time) and ``get_gpu_kernel_breakdown`` (per kernel), beside
+  the toolkit answering the same two questions with HTA's rounding
+  (:mod:`gpuprof.torch_profiler.hta_compat`), so the numbers are compared exactly. Target: at
+  most half HTA's time and memory.
 
 Prints wall time and peak resident memory of each, side by side. It is a benchmark, not a
 test: numbers depend on the machine, which it names. The course's target: under 10 s and
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import importlib.util
 import json
 import os
 import platform
@@ -38,6 +44,7 @@ from gpuprof.errors import GpuprofError  # noqa: E402
 from fresh_process import measure  # noqa: E402  (beside this script)
 
 REFERENCE = ROOT / "artifacts" / "ch05" / "train_steps.json.gz"
+HTA_SOURCE = ROOT / "artifacts" / "ch08" / "ddp_trace_rank0.json.gz"
 ID_ARGS = ("correlation", "External id")
 
 
@@ -125,6 +132,29 @@ RESULT = {"kernels": len(t.kernels()), "kernel_names": len(k), "operators": len(
           "median_latency_us": float(lat.median()) / 1e3 if len(lat) else None}
 """
 
+# The questions HTA's first two analyses answer, asked of the same file: with HTA's rounding, so the numbers
+# can be compared exactly (gpuprof.torch_profiler.hta_compat says why they differ from the file's nanoseconds).
+TOOLKIT_HTA_QUESTIONS = """
+from gpuprof.torch_profiler import trace as tt, hta_compat as hc
+t = tt.read_trace(PATH)
+tb = hc.temporal_breakdown(t, rounding="hta", include_sync=True)
+kb = hc.kernel_breakdown(t, rounding="hta", include_sync=True)
+RESULT = {"idle_us": tb["idle_us"], "span_us": tb["span_us"], "kernel_rows": len(kb),
+          "kernel_sum_us": float(kb["sum_us"].sum()), "idle_us_exact_ns": hc.temporal_breakdown(t)["idle_us"]}
+"""
+
+HTA = """
+import logging, os, warnings
+logging.disable(logging.WARNING)
+warnings.simplefilter("ignore")
+from hta.trace_analysis import TraceAnalysis
+ta = TraceAnalysis(trace_dir=os.path.dirname(PATH))
+tb = ta.get_temporal_breakdown(visualize=False).iloc[0]
+_, km = ta.get_gpu_kernel_breakdown(visualize=False, num_kernels=1_000_000, duration_ratio=1.0, include_memory_kernels=True)
+RESULT = {"idle_us": float(tb["idle_time(us)"]), "span_us": float(tb["kernel_time(us)"]), "kernel_rows": len(km),
+          "kernel_sum_us": float(km["sum (us)"].sum())}
+"""
+
 BASELINE = """
 import json, pandas as pd
 with open(PATH) as fh:
@@ -142,6 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--source", type=Path, default=None,
                    help=f"trace to replicate (default: {REFERENCE.relative_to(ROOT)} if present, else a CPU profile "
                         "recorded now)")
+    p.add_argument("--no-hta", action="store_true", help="skip the comparison with Holistic Trace Analysis")
+    p.add_argument("--hta-source", type=Path, default=HTA_SOURCE,
+                   help=f"trace replicated for the comparison with HTA (default: {HTA_SOURCE.relative_to(ROOT)}, a DDP "
+                        "step on an H200, on which HTA 0.5 runs to the end)")
     p.add_argument("--json", type=output_file, default=None, metavar="FILE", help="also write the results here")
     args = p.parse_args(argv)
     if args.source is not None and not args.source.exists():
@@ -160,6 +194,22 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         toolkit = measure(TOOLKIT, path)
         baseline = measure(BASELINE, path)
+        hta = same = None
+        if importlib.util.find_spec("hta") is not None and not args.no_hta:
+            try:
+                measure(HTA, path)
+                print(f"HTA on {path.name}: ran")
+            except GpuprofError as exc:  # HTA 0.5 asserts non_compute_time >= 0, which its own rounding can break
+                print(f"HTA on the trace built from {source.name}: {exc.message} (HTA's own assertion; see "
+                      "gpuprof.torch_profiler.hta_compat)")
+            hta_dir = Path(tmp) / "hta"
+            hta_dir.mkdir()
+            hta_path = hta_dir / "big.json"
+            n2, _ = build(args.hta_source, hta_path, args.mb)
+            print(f"comparison with HTA on a trace built from {args.hta_source.name}: {n2:,} events, "
+                  f"{hta_path.stat().st_size / 1e6:.0f} MB", flush=True)
+            same = measure(TOOLKIT_HTA_QUESTIONS, hta_path)
+            hta = measure(HTA, hta_path)
     cpu = platform.processor() or platform.machine()
     print(f"machine: {os.cpu_count()} cores, {cpu}, Python {platform.python_version()}")
     print(f"{'':<58}{'seconds':>9}{'peak RSS':>12}")
@@ -167,11 +217,22 @@ def main(argv: list[str] | None = None) -> int:
           f"{toolkit['peak_rss_mib']:>9.0f} MiB")
     print(f"{'baseline (json.load + pandas kernel summary only)':<58}{baseline['seconds']:>9.2f}"
           f"{baseline['peak_rss_mib']:>9.0f} MiB")
+    if hta is not None:
+        print(f"{'toolkit (read; HTA temporal + kernel breakdown)':<58}{same['seconds']:>9.2f}{same['peak_rss_mib']:>9.0f} MiB")
+        print(f"{'HTA 0.5 (TraceAnalysis; temporal + kernel breakdown)':<58}{hta['seconds']:>9.2f}{hta['peak_rss_mib']:>9.0f} MiB")
+        agree = all(abs(same[k] - hta[k]) <= 1e-6 * max(1.0, abs(hta[k])) for k in ("idle_us", "span_us", "kernel_sum_us")) \
+            and same["kernel_rows"] == hta["kernel_rows"]
+        print(f"toolkit / HTA: {same['seconds'] / hta['seconds']:.2f}x the time, {same['peak_rss_mib'] / hta['peak_rss_mib']:.2f}x "
+              f"the memory (target: at most 0.5x each); idle {same['idle_us']:,.0f} us vs HTA {hta['idle_us']:,.0f} us, "
+              f"{same['kernel_rows']} vs {hta['kernel_rows']} kernel rows: {'equal' if agree else 'DIFFERENT'} "
+              f"(the file's own nanoseconds give {same['idle_us_exact_ns']:,.0f} us idle)")
+    else:
+        print("HTA not installed (pip install --no-deps -r requirements-hta.txt): its comparison was skipped")
     print(f"toolkit found {toolkit['kernels']:,} kernels ({toolkit['kernel_names']} names), {toolkit['operators']} operator "
           f"keys, {toolkit['steps']} steps")
     if args.json:
         args.json.write_text(json.dumps({"mb": size_mb, "events": n, "source": source.name, "toolkit": toolkit,
-                                         "baseline": baseline}, indent=2) + "\n")
+                                         "baseline": baseline, "toolkit_hta_questions": same, "hta": hta}, indent=2) + "\n")
     return 0
 
 

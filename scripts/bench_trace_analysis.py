@@ -6,9 +6,11 @@ its kernel rows, and the runtime calls that launched them, are replicated with s
 times and fresh correlation ids until the file holds ``--rows`` kernels. Then, each in a
 fresh process so that peak memory is its own:
 
-* **toolkit**: ``gpuprof.nsys.sqlite.kernels(launch=False)`` + ``runtime_calls``, then the kernel
-  summary, GPU busy fraction, idle gaps (labelled with CPU calls) and launch latency;
-* **toolkit, summary only**: the same reading and the kernel summary, nothing else;
+* **toolkit**: ``gpuprof.nsys.sqlite.kernels(only=("name", "correlationId"))`` + ``runtime_calls``,
+  then the kernel summary, GPU busy fraction, idle gaps (labelled with CPU calls) and launch
+  latency;
+* **toolkit, summary only**: ``kernels(only=("name",))`` (the columns the baseline reads) and the
+  kernel summary, nothing else;
 * **baseline**: plain ``sqlite3`` + pandas: one query joining kernel names, then the
   same per-name summary with ``groupby``.
 
@@ -79,7 +81,7 @@ def build(source: Path, target: Path, rows: int) -> int:
 
 TOOLKIT = """
 from gpuprof.nsys import analysis as ta, sqlite as ns, stats as st
-k = ns.kernels(PATH, launch=False); rt = ns.runtime_calls(PATH)  # times and names: the launch configuration is not needed
+k = ns.kernels(PATH, only=("name", "correlationId")); rt = ns.runtime_calls(PATH)  # what these measures use, no more
 s = st.kernel_summary(k, by="name")
 busy = ta.busy_fraction(k)
 gaps = ta.idle_gaps(k, rt, min_gap_ns=100_000)
@@ -89,7 +91,7 @@ RESULT = {"kernels": len(k), "names": len(s), "busy": busy, "gaps": len(gaps), "
 
 TOOLKIT_SUMMARY = """
 from gpuprof.nsys import analysis as ta, sqlite as ns, stats as st
-k = ns.kernels(PATH, launch=False)
+k = ns.kernels(PATH, only=("name",))  # the columns the baseline reads: times and short names
 s = st.kernel_summary(k, by="name")
 RESULT = {"kernels": len(k), "names": len(s)}
 """

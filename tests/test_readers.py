@@ -157,3 +157,16 @@ def test_trim_reference_keeps_the_kernels_of_the_named_ranges_and_says_what_went
     assert "CUPTI_ACTIVITY_KIND_MEMSET" in note and "NO_SUCH_TABLE" not in note
     assert f"{len(after)} of {len(before)}" in note and "MiB)" in note
     assert ns.memset(path).empty
+
+
+def test_kernels_reads_only_the_columns_asked_for():
+    from gpuprof.nsys import sqlite as nsq
+
+    full = nsq.kernels(SQLITE, launch=False)
+    slim = nsq.kernels(SQLITE, only=("name",))
+    assert list(slim.columns) == ["start", "end", "name", "duration_ns"]
+    assert (slim["name"].to_numpy() == full["name"].to_numpy()).all()
+    assert (slim["duration_ns"].to_numpy() == full["duration_ns"].to_numpy()).all()
+    assert list(nsq.kernels(SQLITE, only=("demangled",)).columns) == ["start", "end", "demangled", "duration_ns"]
+    with pytest.raises(ValueError, match="registersPerThread"):
+        nsq.kernels(SQLITE, only=("registersPerThread",))

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from gpuprof.torch_profiler import diagnose, kernel_summary, launch_latency, op_summary, read_trace, step_summary
 
 DATA = Path(__file__).resolve().parent / "data" / "third_party"
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("name, gpu, kernels", [("hta_alexnet_a100", "NVIDIA A100", 79),
@@ -46,3 +48,60 @@ def test_a_cpu_only_trace_of_another_program():
     t = read_trace(DATA / "hta_cpu_only.json.gz")
     assert not t.has_gpu_activity and kernel_summary(t).empty and len(t.steps()) == 1
     assert diagnose.checks(t).empty
+
+
+# ---- Holistic Trace Analysis 0.5 on the same files: the same idle time and kernel breakdown ----------------
+
+HTA_EXACT = [REPO / "artifacts" / "ch05" / "train_steps.json.gz", REPO / "artifacts" / "ch05" / "small_steps.json.gz",
+             REPO / "artifacts" / "ch08" / "ddp_trace_rank0.json.gz", DATA / "hta_minitoy_mi250.json.gz"]
+
+
+def _hta(path, tmp_path):
+    import logging
+    import shutil
+    import warnings
+
+    from hta.trace_analysis import TraceAnalysis
+
+    folder = tmp_path / "trace"
+    folder.mkdir()
+    shutil.copy(path, folder)
+    logging.disable(logging.WARNING)  # HTA logs its rounding at WARNING on every trace
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # HTA 0.5's own pandas deprecations (inplace=True), not ours
+            ta = TraceAnalysis(trace_dir=str(folder))
+            temporal = ta.get_temporal_breakdown(visualize=False).iloc[0]
+            _, kernels = ta.get_gpu_kernel_breakdown(visualize=False, num_kernels=100_000, duration_ratio=1.0,
+                                                     include_memory_kernels=True)
+    finally:
+        logging.disable(logging.NOTSET)
+    return temporal, kernels.set_index("name")
+
+
+@pytest.mark.parametrize("path", HTA_EXACT, ids=lambda p: p.name)
+def test_idle_time_and_kernel_breakdown_equal_htas(path, tmp_path):
+    from gpuprof.torch_profiler import hta_compat as hc
+
+    temporal, kernels = _hta(path, tmp_path)
+    t = read_trace(path)
+    mine = hc.temporal_breakdown(t, rounding="hta", include_sync=True)
+    assert mine["idle_us"] == temporal["idle_time(us)"] and mine["span_us"] == temporal["kernel_time(us)"]
+    kb = hc.kernel_breakdown(t, rounding="hta", include_sync=True).set_index("name")
+    both = kernels.join(kb, how="outer")
+    assert len(both) == len(kernels) == len(kb)
+    for theirs, ours in [("sum (us)", "sum_us"), ("min (us)", "min_us"), ("max (us)", "max_us"), ("mean (us)", "mean_us")]:
+        assert np.allclose(both[theirs], both[ours]), theirs
+    # and HTA's rounding is what separates its idle time from the file's nanoseconds: never less idle
+    exact = hc.temporal_breakdown(t)
+    assert exact["idle_us"] <= mine["idle_us"] and abs(exact["span_us"] - mine["span_us"]) <= 2
+
+
+def test_on_epoch_timestamps_hta_and_gpuprof_differ_only_by_float_precision(tmp_path):
+    """HTA's AlexNet trace has absolute timestamps (1.7e15 us), which float64 holds to ~0.25 us."""
+    from gpuprof.torch_profiler import hta_compat as hc
+
+    temporal, _ = _hta(DATA / "hta_alexnet_a100.json.gz", tmp_path)
+    mine = hc.temporal_breakdown(read_trace(DATA / "hta_alexnet_a100.json.gz"), rounding="hta", include_sync=True)
+    assert abs(mine["idle_us"] - temporal["idle_time(us)"]) / temporal["idle_time(us)"] < 1e-4
+    assert abs(mine["span_us"] - temporal["kernel_time(us)"]) <= 2
