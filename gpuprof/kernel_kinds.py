@@ -16,7 +16,7 @@ import re
 
 import pandas as pd
 
-__all__ = ["KIND_RULES", "kernel_kind", "time_by_kind"]
+__all__ = ["KIND_RULES", "kernel_kind", "time_by_kind", "PRECISION_RULES", "precision", "time_by_precision"]
 
 # (kind, pattern searched in the kernel's name, case-insensitive), first match wins.
 KIND_RULES: list[tuple[str, str]] = [
@@ -69,3 +69,45 @@ def time_by_kind(kernels: pd.DataFrame, name_column: str = "name", demangled_col
     out["time_ms"] = out["time_ms"] / 1e6
     out["share"] = out["time_ms"] / out["time_ms"].sum()
     return out.sort_values("time_ms", ascending=False, ignore_index=True)[["kind", "kernels", "time_ms", "share", "names"]]
+
+
+# The arithmetic a GEMM or convolution kernel does, as cuDNN, cuBLAS and CUTLASS spell it in the name
+# (first match wins; searched in the demangled name, case-insensitive). A name that says nothing is
+# "unknown", never a guess: cuBLAS's helper kernels (split-K reductions, epilogues) do little arithmetic.
+PRECISION_RULES: list[tuple[str, str]] = [
+    ("fp8", r"e4m3|e5m2|fp8"),
+    ("bf16", r"bf16|bfloat16"),
+    ("tf32", r"tf32"),
+    ("fp16", r"f16|fp16|half|h884|h1688|h16816"),
+    ("fp32", r"f32f32_f32f32|sgemm|ffma|_simt_|<float[,>]"),
+]
+
+
+def precision(name: str) -> str:
+    """The arithmetic a kernel's name says it does: fp8, bf16, tf32, fp16, fp32 or unknown.
+
+    ``sm90_xmma_fprop_implicit_gemm_f32f32_tf32f32_...`` takes FP32 tensors and multiplies on
+    TF32 tensor cores; ``..._f32f32_f32f32_..._ffma_...`` and ``sgemm_*`` multiply in FP32 on
+    the CUDA cores. What PyTorch *allows* (``torch.backends.cudnn.allow_tf32``,
+    ``torch.backends.cuda.matmul.allow_tf32``) is not what the library *chose*: the name is.
+    """
+    for label, pattern in PRECISION_RULES:
+        if re.search(pattern, name, flags=re.IGNORECASE):
+            return label
+    return "unknown"
+
+
+def time_by_precision(kernels: pd.DataFrame, kinds: tuple[str, ...] = ("convolution", "matrix product")) -> pd.DataFrame:
+    """Kernel time of the given kinds split by :func:`precision`: kind, precision, kernels, time_ms,
+    share (of that kind's time)."""
+    cols = ["kind", "precision", "kernels", "time_ms", "share"]
+    if kernels.empty:
+        return pd.DataFrame(columns=cols)
+    full = kernels["demangled"] if "demangled" in kernels else kernels["name"]
+    k = kernels.assign(kind=[kernel_kind(n, d) for n, d in zip(kernels["name"], full)],
+                       precision=[precision(str(d)) for d in full])
+    k = k[k["kind"].isin(kinds)]
+    out = k.groupby(["kind", "precision"]).agg(kernels=("duration_ns", "size"), time_ms=("duration_ns", "sum")).reset_index()
+    out["time_ms"] = out["time_ms"] / 1e6
+    out["share"] = out["time_ms"] / out.groupby("kind")["time_ms"].transform("sum")
+    return out.sort_values(["kind", "time_ms"], ascending=[True, False], ignore_index=True)[cols]

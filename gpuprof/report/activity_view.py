@@ -199,7 +199,8 @@ def _busy_ns(df: pd.DataFrame, window: tuple[int, int]) -> float:
 def headline(view: ActivityView) -> dict[str, float]:
     """The numbers a capture is summed up by (and that ``diff`` compares), over :attr:`ActivityView.window`.
 
-    window_ms, steps, step_ms (median step), kernels, kernels_per_step, kernel_ms (sum of
+    window_ms, steps, step_period_ms (window over steps), step_ms (median CPU range of a step),
+    kernels, kernels_per_step, kernel_ms (sum of
     kernel durations), gpu_busy (union of kernels, copies and memsets over the window),
     kernel_busy (kernels alone), idle_ms, copies, copy_ms, copy_bytes, api_calls.
     """
@@ -219,6 +220,10 @@ def headline(view: ActivityView) -> dict[str, float]:
     }
     if len(view.steps):
         d = (view.steps["end"] - view.steps["start"]).to_numpy() / 1e6
+        # Two step times: the window over the steps (what throughput sees: CPU and GPU together, the
+        # occasional step that waits for the GPU included) and the median CPU range (what the CPU spends
+        # per step; in an asynchronous loop it is shorter than the GPU's work and says little of pace).
+        out["step_period_ms"] = span / 1e6 / len(view.steps)
         out["step_ms"] = float(np.median(d))
         out["kernels_per_step"] = len(k) / len(view.steps)
     return out

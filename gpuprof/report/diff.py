@@ -62,9 +62,10 @@ def diff_timelines(before: ActivityView, after: ActivityView) -> Page:
     changes, per_step = kernel_changes(before, after)
     unit = "per step" if per_step else "per capture (one of them has no steps)"
     lines = [f"Before: {before.path.name}, steps by {before.step_rule}.", f"After: {after.path.name}, steps by {after.step_rule}."]
-    if "step_ms" in fb and "step_ms" in fa and fa["step_ms"]:
-        lines.append(f"Median step {fb['step_ms']:.3f} -> {fa['step_ms']:.3f} ms: {fb['step_ms'] / fa['step_ms']:.2f}x "
-                     f"{'faster' if fa['step_ms'] < fb['step_ms'] else 'slower' if fa['step_ms'] > fb['step_ms'] else 'the same'}.")
+    if "step_period_ms" in fb and "step_period_ms" in fa and fa["step_period_ms"]:
+        x, y = fb["step_period_ms"], fa["step_period_ms"]
+        lines.append(f"Step (window / steps) {x:.3f} -> {y:.3f} ms: {x / y:.2f}x "
+                     f"{'faster' if y < x else 'slower' if y > x else 'the same'}.")
     page.add("Summary", text="\n".join(lines), table=pd.DataFrame(rows), terminal_rows=20,
              note="Each capture over its own steps' window (first step's start to last step's end).")
     kinds = changes.groupby("kind")[["total_ms_before", "total_ms_after", "change_ms"]].sum()

@@ -32,7 +32,8 @@ from .page import Page  # noqa: E402
 __all__ = ["timeline_page", "ranks_page", "parse_window", "HEADLINE_LABELS"]
 
 HEADLINE_LABELS = {
-    "window_ms": "window (ms)", "steps": "steps", "step_ms": "step, median (ms)", "kernels": "kernels",
+    "window_ms": "window (ms)", "steps": "steps", "step_period_ms": "step: window / steps (ms)",
+    "step_ms": "step on the CPU, median (ms)", "kernels": "kernels",
     "kernels_per_step": "kernels per step", "kernel_ms": "kernel time (ms)", "gpu_busy": "GPU busy (share of window)",
     "kernel_busy": "kernels alone (share of window)", "idle_ms": "GPU idle (ms)", "copies": "copies",
     "copy_ms": "copy time (ms)", "copy_bytes": "bytes copied", "api_calls": "CUDA API calls",
@@ -190,7 +191,7 @@ def ranks_page(views: Sequence[ActivityView]) -> Page:
         f = headline(v)
         k = v.kernels
         nccl = k[k["name"].astype(str).str.contains("nccl", case=False)] if len(k) else k
-        rows.append({"capture": v.path.name, "steps": int(f.get("steps", 0)), "step_ms": f.get("step_ms", float("nan")),
+        rows.append({"capture": v.path.name, "steps": int(f.get("steps", 0)), "step_ms": f.get("step_period_ms", float("nan")),
                      "gpu_busy": f.get("gpu_busy", float("nan")), "kernel_ms": f.get("kernel_ms", 0.0),
                      "nccl_ms": float(nccl["duration_ns"].sum()) / 1e6 if len(nccl) else 0.0,
                      "idle_ms": f.get("idle_ms", float("nan"))})
@@ -198,9 +199,10 @@ def ranks_page(views: Sequence[ActivityView]) -> Page:
     page = Page(title=f"{folder.name}: {len(views)} captures side by side", path=folder, kind="folder")
     table = pd.DataFrame(rows)
     page.add("Per capture", table=table, terminal_rows=64,
-             note="Each capture over its own steps' window. nccl_ms: kernels whose name contains 'nccl'.")
+             note="Each capture over its own steps' window; step_ms: the window over the steps. "
+                  "nccl_ms: kernels whose name contains 'nccl'.")
     if len(table) > 1 and table["step_ms"].notna().all():
         spread = table["step_ms"].max() / table["step_ms"].min()
-        page.add("Balance", text=f"Slowest median step / fastest: {spread:.3f}x "
+        page.add("Balance", text=f"Slowest step / fastest: {spread:.3f}x "
                                  f"({table.loc[table['step_ms'].idxmax(), 'capture']} slowest).")
     return page
