@@ -52,6 +52,51 @@ def test_benchmark_training_run_records_every_step(tmp_path):
     assert r["tokens_per_s"] == pytest.approx(2 * 16 / (sum(r["step_ms_each"]) / 3 / 1e3))
 
 
+# The command lines of the benchmark guide the course grew from, flags as that guide writes them (its script
+# path replaced by ours); its batch script runs the same flags for every size and context length.
+DESIGN_COMMANDS = [
+    "--context_length 512 --d_model 768 --num_layers 12 --num_heads 12 --d_ff 3072 --warmup_steps 5 --num_steps 10",
+    "--context_length 512 --d_model 768 --num_layers 12 --num_heads 12 --d_ff 3072 --warmup_steps 5 --num_steps 10 "
+    "--forward_only",
+]
+DESIGN_MODELS = ["small:768:3072:12:12", "medium:1024:4096:24:16", "large:1280:5120:36:20", "xl:1600:6400:48:25",
+                 "2.7B:2560:10240:32:32"]
+
+
+def design_batch_commands() -> list[str]:
+    """The batch script's loop, expanded: every size at context 128, 256, 512 and 1024."""
+    out = []
+    for model in DESIGN_MODELS:
+        _, d_model, d_ff, num_layers, num_heads = model.split(":")
+        for ctx in (128, 256, 512, 1024):
+            out.append(f"--context_length {ctx} --d_model {d_model} --num_layers {num_layers} --num_heads {num_heads} "
+                       f"--d_ff {d_ff} --warmup_steps 5 --num_steps 10")
+    return out
+
+
+@pytest.mark.parametrize("line", DESIGN_COMMANDS + design_batch_commands())
+def test_the_design_guides_command_lines_parse_as_written(line):
+    bench = load_script(tr.BENCHMARK)
+    args = bench.parse_args(line.split())
+    words = line.split()
+    value = lambda flag: int(words[words.index(flag) + 1])  # noqa: E731
+    assert (args.context_length, args.d_model, args.num_layers, args.num_heads, args.d_ff) == \
+        (value("--context_length"), value("--d_model"), value("--num_layers"), value("--num_heads"), value("--d_ff"))
+    assert (args.warmup_steps, args.num_steps, args.forward_only) == (5, 10, "--forward_only" in words)
+    hyphens = bench.parse_args([w.replace("_", "-") if w.startswith("--") else w for w in words])
+    assert vars(hyphens) == vars(args)
+
+
+def test_a_design_command_line_runs_with_its_underscored_flags(tmp_path):
+    """One of the guide's lines, run to the end on the CPU at a tiny size (its flags as written)."""
+    out = run(tr.BENCHMARK, "--context_length", "16", "--d_model", "32", "--num_layers", "1", "--num_heads", "2",
+              "--d_ff", "64", "--warmup_steps", "1", "--num_steps", "2", "--forward_only", "--batch_size", "2",
+              "--json", str(tmp_path / "r.json"))
+    assert out.returncode == 0, out.stderr
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert r["status"] == "ok" and r["config"]["d_model"] == 32 and len(r["step_ms_each"]) == 2 and "backward_ms" not in r
+
+
 def test_benchmark_forward_only_times_one_phase(tmp_path):
     out = run(tr.BENCHMARK, *TINY, "--forward-only", "--dtype", "bf16", "--json", str(tmp_path / "f.json"))
     assert out.returncode == 0, out.stderr

@@ -21,6 +21,10 @@ and reported apart. NVTX ranges for Nsight Systems:
 a configuration that runs out of memory as a row and goes on, and records the peak memory
 of each.
 
+The benchmark the course grew from spells its flags with underscores (--context_length,
+--d_model, --num_layers, --num_heads, --d_ff, --warmup_steps, --num_steps, --forward_only);
+those spellings are accepted as written, beside the hyphenated ones.
+
 Examples:
   python examples/nsys/transformer_benchmark.py --size small --context-length 512
   python examples/nsys/transformer_benchmark.py --size small --forward-only --dtype bf16
@@ -102,16 +106,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     m = p.add_argument_group("the model (a --size sets the four dimensions)")
     m.add_argument("--size", choices=list(PRESETS), default=None, help="a named size (overrides the four below)")
-    m.add_argument("--d-model", type=positive_int, default=768, help="width (default: 768)")
-    m.add_argument("--d-ff", type=positive_int, default=3072, help="feed-forward width (default: 3072)")
-    m.add_argument("--num-layers", type=positive_int, default=12, help="blocks (default: 12)")
-    m.add_argument("--num-heads", type=positive_int, default=12, help="attention heads (default: 12)")
-    m.add_argument("--context-length", type=positive_int, default=256, help="tokens per sequence (default: 256)")
+    m.add_argument("--d-model", "--d_model", type=positive_int, default=768, help="width (default: 768)")
+    m.add_argument("--d-ff", "--d_ff", type=positive_int, default=3072, help="feed-forward width (default: 3072)")
+    m.add_argument("--num-layers", "--num_layers", type=positive_int, default=12, help="blocks (default: 12)")
+    m.add_argument("--num-heads", "--num_heads", type=positive_int, default=12, help="attention heads (default: 12)")
+    m.add_argument("--context-length", "--context_length", type=positive_int, default=256, help="tokens per sequence (default: 256)")
     r = p.add_argument_group("the run")
-    r.add_argument("--batch-size", type=positive_int, default=4, help="sequences per step (default: 4)")
-    r.add_argument("--warmup-steps", type=nonnegative_int, default=5, help="untimed steps first (default: 5)")
-    r.add_argument("--num-steps", type=positive_int, default=10, help="measured steps (default: 10)")
-    r.add_argument("--forward-only", action="store_true", help="time the forward pass alone (under torch.no_grad)")
+    r.add_argument("--batch-size", "--batch_size", type=positive_int, default=4, help="sequences per step (default: 4)")
+    r.add_argument("--warmup-steps", "--warmup_steps", type=nonnegative_int, default=5, help="untimed steps first (default: 5)")
+    r.add_argument("--num-steps", "--num_steps", type=positive_int, default=10, help="measured steps (default: 10)")
+    r.add_argument("--forward-only", "--forward_only", action="store_true", help="time the forward pass alone (under torch.no_grad)")
     r.add_argument("--dtype", choices=DTYPES, default="fp32",
                    help="fp32 (TF32 off), tf32 (fp32 tensors, TF32 matrix products) or bf16 (autocast) (default: fp32)")
     r.add_argument("--compile", action="store_true", help="torch.compile the model (compilation falls in the warm-up)")
