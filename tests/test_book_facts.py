@@ -29,3 +29,49 @@ def test_ncu_sets_named_in_the_troubleshooting_page_are_the_real_ones():
     section = section[: section.index("\n## ", 5)]
     named = set(re.findall(r"`([a-z]+)`", section)) - {"default"}
     assert named == names, f"page names {sorted(named)}, ncu lists {sorted(names)}"
+
+
+# ---- "Commands from older write-ups": what nsys 2025.3.1 answered on the GPU machine ----------------------
+
+TOOLS = REPO_ROOT / "artifacts" / "tools"
+
+
+def older_section() -> str:
+    text = TROUBLESHOOTING.read_text()
+    section = text[text.index("## Commands from older write-ups"):]
+    return section[: section.index("\n## ", 5)]
+
+
+def test_the_older_commands_table_says_what_nsys_answered():
+    import json
+
+    facts = json.loads((TOOLS / "older-commands.json").read_text())
+    section = older_section()
+    assert "2025.3.1" in facts["nsys"] and "2025.3.1" in section
+    bt = facts["cudabacktrace"]
+    assert bt["true"]["rc"] == 0 and bt["true"]["with_backtrace"] == bt["all"]["with_backtrace"] > 0
+    assert bt["none"]["with_backtrace"] == 0
+    assert f"{bt['all']['with_backtrace']} of the {bt['all']['cuda_api_calls']} CUDA API calls" in section
+    assert facts["stats_gputrace"]["rc"] == 0 and "Report 'gputrace' could not be found" in facts["stats_gputrace"]["said"][0]
+    assert "ERROR: Report 'gputrace' could not be found." in section and "exits with status 0" in section
+    older = facts["older_profile_line"]
+    assert older["files"] == ["result.nsys-rep"] and older["rc"] == 143 and "exit status 143" in section
+    assert facts["nvprof"]["on_path"] is None and not facts["nvprof"]["nvprof_in_cuda_bin"]
+    assert not facts["nvprof"]["nvvp_in_cuda_bin"]
+
+
+def test_the_switches_and_reports_the_table_names_are_in_the_captured_help():
+    help_text = (TOOLS / "nsys-profile-help.txt").read_text()
+    reports = (TOOLS / "nsys-stats-help-reports.txt").read_text()
+    trace_values = help_text[help_text.index("-t, --trace="):help_text.index("Select the API(s) to trace")]
+    assert "'nvmedia'" not in trace_values and "--accelerator-trace" not in help_text
+    for value in ("'cuda'", "'cudnn'", "'osrt'", "'nvtx'"):
+        assert value in trace_values
+    bt = help_text[help_text.index("--cudabacktrace="):]
+    assert "'all','none','kernel','memory','sync','other'" in bt[:200] and "'true'" not in bt[:200]
+    assert "Default is 'sigterm'" in help_text[help_text.index("--kill="):][:400]
+    for switch in ("-y, --delay=", "-d, --duration=", "-w, --show-output=", "--cuda-memory-usage=", "-f, --force-overwrite="):
+        assert switch in help_text, switch
+    for report in ("cuda_gpu_trace", "cuda_gpu_kern_sum"):
+        assert f"  {report}[" in reports
+    assert "gputrace " not in reports.replace("cuda_gpu_trace", "")

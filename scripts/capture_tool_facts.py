@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""On a GPU machine: record what this machine's nsys says to commands from older write-ups, into artifacts/tools/.
+
+The book's table of older commands (book/troubleshooting.md, "Commands from older write-ups")
+is checked by tests/test_book_facts.py against these files, so that a claim about what nsys
+2025.3 accepts is the tool's own answer, not a memory:
+
+* ``nsys-profile-help.txt``, ``nsys-stats-help-reports.txt``: the listings themselves;
+* ``older-commands.json``: for a small PyTorch program, what ``--cudabacktrace=true`` records
+  next to ``all`` and ``none`` (exit status; CUDA API calls with a backtrace), what
+  ``nsys stats --report gputrace`` answers, whether a 2019-style command line
+  (``-y -d -w -t ... --cuda-memory-usage=true --force-overwrite true``) runs, the report's
+  suffix, and whether ``nvprof`` is installed with this CUDA toolkit.
+
+Usage: ``python scripts/capture_tool_facts.py`` (about a minute; needs nsys and a GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gpuprof import describe_machine, exit_on_error  # noqa: E402
+from gpuprof.tools import find_tool  # noqa: E402
+
+PROGRAM = ("import torch; x = torch.ones(4096, device='cuda'); [x.mul_(1.0001) for _ in range(200)]; "
+           "torch.cuda.synchronize(); y = x.cpu()")
+
+
+def sh(*cmd: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(list(cmd), capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+def backtraces(nsys: str, value: str, tmp: Path) -> dict:
+    name = "bt_" + value.replace(":", "_")
+    r = sh(nsys, "profile", "--trace=cuda,nvtx", f"--cudabacktrace={value}", "-o", name, "-f", "true",
+           sys.executable, "-c", PROGRAM, cwd=tmp)
+    sh(nsys, "export", "--type", "sqlite", "-o", f"{name}.sqlite", "-f", "true", f"{name}.nsys-rep", cwd=tmp)
+    con = sqlite3.connect(tmp / f"{name}.sqlite")
+    calls, with_bt = con.execute("SELECT count(*), sum(callchainId IS NOT NULL) FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()
+    return {"rc": r.returncode, "cuda_api_calls": calls, "with_backtrace": int(with_bt or 0),
+            "said": [ln for ln in (r.stdout + r.stderr).splitlines() if "backtrace" in ln.lower()][:3]}
+
+
+@exit_on_error
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)
+    nsys = str(find_tool("nsys").path)
+    out = ROOT / "artifacts" / "tools"
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as t:
+        tmp = Path(t)
+        (out / "nsys-profile-help.txt").write_text(sh(nsys, "profile", "--help", cwd=tmp).stdout)
+        (out / "nsys-stats-help-reports.txt").write_text(sh(nsys, "stats", "--help-reports", cwd=tmp).stdout)
+        facts: dict = {"machine": describe_machine().summary(), "nsys": sh(nsys, "--version", cwd=tmp).stdout.strip()}
+        facts["cudabacktrace"] = {v: backtraces(nsys, v, tmp) for v in ("true", "all", "none")}
+        print("cudabacktrace:", {k: v["with_backtrace"] for k, v in facts["cudabacktrace"].items()})
+        r = sh(nsys, "profile", "-y", "1", "-d", "3", "-w", "true", "-t", "cuda,cudnn,osrt,nvtx", "--cuda-memory-usage=true",
+               "--force-overwrite", "true", "-o", "result", sys.executable, "-c", PROGRAM + "; import time; time.sleep(2)",
+               cwd=tmp)
+        facts["older_profile_line"] = {"command": "nsys profile -y 1 -d 3 -w true -t cuda,cudnn,osrt,nvtx "
+                                                  "--cuda-memory-usage=true --force-overwrite true -o result python ...",
+                                       "rc": r.returncode, "files": sorted(p.name for p in tmp.glob("result*"))}
+        g = sh(nsys, "stats", "--report", "gputrace", "result.nsys-rep", cwd=tmp)
+        facts["stats_gputrace"] = {"rc": g.returncode,
+                                   "said": [ln for ln in (g.stdout + g.stderr).splitlines() if "ERROR" in ln][:2]}
+        cuda_bin = Path("/usr/local/cuda/bin")
+        facts["nvprof"] = {"on_path": shutil.which("nvprof"), "nvprof_in_cuda_bin": (cuda_bin / "nvprof").exists(),
+                           "nvvp_in_cuda_bin": (cuda_bin / "nvvp").exists(),
+                           "note": f"{cuda_bin} searched for nv*prof*: " + ", ".join(sorted(p.name for p in cuda_bin.glob("nv*prof*")))}
+        print(json.dumps({k: v for k, v in facts.items() if k != "cudabacktrace"}, indent=1))
+    (out / "older-commands.json").write_text(json.dumps(facts, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
