@@ -228,7 +228,7 @@ def test_diff_lists_exactly_the_kernels_that_came_and_went():
     f = page.facts
     assert f["step_period_ms_before"] / f["step_period_ms_after"] > 1  # the ladder's last rung is faster per step
     summary = page.table("Summary").set_index("measure")
-    assert summary.loc["steps", "before"] == 50 == summary.loc["steps", "after"]
+    assert summary.loc["steps (ranges)", "before"] == 50 == summary.loc["steps (ranges)", "after"]
 
 
 def test_diff_of_a_capture_with_itself_changes_nothing():
@@ -344,3 +344,25 @@ def test_the_diff_recipe_is_first_minus_second_over_the_first_names():
     d = rc.diff_check(pd.read_csv(REPORT / "recipe_diff.csv"), first, second)
     assert d["equal"].all() and set(d["Name"]) == set(first["Name"])
     assert (d["only_in"] == "first").sum() == len(set(first["Name"]) - set(second["Name"])) > 0
+
+
+def test_one_report_of_a_two_process_job_is_read_per_gpu_and_per_process():
+    """Chapter 8's straggler: nsys around torchrun, both ranks in one report; rank 1 sleeps before each
+    backward, so rank 0's GPU waits in NCCL (busy but communicating) and rank 1's is idle."""
+    page = build_pages([ART / "ch08" / "straggler.sqlite"])[0]
+    per = page.table("Per GPU").set_index("device")
+    assert list(per.index) == [0, 1]
+    assert per.loc[0, "nccl_ms"] > 5 * per.loc[1, "nccl_ms"] and per.loc[0, "busy"] > 2 * per.loc[1, "busy"]
+    f = page.facts
+    assert f["processes"] == 2 and f["steps"] == 10
+    assert f["step_period_ms"] == pytest.approx(f["window_ms"] / 5, rel=0.05)  # 4 start-to-start gaps per process
+    assert "2 x NVIDIA H200" in page.blocks[0].text
+    steps = page.table("Steps")
+    assert "pid" in steps and steps["pid"].nunique() == 2
+
+
+def test_the_step_time_skips_the_gaps_between_runs_of_a_sweep():
+    """Chapter 8's bucket sweep restarts at step_0 for each bucket size: the gaps between runs are no step's."""
+    f = build_pages([ART / "ch08" / "buckets_rank0.sqlite"])[0].facts
+    assert f["step_period_ms"] < 0.5 * f["window_ms"] / f["steps"]
+    assert f["step_period_ms"] == pytest.approx(f["step_ms"], rel=0.25)  # a synchronous DDP step: CPU range ~ period

@@ -28,7 +28,7 @@ import pandas as pd
 from .. import activity
 from ..kernel_kinds import kernel_kind
 
-__all__ = ["ActivityView", "load", "find_steps", "step_table", "headline", "idle_by_cause", "kernels_by_name",
+__all__ = ["ActivityView", "load", "find_steps", "step_table", "headline", "idle_by_cause", "kernels_by_name", "step_period_ns",
            "IDLE_MIN_GAP_NS", "STEP_NUMBERED", "STEP_REPEATED"]
 
 STEP_NUMBERED = re.compile(r"^(?:ProfilerStep#|(?:train(?:ing)?[_ ]?|eval[_ ]?)?(?:step|iter(?:ation)?)[ _#:-]?)(\d+)$",
@@ -131,7 +131,20 @@ def load(path: str | Path, kind: str, *, steps: str | None = None) -> ActivityVi
     else:
         raise ValueError(f"not a timeline capture: {kind}")
     view.steps, view.step_rule = find_steps(view.ranges, steps)
+    view.steps["pid"] = _pids(view, view.steps)
     return view
+
+
+def _pids(view: ActivityView, rows: pd.DataFrame) -> np.ndarray:
+    """The process of each row: nsys packs it into globalTid (bits 24-47); Kineto tables carry it."""
+    if len(rows) == 0:
+        return np.array([], dtype=np.int64)
+    if view.tool == "kineto":
+        a = view.ranges.set_index(["start", "globalTid"])["pid"] if "pid" in view.ranges else None
+        if a is not None:
+            return np.array([a.get((s, g), 0) for s, g in zip(rows["start"], rows["globalTid"])], dtype=object)
+        return np.zeros(len(rows), dtype=np.int64)
+    return (rows["globalTid"].to_numpy(dtype=np.int64) >> 24) & 0xFFFFFF
 
 
 def find_steps(ranges: pd.DataFrame, pattern: str | None = None) -> tuple[pd.DataFrame, str]:
@@ -179,6 +192,9 @@ def step_table(view: ActivityView) -> pd.DataFrame:
     Attribution is by time window on any thread: a PyTorch step's backward pass is launched from
     autograd's own thread, which nsys's thread rule would leave out."""
     cols = ["step", "cpu_ms", "launches", "kernels", "gpu_busy_ms", "gpu_span_ms", "busy_share"]
+    several = "pid" in view.steps and pd.Series(view.steps["pid"]).nunique() > 1
+    if several:  # one report around a multi-process job: say whose step each row is
+        cols = ["step", "pid", *cols[1:]]
     if view.steps.empty:
         return pd.DataFrame(columns=cols)
     ranges = view.steps.assign(text=view.steps["step"].astype(str) + "#" + view.steps.index.astype(str))
@@ -189,6 +205,8 @@ def step_table(view: ActivityView) -> pd.DataFrame:
     per = hits.groupby("range_start").size() if len(hits) else pd.Series(dtype=int)
     out["kernels"] = out["start"].map(per).fillna(0).astype(int)
     out["step"] = view.steps["step"].to_numpy()
+    if several:
+        out["pid"] = view.steps["pid"].to_numpy()
     return out[cols]
 
 
@@ -199,8 +217,8 @@ def _busy_ns(df: pd.DataFrame, window: tuple[int, int]) -> float:
 def headline(view: ActivityView) -> dict[str, float]:
     """The numbers a capture is summed up by (and that ``diff`` compares), over :attr:`ActivityView.window`.
 
-    window_ms, steps, step_period_ms (window over steps), step_ms (median CPU range of a step),
-    kernels, kernels_per_step, kernel_ms (sum of
+    window_ms, steps, step_period_ms (mean start-to-start of consecutive steps), step_ms (median CPU range of a
+    step), kernels, kernels_per_step (all GPUs), kernel_ms (sum of
     kernel durations), gpu_busy (union of kernels, copies and memsets over the window),
     kernel_busy (kernels alone), idle_ms, copies, copy_ms, copy_bytes, api_calls.
     """
@@ -220,13 +238,38 @@ def headline(view: ActivityView) -> dict[str, float]:
     }
     if len(view.steps):
         d = (view.steps["end"] - view.steps["start"]).to_numpy() / 1e6
+        # One report around a multi-process job (nsys around torchrun) holds every rank's steps:
+        # a step is then one range per process, and the step count is per process.
+        procs = max(1, int(pd.Series(view.steps["pid"]).nunique())) if "pid" in view.steps else 1
+        per_process = len(view.steps) / procs
+        if procs > 1:
+            out["processes"] = procs
         # Two step times: the window over the steps (what throughput sees: CPU and GPU together, the
         # occasional step that waits for the GPU included) and the median CPU range (what the CPU spends
         # per step; in an asynchronous loop it is shorter than the GPU's work and says little of pace).
-        out["step_period_ms"] = span / 1e6 / len(view.steps)
+        out["step_period_ms"] = step_period_ns(view.steps, fallback=span / per_process) / 1e6
         out["step_ms"] = float(np.median(d))
-        out["kernels_per_step"] = len(k) / len(view.steps)
+        out["kernels_per_step"] = len(k) / per_process
     return out
+
+
+def step_period_ns(steps: pd.DataFrame, *, fallback: float) -> float:
+    """The mean time from one step's start to the next one's, over consecutive steps of one process.
+
+    Start to start counts everything a step costs, the CPU's work and its waits for the GPU
+    (the one step in fifty that reads the loss back), which the median CPU range does not.
+    Only pairs numbered n, n+1 in the same process count: a capture of several runs (a sweep
+    that restarts at step 0) has gaps between runs that are no step's. ``fallback`` when no
+    such pair exists.
+    """
+    gaps = []
+    for _, g in steps.groupby(steps["pid"] if "pid" in steps else np.zeros(len(steps))):
+        g = g.sort_values("start")
+        num, start = g["step"].to_numpy(), g["start"].to_numpy(dtype=np.int64)
+        ok = np.diff(num) == 1
+        gaps.append(np.diff(start)[ok])
+    d = np.concatenate(gaps) if gaps else np.array([])
+    return float(d.mean()) if len(d) else float(fallback)
 
 
 def idle_by_cause(view: ActivityView, *, min_gap_ns: int = IDLE_MIN_GAP_NS) -> pd.DataFrame:

@@ -64,7 +64,7 @@ def diff_timelines(before: ActivityView, after: ActivityView) -> Page:
     lines = [f"Before: {before.path.name}, steps by {before.step_rule}.", f"After: {after.path.name}, steps by {after.step_rule}."]
     if "step_period_ms" in fb and "step_period_ms" in fa and fa["step_period_ms"]:
         x, y = fb["step_period_ms"], fa["step_period_ms"]
-        lines.append(f"Step (window / steps) {x:.3f} -> {y:.3f} ms: {x / y:.2f}x "
+        lines.append(f"Step (start to start) {x:.3f} -> {y:.3f} ms: {x / y:.2f}x "
                      f"{'faster' if y < x else 'slower' if y > x else 'the same'}.")
     page.add("Summary", text="\n".join(lines), table=pd.DataFrame(rows), terminal_rows=20,
              note="Each capture over its own steps' window (first step's start to last step's end).")

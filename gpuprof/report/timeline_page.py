@@ -32,7 +32,8 @@ from .page import Page  # noqa: E402
 __all__ = ["timeline_page", "ranks_page", "parse_window", "HEADLINE_LABELS"]
 
 HEADLINE_LABELS = {
-    "window_ms": "window (ms)", "steps": "steps", "step_period_ms": "step: window / steps (ms)",
+    "window_ms": "window (ms)", "processes": "processes with steps", "steps": "steps (ranges)",
+    "step_period_ms": "step, start to start (ms)",
     "step_ms": "step on the CPU, median (ms)", "kernels": "kernels",
     "kernels_per_step": "kernels per step", "kernel_ms": "kernel time (ms)", "gpu_busy": "GPU busy (share of window)",
     "kernel_busy": "kernels alone (share of window)", "idle_ms": "GPU idle (ms)", "copies": "copies",
@@ -70,6 +71,17 @@ def parse_window(text: str, view: ActivityView) -> tuple[int, int]:
 def _headline_table(facts: dict[str, float]) -> pd.DataFrame:
     rows = [(HEADLINE_LABELS[k], float(facts[k])) for k in HEADLINE_LABELS if k in facts]
     return pd.DataFrame(rows, columns=["measure", "value"])
+
+
+def _per_gpu(view: ActivityView, window: tuple[int, int]) -> pd.DataFrame:
+    rows = []
+    for dev, k in view.kernels.groupby("deviceId"):
+        k = activity.inside(k, window)
+        nccl = k[k["name"].astype(str).str.contains("nccl", case=False)]
+        rows.append({"device": int(dev), "kernels": len(k), "kernel_ms": float(k["duration_ns"].sum()) / 1e6,
+                     "busy": activity.busy_fraction(k, window) if len(k) else 0.0,
+                     "nccl_ms": float(nccl["duration_ns"].sum()) / 1e6})
+    return pd.DataFrame(rows)
 
 
 def _steps_figure(steps: pd.DataFrame) -> bytes:
@@ -112,7 +124,8 @@ def timeline_page(view: ActivityView, *, window: str | None = None, top: int = 1
     page = Page(title=view.path.name, path=view.path, kind=kind)
     facts = headline(view)
     page.facts = facts
-    gpus = ", ".join(dict.fromkeys(view.devices)) or "not recorded"
+    counts = pd.Series(view.devices).value_counts() if view.devices else pd.Series(dtype=int)
+    gpus = ", ".join(f"{n} x {name}" if n > 1 else str(name) for name, n in counts.items()) or "not recorded"
     w = view.window
     lines = [f"GPU: {gpus}.", f"Steps: {view.step_rule}."]
     if w is not None and not view.work.empty:
@@ -121,7 +134,16 @@ def timeline_page(view: ActivityView, *, window: str | None = None, top: int = 1
                      f"{facts['gpu_busy']:.1%} of it, kernels alone {facts['kernel_busy']:.1%}.")
     else:
         lines.append("The capture holds no GPU work: no kernel, copy or memset.")
+    devices = view.kernels["deviceId"].dropna().unique() if "deviceId" in view.kernels else []
+    if len(devices) > 1:
+        lines.append(f"The capture holds {len(devices)} GPUs: busy and idle above are over their union (some GPU "
+                     "ran something); the per-GPU table below says which one waited.")
+    if facts.get("processes", 1) > 1:
+        lines.append(f"Steps come from {int(facts['processes'])} processes: step times are per process.")
     page.add("Summary", text="\n".join(lines), table=_headline_table(facts), terminal_rows=20)
+    if len(devices) > 1 and w is not None:
+        page.add("Per GPU", table=_per_gpu(view, w),
+                 note="Each GPU over the same window; nccl_ms: kernels whose name contains 'nccl'.")
     if w is None or view.work.empty:
         _operators(page, view, top)
         return page
@@ -199,7 +221,7 @@ def ranks_page(views: Sequence[ActivityView]) -> Page:
     page = Page(title=f"{folder.name}: {len(views)} captures side by side", path=folder, kind="folder")
     table = pd.DataFrame(rows)
     page.add("Per capture", table=table, terminal_rows=64,
-             note="Each capture over its own steps' window; step_ms: the window over the steps. "
+             note="Each capture over its own steps' window; step_ms: mean start-to-start of consecutive steps. "
                   "nccl_ms: kernels whose name contains 'nccl'.")
     if len(table) > 1 and table["step_ms"].notna().all():
         spread = table["step_ms"].max() / table["step_ms"].min()
