@@ -95,6 +95,14 @@ def test_idle_time_and_kernel_breakdown_equal_htas(path, tmp_path):
     # and HTA's rounding is what separates its idle time from the file's nanoseconds: never less idle
     exact = hc.temporal_breakdown(t)
     assert exact["idle_us"] <= mine["idle_us"] and abs(exact["span_us"] - mine["span_us"]) <= 2
+    # the streaming reader of the file gives the same answers as the whole Trace
+    for rounding, sync in (("hta", True), ("ns", False)):
+        a, b = hc.temporal_breakdown(t, rounding=rounding, include_sync=sync), hc.temporal_breakdown(path, rounding=rounding,
+                                                                                                      include_sync=sync)
+        assert a == pytest.approx(b)
+        ka = hc.kernel_breakdown(t, rounding=rounding, include_sync=sync).sort_values("name", ignore_index=True)
+        kb = hc.kernel_breakdown(hc.gpu_events(path), rounding=rounding, include_sync=sync).sort_values("name", ignore_index=True)
+        assert (ka["name"] == kb["name"]).all() and np.allclose(ka.drop(columns="name"), kb.drop(columns="name"))
 
 
 def test_on_epoch_timestamps_hta_and_gpuprof_differ_only_by_float_precision(tmp_path):
@@ -105,3 +113,17 @@ def test_on_epoch_timestamps_hta_and_gpuprof_differ_only_by_float_precision(tmp_
     mine = hc.temporal_breakdown(read_trace(DATA / "hta_alexnet_a100.json.gz"), rounding="hta", include_sync=True)
     assert abs(mine["idle_us"] - temporal["idle_time(us)"]) / temporal["idle_time(us)"] < 1e-4
     assert abs(mine["span_us"] - temporal["kernel_time(us)"]) <= 2
+
+
+def test_the_streaming_reader_refuses_what_is_not_a_trace(tmp_path):
+    from gpuprof.errors import GpuprofError
+    from gpuprof.torch_profiler import hta_compat as hc
+
+    bad = tmp_path / "x.json"
+    bad.write_text('{"schemaVersion": 1, "traceEvents": [{"ph": "X", "cat": "kernel", "na')
+    with pytest.raises(GpuprofError, match="not complete JSON"):
+        hc.gpu_events(bad)
+    other = tmp_path / "y.json"
+    other.write_text('{"a": 1}')
+    with pytest.raises(GpuprofError, match="not a PyTorch profiler trace"):
+        hc.gpu_events(other)
