@@ -7,6 +7,8 @@
   and per-step GPU busy time and launch latency (the measures of :mod:`gpuprof.activity`)
 * :mod:`gpuprof.torch_profiler.key_averages`: ``key_averages()`` saved as records, and which of
   its attribute names and sort keys work on the installed PyTorch
+* :mod:`gpuprof.torch_profiler.hta_compat`: Holistic Trace Analysis' temporal and kernel
+  breakdowns, with HTA's definitions or the file's nanoseconds, read a fraction of the memory
 """
 
 from .summary import kernel_lineage, kernel_summary, launch_latency, op_summary, step_summary
