@@ -127,3 +127,28 @@ def test_the_streaming_reader_refuses_what_is_not_a_trace(tmp_path):
     other.write_text('{"a": 1}')
     with pytest.raises(GpuprofError, match="not a PyTorch profiler trace"):
         hc.gpu_events(other)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_comm_comp_overlap_equals_htas(rank, tmp_path):
+    import logging
+    import shutil
+    import warnings
+
+    from hta.trace_analysis import TraceAnalysis
+
+    from gpuprof.torch_profiler import hta_compat as hc
+
+    path = REPO / "artifacts" / "ch08" / f"ddp_trace_rank{rank}.json.gz"
+    folder = tmp_path / "t"
+    folder.mkdir()
+    shutil.copy(path, folder)
+    logging.disable(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            theirs = TraceAnalysis(trace_dir=str(folder)).get_comm_comp_overlap(visualize=False)
+    finally:
+        logging.disable(logging.NOTSET)
+    ours = hc.comm_comp_overlap(path, rounding="hta", include_sync=True)
+    assert round(100 * ours, 2) == theirs["comp_comm_overlap_pctg"].iloc[0]

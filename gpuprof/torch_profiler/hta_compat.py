@@ -42,7 +42,7 @@ from ..errors import GpuprofError
 from .summary import gpu_activity
 from .trace import KINDS, Trace, _to_ns
 
-__all__ = ["gpu_intervals", "gpu_events", "temporal_breakdown", "kernel_breakdown"]
+__all__ = ["gpu_intervals", "gpu_events", "temporal_breakdown", "kernel_breakdown", "comm_comp_overlap"]
 
 _GPU_KINDS = {"kernel", "memcpy", "memset"}
 _WS = re.compile(r"[\s,]*")
@@ -149,3 +149,35 @@ def kernel_breakdown(trace: Trace | str | Path | pd.DataFrame, *, rounding: str 
     g = d.groupby(w["name"].astype(str))
     out = pd.DataFrame({"count": g.size(), "sum_us": g.sum(), "mean_us": g.mean(), "min_us": g.min(), "max_us": g.max()})
     return out.sort_values("sum_us", ascending=False).rename_axis("name").reset_index()
+
+
+# HTA's kernel types, by name: communication (NCCL), memory (copies, memsets), computation (everything else,
+# a stream sync event included when it is counted as GPU work).
+_COMM = re.compile(r"^nccl.*Kernel")  # HTA's NCCL_KERNEL_RE
+_MEMORY = re.compile(r"^(?:Memcpy|Memset|dma)")
+
+
+def _measure(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return activity.merge_intervals(s, e)
+
+
+def comm_comp_overlap(trace: Trace | str | Path | pd.DataFrame, *, rounding: str = "ns", include_sync: bool = False) -> float:
+    """HTA's ``get_comm_comp_overlap`` for one rank: the share of the communication kernels' time (their
+    union) during which a computation kernel (the union of the rest, copies and memsets left out) ran.
+
+    It is chapter 8's "hidden" share asked of one trace, with one difference of definition: chapter 8
+    counts a compute kernel only on *another* stream (:func:`gpuprof.activity.copy_compute_overlap`),
+    HTA on any stream; NCCL runs on streams of its own, so the two agree on DDP traces.
+    """
+    w = gpu_intervals(trace, rounding=rounding, include_sync=include_sync)
+    names = w["name"].astype(str)
+    is_comm = names.map(lambda n: _COMM.match(n) is not None).to_numpy(dtype=bool)
+    is_memory = names.map(lambda n: _MEMORY.match(n) is not None).to_numpy(dtype=bool)
+    comm, comp = w[is_comm], w[~is_comm & ~is_memory]
+    if comm.empty:
+        return float("nan")
+    cs, ce = _measure(comm["start"].to_numpy(), comm["end"].to_numpy())
+    ks, ke = _measure(comp["start"].to_numpy(), comp["end"].to_numpy())
+    cum = np.concatenate([[0], np.cumsum(ke - ks)])
+    hidden = sum(activity._covered(ks, ke, cum, int(a), int(b)) for a, b in zip(cs, ce))
+    return float(hidden) / float((ce - cs).sum())
