@@ -286,9 +286,10 @@ def test_backtraces_in_the_reference(tmp_path):
 def test_layer_table_of_the_reference():
     result = json.loads((REF / "layer.json").read_text())
     lt = tr.layer_table(result, REF / "layer.sqlite")
-    assert list(lt.index) == ["ops", "compiled", "fused", "graph"]
+    assert list(lt.index) == ["ops", "compiled", "reduce-overhead", "fused", "graph"]
     assert lt.loc["ops", "kernels_per_layer"] >= 3 * lt.loc["fused", "kernels_per_layer"]
     assert lt.loc["graph", "launch_calls_per_layer"] < 1 <= lt.loc["fused", "launch_calls_per_layer"]
+    assert lt.loc["reduce-overhead", "launch_calls_per_layer"] < 1 <= lt.loc["compiled", "launch_calls_per_layer"]
     assert ((lt["busy_capture"] > 0) & (lt["busy_capture"] <= 1)).all()
     assert ((lt["busy_untraced"] > 0) & (lt["busy_untraced"] <= 1.05)).all()
     assert lt.loc["ops", "x_first"] == 1
