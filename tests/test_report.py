@@ -366,3 +366,16 @@ def test_the_step_time_skips_the_gaps_between_runs_of_a_sweep():
     f = build_pages([ART / "ch08" / "buckets_rank0.sqlite"])[0].facts
     assert f["step_period_ms"] < 0.5 * f["window_ms"] / f["steps"]
     assert f["step_period_ms"] == pytest.approx(f["step_ms"], rel=0.25)  # a synchronous DDP step: CPU range ~ period
+
+
+def test_the_raw_page_is_read_in_its_own_units(tmp_path):
+    """ncu --page raw prints a units row under the header: microseconds here must become the page's us."""
+    raw = tmp_path / "raw.csv"
+    raw.write_text('==PROF== Connected to process 1\n'
+                   '"ID","Process ID","Kernel Name","gpu__time_duration.sum",'
+                   '"sm__throughput.avg.pct_of_peak_sustained_elapsed","launch__block_size"\n'
+                   '"","","","msecond","%",""\n"0","11","saxpy","0.23264","17.3","256"\n')
+    assert capture_kind(raw) == "ncu-csv"
+    t = build_pages([raw])[0].table("Speed of light (% of peak)")
+    assert t["duration_us"].tolist() == pytest.approx([232.64]) and t["sm_pct"].tolist() == [17.3]
+    assert t["memory_pct"].isna().all()  # not in this page: missing, not 0
