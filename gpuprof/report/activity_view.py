@@ -140,10 +140,12 @@ def _pids(view: ActivityView, rows: pd.DataFrame) -> np.ndarray:
     if len(rows) == 0:
         return np.array([], dtype=np.int64)
     if view.tool == "kineto":
-        a = view.ranges.set_index(["start", "globalTid"])["pid"] if "pid" in view.ranges else None
-        if a is not None:
-            return np.array([a.get((s, g), 0) for s, g in zip(rows["start"], rows["globalTid"])], dtype=object)
-        return np.zeros(len(rows), dtype=np.int64)
+        if "pid" not in view.ranges:
+            return np.zeros(len(rows), dtype=np.int64)
+        pid_of: dict = {}
+        for key, pid in zip(zip(view.ranges["start"], view.ranges["globalTid"]), view.ranges["pid"]):
+            pid_of.setdefault(key, pid)  # the first range at that start on that thread
+        return np.array([pid_of.get((s, g), 0) for s, g in zip(rows["start"], rows["globalTid"])], dtype=object)
     return (rows["globalTid"].to_numpy(dtype=np.int64) >> 24) & 0xFFFFFF
 
 
