@@ -32,7 +32,10 @@ SMALL_ARGS = {"tiny_kernels.py": ["--steps", "2", "--kernels", "10"], "saxpy.py"
                                         "--json", "{tmp}/l.json"],
               "ddp_training.py": ["--cpu", "--width", "32", "--depth", "2", "--batch-size", "4", "--warmup", "1",
                                   "--steps", "2", "--json", "{tmp}/d.json"],
-              "allreduce_bandwidth.py": ["--cpu", "--sizes", "4K", "--iterations", "2", "--json", "{tmp}/a.json"]}
+              "allreduce_bandwidth.py": ["--cpu", "--sizes", "4K", "--iterations", "2", "--json", "{tmp}/a.json"],
+              "mixed_precision.py": ["--mode", "fp16", "--layers", "1", "--d-model", "64", "--heads", "4", "--d-ff", "128",
+                                     "--batch-size", "2", "--seq-len", "16", "--warmup", "1", "--steps", "2",
+                                     "--json", "{tmp}/mp.json"]}
 
 
 def run(script, *args):
@@ -109,6 +112,8 @@ BAD_INPUT = {
                         (["--bucket-mb", "0"], "must be positive")],
     "allreduce_bandwidth.py": [(["--sizes", "1T"], "expected sizes"), (["--iterations", "0"], "must be at least 1"),
                                (["--json", "/no/such/dir/a.json"], "does not exist")],
+    "mixed_precision.py": [(["--steps", "0"], "must be at least 1"), (["--json", "/no/such/dir/m.json"], "does not exist"),
+                           (["--mode", "fp8"], "invalid choice")],
 }
 # Sizes no machine the course runs on can hold (each well above an H200's 141 GB and the GPU hosts' 128 GB): one
 # sentence saying what the run needs and what there is, before anything is allocated.
@@ -122,6 +127,7 @@ TOO_BIG_INPUT = {
     "weight_streaming.py": [["--d-model", "100000"]], "allreduce_bandwidth.py": [["--sizes", "1000G"]],
     "train_profiled.py": [["--batch", "100000"]], "reconcile.py": [["--batch", "100000"]],
     "profiler_overhead.py": [["--batch", "100000"]], "spills.py": [["--n", "100000000000"]],
+    "mixed_precision.py": [["--batch-size", "100000000"], ["--d-model", "1000000", "--heads", "1"]],
 }
 # Counts that would run for days are refused with the limit stated.
 TOO_MANY = {
