@@ -90,6 +90,14 @@ def require_torch(script: str):  # type: ignore[no-untyped-def]
     return torch
 
 
+def torch_device(script: str, cpu: bool = False):  # type: ignore[no-untyped-def]
+    """(torch, device, where) for a script that runs on the GPU when there is one: ``device`` is "cuda" or
+    "cpu" (``cpu=True`` forces it), ``where`` names it for the script's first line."""
+    torch = require_torch(script)
+    gpu = torch.cuda.is_available() and not cpu
+    return torch, ("cuda" if gpu else "cpu"), (torch.cuda.get_device_name() if gpu else "the CPU")
+
+
 def torch_backend_or_cpu(choice: str | None, why: str):  # type: ignore[no-untyped-def]
     """The backend for a script that needs PyTorch on a GPU (streams, pinned tensors, its allocator).
 

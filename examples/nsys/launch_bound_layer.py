@@ -45,7 +45,7 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere in the repo
 
 from gpuprof import exit_on_error  # noqa: E402
-from gpuprof.cli import nonnegative_int, output_file, positive_int, require_memory, require_torch  # noqa: E402
+from gpuprof.cli import nonnegative_int, output_file, positive_int, require_memory, torch_device  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
 from gpuprof.ranges import annotate  # noqa: E402
 
@@ -222,10 +222,8 @@ def stack(layer: Callable[..., Any], weights: list[dict[str, Any]], x: Any, head
 @exit_on_error
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    torch = require_torch("launch_bound_layer.py")
-    gpu = torch.cuda.is_available() and not args.cpu
-    device = "cuda" if gpu else "cpu"
-    where = torch.cuda.get_device_name() if gpu else "the CPU"
+    torch, device, where = torch_device("launch_bound_layer.py", args.cpu)
+    gpu = device == "cuda"
     variants = [v for v in args.variants if gpu or v not in GPU_ONLY]
     skipped = [v for v in args.variants if v not in variants]
     print(f"launch_bound_layer: {args.layers} encoder layers (d_model {args.d_model}, {args.heads} heads, d_ff {args.d_ff}), "

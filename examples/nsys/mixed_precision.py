@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere in the repo
 
 from gpuprof import exit_on_error  # noqa: E402
-from gpuprof.cli import bounded_int, nonnegative_int, output_file, positive_int, require_memory, require_torch  # noqa: E402
+from gpuprof.cli import (bounded_int, nonnegative_int, output_file, positive_int, require_memory,  # noqa: E402
+                         require_torch, torch_device)
 from gpuprof.errors import GpuprofError  # noqa: E402
 from gpuprof.ranges import annotate  # noqa: E402
 
@@ -187,18 +189,16 @@ def run(args: argparse.Namespace, device: str) -> dict[str, Any]:
                            "grad_elements": compared, "parameters": sum(p.numel() for p in model.parameters())}
     if gpu:
         out["peak_memory_bytes"] = int(torch.cuda.max_memory_allocated())
-        ms = [s["step_ms"] for s in steps if s["measured"]]
-        out["step_ms_median"] = sorted(ms)[len(ms) // 2]
+        out["step_ms_median"] = statistics.median(s["step_ms"] for s in steps if s["measured"])
     return out
 
 
 @exit_on_error
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    torch = require_torch("mixed_precision.py")
-    gpu = torch.cuda.is_available() and not args.cpu
-    device = "cuda" if gpu else "cpu"
-    where = torch.cuda.get_device_name() if gpu else "the CPU (no timings: for checking the script)"
+    torch, device, where = torch_device("mixed_precision.py", args.cpu)
+    gpu = device == "cuda"
+    where = where if gpu else "the CPU (no timings: for checking the script)"
     print(f"mixed_precision: {args.mode}, {args.layers} layers of {args.d_model} ({args.heads} heads, d_ff {args.d_ff}), "
           f"batch {args.batch_size} x {args.seq_len} tokens, on {where}", flush=True)
     if gpu and args.mode == "bf16" and not torch.cuda.is_bf16_supported():
