@@ -23,19 +23,22 @@ from .page import Page
 
 __all__ = ["ncu_page", "launch_table", "findings", "SOL_COLUMNS"]
 
-# column -> (metric name in the report / raw page, row name in the details page's sections)
+# column -> (metric name in the report and the raw page, section and row name in the details page). The
+# section matters: "Memory Throughput" is a percentage in the Speed Of Light section and a rate in GB/s in
+# Memory Workload Analysis.
+_SOL, _OCC, _LAUNCH = "GPU Speed Of Light Throughput", "Occupancy", "Launch Statistics"
 SOL_COLUMNS = {
-    "duration_us": ("gpu__time_duration.sum", "Duration"),
-    "sm_pct": ("sm__throughput.avg.pct_of_peak_sustained_elapsed", "Compute (SM) Throughput"),
-    "memory_pct": ("gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed", "Memory Throughput"),
-    "dram_pct": ("gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed", "DRAM Throughput"),
-    "l1_pct": ("l1tex__throughput.avg.pct_of_peak_sustained_active", "L1/TEX Cache Throughput"),
-    "l2_pct": ("lts__throughput.avg.pct_of_peak_sustained_elapsed", "L2 Cache Throughput"),
-    "theoretical_occupancy_pct": ("sm__maximum_warps_per_active_cycle_pct", "Theoretical Occupancy"),
-    "achieved_occupancy_pct": ("sm__warps_active.avg.pct_of_peak_sustained_active", "Achieved Occupancy"),
-    "registers": ("launch__registers_per_thread", "Registers Per Thread"),
-    "block": ("launch__block_size", "Block Size"),
-    "grid": ("launch__grid_size", "Grid Size"),
+    "duration_us": ("gpu__time_duration.sum", _SOL, "Duration"),
+    "sm_pct": ("sm__throughput.avg.pct_of_peak_sustained_elapsed", _SOL, "Compute (SM) Throughput"),
+    "memory_pct": ("gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed", _SOL, "Memory Throughput"),
+    "dram_pct": ("gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed", _SOL, "DRAM Throughput"),
+    "l1_pct": ("l1tex__throughput.avg.pct_of_peak_sustained_active", _SOL, "L1/TEX Cache Throughput"),
+    "l2_pct": ("lts__throughput.avg.pct_of_peak_sustained_elapsed", _SOL, "L2 Cache Throughput"),
+    "theoretical_occupancy_pct": ("sm__maximum_warps_per_active_cycle_pct", _OCC, "Theoretical Occupancy"),
+    "achieved_occupancy_pct": ("sm__warps_active.avg.pct_of_peak_sustained_active", _OCC, "Achieved Occupancy"),
+    "registers": ("launch__registers_per_thread", _LAUNCH, "Registers Per Thread"),
+    "block": ("launch__block_size", _LAUNCH, "Block Size"),
+    "grid": ("launch__grid_size", _LAUNCH, "Grid Size"),
 }
 _FINDING_COLS = ["id", "kernel", "section", "rule", "type", "title", "speedup_pct", "speedup_type", "message"]
 
@@ -43,44 +46,45 @@ _FINDING_COLS = ["id", "kernel", "section", "rule", "type", "title", "speedup_pc
 def _from_report(path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     from ..ncu import report
 
-    names = [m for m, _ in SOL_COLUMNS.values()]
+    names = [m for m, _, _ in SOL_COLUMNS.values()]
     wide = report.metric_table(path, names, missing="nan")
     out = pd.DataFrame({"id": wide.index.astype(int), "kernel": wide["kernel"].to_numpy()})
-    for col, (metric, _) in SOL_COLUMNS.items():
+    for col, (metric, _, _) in SOL_COLUMNS.items():
         out[col] = wide[metric].to_numpy(dtype=float)
     out["duration_us"] = out["duration_us"] / 1e3
     return out, report.rules(path)
 
 
 def _from_details(details: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    metrics = details[details["Metric Name"].astype(str) != ""]
+    from ..ncu.csv_reader import to_seconds
+
     ids = details.groupby("ID")["Kernel Name"].first()
     out = pd.DataFrame({"id": ids.index.astype(int), "kernel": ids.to_numpy()})
-    for col, (_, row) in SOL_COLUMNS.items():
-        hit = metrics[metrics["Metric Name"] == row].groupby("ID")
-        vals = hit["value"].first()
-        units = hit["Metric Unit"].first()
-        if col == "duration_us":
-            from ..ncu.csv_reader import to_seconds
-
-            vals = pd.Series({i: to_seconds(v, units[i]) * 1e6 for i, v in vals.items()}, dtype=float)
-        out[col] = out["id"].map(lambda i, v=vals: v.get(str(i), v.get(i, np.nan))).astype(float)
+    for col, (_, section, row) in SOL_COLUMNS.items():
+        rows = details[(details["Section Name"] == section) & (details["Metric Name"] == row)].groupby("ID").first()
+        vals = rows["value"]
+        if col == "duration_us":  # printed in scaled units (us, ms): back to one unit
+            vals = pd.Series([to_seconds(v, u) * 1e6 for v, u in zip(vals, rows["Metric Unit"])], index=vals.index)
+        vals.index = vals.index.astype(int)
+        out[col] = out["id"].map(vals).astype(float)
     rules = details[details["Rule Name"].astype(str) != ""]
-    types = {"OPT": "OPT", "WRN": "WRN", "INF": "INF", "ERR": "ERR"}
     f = pd.DataFrame({"id": rules["ID"].astype(int).to_numpy(), "kernel": rules["Kernel Name"].to_numpy(),
                       "section": rules["Section Name"].to_numpy(), "rule": rules["Rule Name"].to_numpy(),
-                      "type": rules["Rule Type"].map(lambda t: types.get(str(t), str(t))).to_numpy(),
+                      "type": rules["Rule Type"].astype(str).to_numpy(),
                       "title": "", "message": rules["Rule Description"].to_numpy(),
                       "speedup_pct": pd.to_numeric(rules["Estimated Speedup"], errors="coerce").to_numpy(),
                       "speedup_type": rules["Estimated Speedup Type"].astype(str).str.lower().to_numpy()})
     return out, f
 
 
-def _from_raw(raw: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _from_raw(raw: pd.DataFrame, units: dict[str, str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    from ..ncu.csv_reader import to_seconds
+
     out = pd.DataFrame({"id": pd.to_numeric(raw["ID"]).astype(int), "kernel": raw["Kernel Name"]})
-    for col, (metric, _) in SOL_COLUMNS.items():
+    for col, (metric, _, _) in SOL_COLUMNS.items():
         out[col] = pd.to_numeric(raw[metric], errors="coerce") if metric in raw else np.nan
-    # the raw page prints durations in the unit its header row names; the report stores ns
+    unit = units.get("gpu__time_duration.sum", "ns")  # the raw page's units row names it
+    out["duration_us"] = [to_seconds(v, unit) * 1e6 for v in out["duration_us"]]
     return out, pd.DataFrame(columns=_FINDING_COLS)
 
 
@@ -95,11 +99,7 @@ def launch_table(path: str | Path, kind: str) -> tuple[pd.DataFrame, pd.DataFram
     try:
         return _from_details(csv_reader.parse_details(text, str(path)))
     except GpuprofError:
-        raw, units = csv_reader.parse_raw(text, str(path))
-        table, f = _from_raw(raw)
-        unit = units.get("gpu__time_duration.sum", "ns")
-        table["duration_us"] = [csv_reader.to_seconds(v, unit) * 1e6 for v in table["duration_us"]]
-        return table, f
+        return _from_raw(*csv_reader.parse_raw(text, str(path)))
 
 
 def findings(rules: pd.DataFrame) -> pd.DataFrame:

@@ -60,7 +60,8 @@ def gpu_events(path: str | Path) -> pd.DataFrame:
     ``read_trace`` converts them, so the answers equal those from a :class:`Trace` (tested).
     """
     path = Path(path)
-    opener = gzip.open if path.read_bytes()[:2] == b"\x1f\x8b" else open
+    with path.open("rb") as fh:
+        opener = gzip.open if fh.read(2) == b"\x1f\x8b" else open
     try:
         with opener(path, "rt", encoding="utf-8") as fh:
             text = fh.read()
@@ -157,10 +158,6 @@ _COMM = re.compile(r"^nccl.*Kernel")  # HTA's NCCL_KERNEL_RE
 _MEMORY = re.compile(r"^(?:Memcpy|Memset|dma)")
 
 
-def _measure(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    return activity.merge_intervals(s, e)
-
-
 def comm_comp_overlap(trace: Trace | str | Path | pd.DataFrame, *, rounding: str = "ns", include_sync: bool = False) -> float:
     """HTA's ``get_comm_comp_overlap`` for one rank: the share of the communication kernels' time (their
     union) during which a computation kernel (the union of the rest, copies and memsets left out) ran.
@@ -176,8 +173,8 @@ def comm_comp_overlap(trace: Trace | str | Path | pd.DataFrame, *, rounding: str
     comm, comp = w[is_comm], w[~is_comm & ~is_memory]
     if comm.empty:
         return float("nan")
-    cs, ce = _measure(comm["start"].to_numpy(), comm["end"].to_numpy())
-    ks, ke = _measure(comp["start"].to_numpy(), comp["end"].to_numpy())
+    cs, ce = activity.merge_intervals(comm["start"].to_numpy(), comm["end"].to_numpy())
+    ks, ke = activity.merge_intervals(comp["start"].to_numpy(), comp["end"].to_numpy())
     cum = np.concatenate([[0], np.cumsum(ke - ks)])
     hidden = sum(activity._covered(ks, ke, cum, int(a), int(b)) for a, b in zip(cs, ce))
     return float(hidden) / float((ce - cs).sum())
