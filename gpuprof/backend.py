@@ -27,7 +27,7 @@ from typing import Any
 
 from .errors import GpuprofError
 
-__all__ = ["Backend", "MachineInfo", "choose_backend", "describe_machine", "gpu_available"]
+__all__ = ["Backend", "MachineInfo", "choose_backend", "describe_machine", "gpu_available", "host_description"]
 
 BACKEND_ENV = "GPUPROF_BACKEND"
 _CHOICES = ("torch", "cupy", "cpu")
@@ -163,6 +163,8 @@ class MachineInfo:
     gpu_count: int | None = None  # GPUs visible to this process (the first one is described)
     cpu_model: str = ""
     cpu_count: int = 0
+    cpu_mhz: float | None = None  # the clock /proc/cpuinfo reports for the first CPU (a VM reports its host's base)
+    virtual_machine: bool | None = None  # the CPU flags say "hypervisor": a guest; launch costs include the VM's
     python: str = ""
     libraries: dict[str, str] = field(default_factory=dict)
 
@@ -196,6 +198,36 @@ class MachineInfo:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _cpu_facts() -> tuple[float | None, bool | None]:
+    """(the first CPU's clock in MHz, whether its flags name a hypervisor), from /proc/cpuinfo; None where unknown."""
+    mhz = vm = None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "cpu MHz" and mhz is None:
+                mhz = float(value)
+            elif key.strip() == "flags" and vm is None:
+                vm = "hypervisor" in value.split()
+            if mhz is not None and vm is not None:
+                break
+    except (OSError, ValueError):
+        pass
+    return mhz, vm
+
+
+def host_description(machine: dict[str, Any]) -> str:
+    """The host CPU as a machine record states it: model, cores, clock, and whether it is a virtual machine.
+
+    Launch-bound results depend on it (a kernel launch is CPU work), so chapters whose steps the
+    CPU limits print it beside their numbers. Records made before the clock was kept say so.
+    """
+    text = f"{machine.get('cpu_model') or 'an unnamed CPU'}, {machine.get('cpu_count') or '?'} logical cores"
+    mhz = machine.get("cpu_mhz")
+    text += f" at {mhz / 1000:.2f} GHz" if mhz else " (clock not recorded)"
+    vm = machine.get("virtual_machine")
+    return text + ({True: ", a virtual machine", False: ", bare metal"}.get(vm, "") if vm is not None else "")
 
 
 def _cpu_model() -> str:
@@ -266,11 +298,14 @@ def _versions() -> dict[str, str]:
 def describe_machine() -> MachineInfo:
     """Describe this machine and the backend the course will use on it (cached)."""
     backend = choose_backend()
+    cpu = _cpu_facts()
     info = MachineInfo(
         backend=backend.name,
         device=backend.device,
         cpu_model=_cpu_model(),
         cpu_count=os.cpu_count() or 0,
+        cpu_mhz=cpu[0],
+        virtual_machine=cpu[1],
         python=platform.python_version(),
         libraries=_versions(),
     )

@@ -29,9 +29,9 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, Sequence
 
-__all__ = ["serve"]
+__all__ = ["serve", "run_all"]
 
 
 def _child(module: Any, run: dict[str, Any]) -> None:
@@ -103,6 +103,43 @@ def serve(plan: dict[str, Any]) -> int:
         status = _wait(pid, timeout_s)
         print(f"RUN {i} {status} {time.perf_counter() - t0:.1f}", flush=True)
     return 0
+
+
+def run_all(script: str | Path, argvs: Sequence[Sequence[str]], *, envs: Sequence[dict[str, str]] | None = None,
+            preload: str | None = None, timeout_s: float = 240) -> Iterator[tuple[int, str, float, str]]:
+    """The client side: run ``script`` once per argument list, each in a forked process, in order.
+
+    Yields ``(index, exit status, seconds, the run's output)`` as each run ends, so that a caller
+    can print progress. Raises ``GpuprofError`` if the server itself stops before the last run.
+    """
+    import subprocess
+    import tempfile
+
+    from .artifacts import REPO_ROOT
+    from .errors import GpuprofError
+
+    envs = list(envs) if envs is not None else [{} for _ in argvs]
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = [{"argv": list(a), "env": e, "log": f"{tmp}/run{i}.log"} for i, (a, e) in enumerate(zip(argvs, envs))]
+        plan_file = Path(tmp) / "plan.json"
+        plan_file.write_text(json.dumps({"script": str(script), "preload": preload, "timeout_s": timeout_s, "runs": runs}))
+        path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+        proc = subprocess.Popen([sys.executable, "-m", "gpuprof.fork_runs", str(plan_file)], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": path})
+        assert proc.stdout is not None
+        done, said = 0, []
+        for line in proc.stdout:
+            parts = line.split()
+            if len(parts) != 4 or parts[0] != "RUN":
+                said.append(line.rstrip())  # the server's own message (an import error, say)
+                continue
+            i = int(parts[1])
+            done += 1
+            yield i, parts[2], float(parts[3]), Path(runs[i]["log"]).read_text(errors="replace")
+        proc.wait()
+    if proc.returncode != 0 or done < len(runs):
+        raise GpuprofError(f"the run server stopped early (exit {proc.returncode}) after {done} of {len(runs)} runs: "
+                           + " | ".join(said[-3:]))
 
 
 def main(argv: list[str] | None = None) -> int:

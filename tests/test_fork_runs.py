@@ -50,3 +50,27 @@ def test_a_bad_plan_is_one_line():
     proc = subprocess.run([sys.executable, "-m", "gpuprof.fork_runs", "/no/such/plan.json"], capture_output=True,
                           text=True, timeout=120, cwd=REPO_ROOT)
     assert proc.returncode == 2 and "usage: python -m gpuprof.fork_runs PLAN.json" in proc.stderr
+
+
+def test_run_all_yields_each_run_with_its_status_and_output_in_order(tmp_path):
+    from gpuprof.fork_runs import run_all
+
+    script = tmp_path / "fake.py"
+    script.write_text(SCRIPT)
+    argvs = [["ok", str(tmp_path / "a.json")], ["fail", "-"], ["ok", str(tmp_path / "c.json")]]
+    got = list(run_all(script, argvs, envs=[{"RUN_TAG": "a"}, {}, {"RUN_TAG": "c"}], timeout_s=60))
+    assert [(i, status) for i, status, _, _ in got] == [(0, "0"), (1, "3"), (2, "0")]
+    assert "ran ok" in got[0][3] and "this run breaks" in got[1][3]
+    assert json.loads((tmp_path / "c.json").read_text())["env"] == "c"
+
+
+def test_run_all_says_why_when_the_server_cannot_start(tmp_path):
+    import pytest
+
+    from gpuprof.errors import GpuprofError
+    from gpuprof.fork_runs import run_all
+
+    script = tmp_path / "broken.py"
+    script.write_text("raise SystemExit('cannot import this script')\n")
+    with pytest.raises(GpuprofError, match="stopped early"):
+        list(run_all(script, [["x"]], timeout_s=30))

@@ -58,3 +58,92 @@ def test_help_names_the_modes_and_ranges():
     assert out.returncode == 0
     for word in ("fp32", "tf32", "fp16-noscaler", "GradScaler", "step_N", "optimizer_step"):
         assert word in out.stdout
+
+
+def test_the_memory_probe_needs_a_gpu_and_says_so():
+    out = run("--largest-batch-in", "8", "--cpu")
+    assert out.returncode == 2 and "there is no GPU here" in out.stderr and "Traceback" not in out.stderr
+    bad = run("--largest-batch-in", "-1", "--cpu")
+    assert bad.returncode == 2 and "positive number of GiB" in bad.stderr
+
+
+def test_the_capture_range_holds_the_measured_steps_only():
+    text = SCRIPT.read_text()
+    assert 'annotate("measured_steps")' in text  # chapter 10's nsys --capture-range=nvtx names it
+
+
+# --- the study's readers, on the reference run (artifacts/ch10) -------------------------------------------
+
+from gpuprof.studies import mixed_precision as mp  # noqa: E402
+
+REF = REPO_ROOT / "artifacts" / "ch10"
+
+
+@pytest.fixture(scope="module")
+def data():
+    return json.loads((REF / "modes.json").read_text())
+
+
+def test_the_plan_interleaves_rounds_and_runs_each_mode_at_each_batch():
+    plan = mp.run_plan(rounds=3, batches=(32, 128))
+    timed = [r for r in plan if r["kind"] == "time" and r["mode"] != mp.FAILURE]
+    assert len(timed) == 3 * 2 * len(mp.MODES)
+    first = [r["mode"] for r in timed if r["round"] == 0 and r["batch"] == 32]
+    second = [r["mode"] for r in timed if r["round"] == 1 and r["batch"] == 32]
+    assert first == list(mp.MODES) and second == list(mp.MODES)[::-1]
+    assert [r["mode"] for r in plan if r["kind"] == "fit"] == ["fp32", "fp16", "bf16"]
+
+
+def test_timing_table_medians_and_ranges_come_from_the_processes(data):
+    t = mp.timing_table(data)
+    assert set(t["mode"]) == set(mp.MODES) and sorted(t["batch"].unique()) == data["batches"]
+    for (batch, mode), row in t.set_index(["batch", "mode"]).iterrows():
+        runs = [r for r in data["runs"] if r["kind"] == "time" and r["batch"] == batch and r["mode"] == mode]
+        medians = sorted(mp._measured(r, "step_ms") for r in runs)
+        assert row["processes"] == len(runs) == data["rounds"]
+        assert row["low_ms"] == medians[0] and row["high_ms"] == medians[-1] and row["step_ms"] == medians[len(medians) // 2]
+        assert row["speedup_low"] <= row["speedup"] <= row["speedup_high"]
+    assert (t[t["mode"] == "fp32"]["speedup"] == 1).all()
+
+
+def test_loss_curves_count_updates_so_a_skipped_step_does_not_shift_fp16():
+    steps = [{"loss": 1.0, "skipped": False, "measured": False}, {"loss": 2.0, "skipped": True, "measured": True},
+             {"loss": 2.0, "skipped": False, "measured": True}, {"loss": 3.0, "skipped": False, "measured": True}]
+    ref = [{"loss": v, "skipped": False, "measured": True} for v in (1.0, 2.0, 3.0, 4.0)]
+    fake = {"runs": [{"kind": "time", "mode": "fp32", "batch": 32, "steps": ref},
+                     {"kind": "time", "mode": "fp16", "batch": 32, "steps": steps}]}
+    curves = mp.loss_curves(fake)
+    assert curves["fp16"].tolist() == [1.0, 2.0, 3.0] and curves["fp32"].tolist() == [1.0, 2.0, 3.0]
+    assert mp.loss_agreement(curves)["fp16"] == 0
+
+
+def test_the_reference_run_meets_the_chapters_claims(data):
+    t = mp.timing_table(data)
+    assert mp.speedup_floor(t, mp.LARGE_BATCH, "bf16") >= 2.0
+    assert mp.fit_table(data).set_index("mode").loc["bf16", "vs_fp32"] >= 1.4
+    under = mp.underflow_table(data)
+    assert under.loc["fp16-noscaler", "underflowed"] > 100 * (under.loc["fp16", "underflowed"] + 1)
+    assert (mp.loss_agreement(mp.loss_curves(data)) <= 0.01).all()
+
+
+def test_capture_readers_on_the_reference_captures():
+    paths = {m: REF / f"mode_{m}.sqlite" for m in mp.MODES}
+    s = mp.capture_summary(paths)
+    assert (s["steps"] == 3).all()
+    shares = s[["tensor_core_share", "other_matmul_share", "cast_share", "rest_share"]].sum(axis=1)
+    assert shares.round(9).eq(1).all()  # the four shares split all kernel time
+    assert s.loc["fp32", "tensor_core_share"] == 0 and s.loc["fp32", "casts_per_step"] == 0
+    assert s.loc["bf16", "casts_per_step"] > 0 and s.loc["bf16", "gpu_ms_per_step"] < 0.5 * s.loc["fp32", "gpu_ms_per_step"]
+    w = mp.scaler_work(paths)
+    assert w["scaler_kernels_per_step"].gt(0).tolist() == [m == "fp16" for m in w.index]
+    assert "cudaStreamSynchronize" in w.loc["fp16", "calls"]
+    g = mp.gemm_kernels(paths)
+    assert set(g["mode"]) == set(mp.MODES) and (g.groupby("mode").size() <= 3).all()
+
+
+def test_host_description_reads_a_machine_record():
+    from gpuprof.backend import host_description
+
+    assert host_description({"cpu_model": "X", "cpu_count": 8, "cpu_mhz": 2100.0, "virtual_machine": True}) == \
+        "X, 8 logical cores at 2.10 GHz, a virtual machine"
+    assert "clock not recorded" in host_description({"cpu_model": "X", "cpu_count": 8})

@@ -30,6 +30,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import statistics
 import sys
@@ -66,12 +67,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     r.add_argument("--lr", type=float, default=2e-5, help="AdamW learning rate (default: 2e-5, a fine-tuning rate)")
     r.add_argument("--seed", type=nonnegative_int, default=0, help="seed for weights and data (default: 0)")
     r.add_argument("--cpu", action="store_true", help="run on the CPU even where a GPU is available")
+    r.add_argument("--largest-batch-in", type=float, default=None, metavar="GIB",
+                   help="instead of training: find the largest batch (a multiple of 8) whose training step fits in "
+                        "GIB GiB of GPU memory (the caching allocator's limit), one step per probe; needs a GPU")
     r.add_argument("--json", type=output_file, default=None, metavar="FILE", help="write the configuration and results here")
     args = p.parse_args(argv)
     if args.d_model % args.heads:
         p.error(f"--d-model {args.d_model} is not a multiple of --heads {args.heads}")
     if not (math.isfinite(args.lr) and args.lr > 0):
         p.error("--lr must be a positive number")
+    if args.largest_batch_in is not None and not (math.isfinite(args.largest_batch_in) and args.largest_batch_in > 0):
+        p.error("--largest-batch-in must be a positive number of GiB")
     return args
 
 
@@ -104,16 +110,110 @@ def set_tf32(torch: Any, on: bool) -> None:
     torch.backends.cudnn.allow_tf32 = on
 
 
-def underflow_count(torch: Any, model: Any, reference: dict[str, Any]) -> tuple[int, int]:
-    """(gradient elements exactly zero here but not in the FP32 reference, elements compared)."""
+def underflow_count(torch: Any, model: Any, reference: dict[str, Any]) -> tuple[int, int, dict[str, int]]:
+    """(gradient elements exactly zero here but not in the FP32 reference, elements compared, the count per parameter
+    where it is not zero)."""
     lost = total = 0
+    where: dict[str, int] = {}
     for name, p in model.named_parameters():
         if p.grad is None or name not in reference:
             continue
         ref = reference[name]
-        lost += int(((p.grad == 0) & (ref != 0)).sum())
+        n = int(((p.grad == 0) & (ref != 0)).sum())
+        lost += n
         total += ref.numel()
-    return lost, total
+        if n:
+            where[name] = n
+    return lost, total, where
+
+
+def fp16_range_census(torch: Any, reference: dict[str, Any]) -> dict[str, int]:
+    """Where the FP32 reference gradient's elements would fall in FP16: the elements FP16 cannot hold at all
+    (0 < |g| < 2^-25: they round to zero), those it holds only as subnormals (2^-25 <= |g| < 2^-14: fewer
+    significant bits), and the rest. A weight's gradient is made in the autocast dtype before it is added to
+    the FP32 ``.grad``, so this predicts what FP16 without loss scaling loses; BF16 has FP32's exponent range."""
+    zero = sub = nonzero = 0
+    for g in reference.values():
+        a = g.abs()
+        nonzero += int((a > 0).sum())
+        zero += int(((a > 0) & (a < 2.0 ** -25)).sum())
+        sub += int(((a >= 2.0 ** -25) & (a < 2.0 ** -14)).sum())
+    return {"nonzero": nonzero, "below_fp16_subnormal": zero, "fp16_subnormal": sub}
+
+
+def largest_batch(args: argparse.Namespace, budget_gib: float) -> dict[str, Any]:
+    """The largest batch, a multiple of 8, whose whole training step fits in ``budget_gib`` GiB: measured, not modelled.
+
+    The caching allocator is capped at the budget (``set_per_process_memory_fraction``), and one
+    full step (forward, backward, optimizer) runs per probe: batches double from 8 until one runs
+    out of memory, then bisection between the last that fitted and the first that did not. The
+    weights and AdamW's state stay allocated throughout, as in training; autocast's weight copies
+    and the activations are what a larger batch adds. Fragmentation counts against a batch, as it
+    would in a real run.
+    """
+    import gc
+
+    torch = require_torch("mixed_precision.py")
+    total = torch.cuda.get_device_properties(0).total_memory
+    budget = int(budget_gib * 2**30)
+    if budget >= total:
+        raise GpuprofError(f"--largest-batch-in {budget_gib:g} GiB is not below this GPU's {total / 2**30:.1f} GiB.",
+                           "Choose a smaller budget.")
+    torch.cuda.set_per_process_memory_fraction(budget / total)
+    torch.manual_seed(args.seed)
+    model = build_model(torch, args).cuda()
+    set_tf32(torch, args.mode == "tf32")
+    dtype = {"fp16": torch.float16, "fp16-noscaler": torch.float16, "bf16": torch.bfloat16}.get(args.mode)
+    scaler = torch.amp.GradScaler("cuda") if args.mode == "fp16" else None
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    g = torch.Generator().manual_seed(args.seed + 1)
+    probes: list[dict[str, Any]] = []
+
+    def fits(batch: int) -> bool:
+        ids = torch.randint(0, VOCAB, (batch, args.seq_len), generator=g).cuda()
+        torch.cuda.reset_peak_memory_stats()
+        try:
+            with torch.autocast(device_type="cuda", dtype=dtype, enabled=dtype is not None):
+                loss = torch.nn.functional.cross_entropy(model(ids), (ids[:, 1] % 2).long())
+            (scaler.scale(loss) if scaler else loss).backward()
+            if scaler:
+                scaler.step(opt)
+                scaler.update()
+            else:
+                opt.step()
+            torch.cuda.synchronize()
+            ok = True
+        except torch.OutOfMemoryError:
+            ok = False
+        opt.zero_grad(set_to_none=True)
+        loss = ids = None
+        gc.collect()
+        peak = int(torch.cuda.max_memory_allocated())
+        torch.cuda.empty_cache()
+        probes.append({"batch": batch, "fits": ok, "peak_bytes": peak if ok else None})
+        print(f"  batch {batch:5d}: " + (f"fits, peak {peak / 2**30:.2f} GiB" if ok else "out of memory"), flush=True)
+        return ok
+
+    good, bad = 0, None
+    batch = 8
+    while bad is None:
+        if fits(batch):
+            good, batch = batch, batch * 2
+            if batch > 65536:
+                raise GpuprofError("a batch of 65,536 still fits: the budget is not what limits the batch here.")
+        else:
+            bad = batch
+    if good == 0:
+        raise GpuprofError(f"even a batch of 8 does not fit in {budget_gib:g} GiB.", "Choose a larger budget.")
+    while bad - good > 8:
+        mid = (good + bad) // 16 * 8
+        if fits(mid):
+            good = mid
+        else:
+            bad = mid
+    peak = next(p["peak_bytes"] for p in probes if p["batch"] == good)
+    return {"budget_gib": budget_gib, "largest_batch": good, "first_batch_out_of_memory": bad,
+            "peak_bytes_at_largest": peak, "probes": probes}
 
 
 def run(args: argparse.Namespace, device: str) -> dict[str, Any]:
@@ -131,6 +231,7 @@ def run(args: argparse.Namespace, device: str) -> dict[str, Any]:
     reference_loss = torch.nn.functional.cross_entropy(model(ids), labels)
     reference_loss.backward()
     reference = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    census = fp16_range_census(torch, reference)
     model.zero_grad(set_to_none=True)
 
     set_tf32(torch, args.mode == "tf32")
@@ -146,10 +247,16 @@ def run(args: argparse.Namespace, device: str) -> dict[str, Any]:
             ev.record()
 
     steps: list[dict[str, Any]] = []
-    first_underflow: tuple[int, int] | None = None
+    first_underflow: tuple[int, int, dict[str, int]] | None = None
+    measured_range = contextlib.ExitStack()  # "measured_steps" holds the measured steps: nsys --capture-range=nvtx
     total = args.warmup + args.steps
+    # The scale is read after each step's synchronize, never inside the step: get_scale() copies it to the
+    # host, a sync the training loop itself does not need (the scaler's own one is in scaler.step).
+    scale = scaler.get_scale() if scaler else None
     for i in range(total):
         measured = i >= args.warmup
+        if i == args.warmup:
+            measured_range.enter_context(annotate("measured_steps"))
         name = f"step_{i - args.warmup}" if measured else f"warmup_step_{i}"
         marks = [timer() for _ in range(4)]
         with annotate(name):
@@ -163,28 +270,31 @@ def run(args: argparse.Namespace, device: str) -> dict[str, Any]:
             if first_underflow is None:
                 first_underflow = underflow_count(torch, model, reference)
             with annotate("optimizer_step"):
-                skipped = False
                 if scaler:
-                    before = scaler.get_scale()
-                    scaler.step(opt)
+                    scaler.step(opt)  # unscale, check for inf/NaN (a host sync), step only if none
                     scaler.update()
-                    skipped = scaler.get_scale() < before  # the scaler lowers its scale when it skips a step
                 else:
                     opt.step()
                 opt.zero_grad(set_to_none=True)
             stamp(marks[3])
         if gpu:
             torch.cuda.synchronize()
-        row = {"step": i, "measured": measured, "loss": float(loss.detach().float()),
-               "scale": float(scaler.get_scale()) if scaler else None, "skipped": skipped}
+        skipped = False
+        if scaler:
+            before, scale = scale, scaler.get_scale()
+            skipped = scale < before  # the scaler halves its scale when it skips a step
+        row = {"step": i, "measured": measured, "loss": float(loss.detach().float()), "scale": scale, "skipped": skipped}
         if gpu:
             row.update(forward_ms=marks[0].elapsed_time(marks[1]), backward_ms=marks[1].elapsed_time(marks[2]),
                        optimizer_ms=marks[2].elapsed_time(marks[3]), step_ms=marks[0].elapsed_time(marks[3]))
         steps.append(row)
         print(f"  {name}: loss {row['loss']:.4f}" + (f", {row['step_ms']:.2f} ms" if gpu else "")
               + (f", scale {row['scale']:g}" + (" (step skipped)" if skipped else "") if scaler else ""), flush=True)
-    lost, compared = first_underflow or (0, 0)
+    measured_range.close()
+    lost, compared, where = first_underflow or (0, 0, {})
+    top = dict(sorted(where.items(), key=lambda kv: -kv[1])[:5])
     out: dict[str, Any] = {"mode": args.mode, "device": device, "steps": steps, "underflowed_grad_elements": lost,
+                           "underflow_by_parameter": top, "reference_fp16_census": census,
                            "reference_loss": float(reference_loss.detach()),
                            "grad_elements": compared, "parameters": sum(p.numel() for p in model.parameters())}
     if gpu:
@@ -208,6 +318,19 @@ def main(argv: list[str] | None = None) -> int:
     require_memory(16 * params + activations, device, f"{args.layers} layers of {args.d_model:,} at batch "
                    f"{args.batch_size:,} x {args.seq_len:,} (weights, AdamW's state, activations)",
                    "--layers, --d-model, --d-ff, --batch-size or --seq-len", lower_bound=True)
+    if args.largest_batch_in is not None:
+        if not gpu:
+            raise GpuprofError("--largest-batch-in measures GPU memory, and there is no GPU here.",
+                               "Run it on a machine with an NVIDIA GPU; the other options work on the CPU.")
+        fit = largest_batch(args, args.largest_batch_in)
+        print(f"{args.mode}: the largest batch whose step fits in {args.largest_batch_in:g} GiB is {fit['largest_batch']} "
+              f"(peak {fit['peak_bytes_at_largest'] / 2**30:.2f} GiB; {fit['first_batch_out_of_memory']} did not fit)")
+        if args.json:
+            from gpuprof.kernels import write_json
+
+            write_json(args.json, {"config": {k: v for k, v in vars(args).items() if k != "json"},
+                                   "torch": torch.__version__, "gpu": where, "mode": args.mode, **fit})
+        return 0
     result = run(args, device)
     losses = [s["loss"] for s in result["steps"]]
     if not all(math.isfinite(v) for v in losses):

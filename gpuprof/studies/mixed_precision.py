@@ -1,0 +1,321 @@
+"""The mixed-precision case study's measurements: four precisions of one fine-tuning step, timed, profiled, checked.
+
+Chapter 10 trains ``examples/nsys/mixed_precision.py`` (a BERT-base-sized encoder written
+from torch.nn parts) in FP32, TF32, FP16 with a GradScaler and BF16, from the same weights
+on the same batch. This module holds what the chapter would otherwise spell out in cells:
+
+* :func:`run_study`: every mode at two batch sizes in fresh processes, in interleaved rounds
+  (the noise between processes is larger than within one), the failure case (FP16 without a
+  scaler) once, and the largest batch each precision fits in a fixed memory budget, all in
+  one run, into one JSON file with provenance; without a GPU, the course's reference results;
+* :func:`timing_table`, :func:`speedup_floor`, :func:`fit_table`, :func:`loss_curves`,
+  :func:`loss_agreement`, :func:`underflow_table`: what that file says;
+* :func:`capture_mode`: one mode's measured steps under Nsight Systems, and
+  :func:`capture_summary`, :func:`gemm_kernels`, :func:`scaler_work`: what the captures say
+  changed (GEMM kernels, autocast's casts, the scaler's kernels and its host sync).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from .. import activity as ta
+from ..artifacts import REPO_ROOT, FoundCapture, find_capture, save_json
+from ..backend import describe_machine
+from ..errors import GpuprofError
+from ..kernel_kinds import kernel_kind
+from ..nsys import sqlite as ns
+from ..runner import portable_command, python_target
+from .transformer import MEASURED_RANGE, matmul_kernels, tensor_cores
+
+__all__ = ["SCRIPT", "MODES", "FAILURE", "SMALL_BATCH", "LARGE_BATCH", "ROUNDS", "BUDGET_GIB", "run_plan", "run_study",
+           "timing_table", "speedup_floor", "fit_table", "loss_curves", "loss_agreement", "underflow_table",
+           "capture_mode", "capture_summary", "gemm_kernels", "scaler_work", "CAST", "SCALER", "figure"]
+
+SCRIPT = REPO_ROOT / "examples" / "nsys" / "mixed_precision.py"
+MODES = ("fp32", "tf32", "fp16", "bf16")
+FAILURE = "fp16-noscaler"
+SMALL_BATCH = 32    # a fine-tuning batch (x 128 tokens)
+LARGE_BATCH = 128   # four times the tokens: the GPU's work, not the CPU's launches, sets the step time
+ROUNDS = 3
+BUDGET_GIB = 8.0
+STEPS, WARMUP = 10, 3
+# Autocast's dtype conversions: PyTorch's float->half/bfloat16 copy kernels, and copies that convert on load/store.
+CAST = r"float16_copy_kernel|bfloat16_copy_kernel|LoadWithCast|StoreWithCast|gpu_kernel_impl<at::native::direct_copy"
+SCALER = r"_amp_foreach_non_finite_check_and_unscale|_amp_update_scale"
+
+
+def run_plan(rounds: int = ROUNDS, batches: Sequence[int] = (SMALL_BATCH, LARGE_BATCH)) -> list[dict[str, Any]]:
+    """The runs in order: each round times every mode at every batch (mode order reversed on odd rounds, so a
+    drift of the machine spreads over the modes alike); then the failure case once; then the memory probes."""
+    runs = []
+    for r in range(rounds):
+        for b in batches:
+            for m in (MODES if r % 2 == 0 else MODES[::-1]):
+                runs.append({"kind": "time", "mode": m, "batch": b, "round": r})
+    runs.append({"kind": "time", "mode": FAILURE, "batch": batches[0], "round": 0})
+    runs += [{"kind": "fit", "mode": m, "batch": None, "round": 0} for m in ("fp32", "fp16", "bf16")]
+    return runs
+
+
+def _argv(run: dict[str, Any], json_path: str, budget_gib: float) -> list[str]:
+    if run["kind"] == "fit":
+        return ["--mode", run["mode"], "--largest-batch-in", f"{budget_gib:g}", "--json", json_path]
+    return ["--mode", run["mode"], "--batch-size", str(run["batch"]), "--warmup", str(WARMUP), "--steps", str(STEPS),
+            "--json", json_path]
+
+
+def run_study(chapter: str, filename: str = "modes.json", *, rounds: int = ROUNDS,
+              batches: Sequence[int] = (SMALL_BATCH, LARGE_BATCH), budget_gib: float = BUDGET_GIB,
+              timeout_s: float = 240) -> FoundCapture:
+    """Every run of :func:`run_plan`, each a process forked from one that imported PyTorch once
+    (:mod:`gpuprof.fork_runs`), into ``<chapter>/<filename>``; without a GPU, the course's reference."""
+    import json
+    import tempfile
+
+    from ..fork_runs import run_all
+
+    machine = describe_machine()
+    if machine.device != "cuda":
+        print(f"No GPU on this machine ({machine.summary()}): showing the course's reference results instead.")
+        return find_capture(chapter, filename, prefer="reference")
+    plan = run_plan(rounds, batches)
+    print(f"{len(plan)} processes: {len(MODES)} modes x {len(batches)} batches x {rounds} rounds, {FAILURE} once, "
+          f"the largest batch in {budget_gib:g} GiB for 3 modes", flush=True)
+    results: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        argvs = [_argv(r, f"{tmp}/run{i}.json", budget_gib) for i, r in enumerate(plan)]
+        for i, status, secs, log in run_all(SCRIPT, argvs, timeout_s=timeout_s):
+            run = plan[i]
+            out = Path(f"{tmp}/run{i}.json")
+            if status != "0" or not out.exists():
+                tail = " | ".join(log.strip().splitlines()[-2:])
+                raise GpuprofError(f"mixed_precision.py {' '.join(argvs[i][:-2])} failed (exit {status}): {tail}")
+            data = json.loads(out.read_text())
+            results.append({**run, "wall_s": secs, **{k: v for k, v in data.items() if k != "config"}})
+            what = (f"largest batch {data['largest_batch']}" if run["kind"] == "fit"
+                    else f"batch {run['batch']}: {data['step_ms_median']:.1f} ms per step")
+            print(f"  [{i + 1}/{len(plan)}] {run['mode']:<13} {what} ({secs:.0f} s)", flush=True)
+    print(f"all runs: {time.perf_counter() - t0:.0f} s")
+    command = " ".join(portable_command(python_target(SCRIPT, "--mode", "<mode>", "--batch-size", "<batch>", "--warmup",
+                                                      str(WARMUP), "--steps", str(STEPS), "--json", "run.json")))
+    save_json(chapter, filename, {"script": "examples/nsys/mixed_precision.py", "rounds": rounds, "batches": list(batches),
+                                  "budget_gib": budget_gib, "steps": STEPS, "warmup": WARMUP, "runs": results},
+              overwrite=True, command=f"gpuprof.studies.mixed_precision.run_study: {command} per mode and batch in "
+                                      f"{rounds} interleaved rounds, each in a process forked from gpuprof.fork_runs; "
+                                      f"then --largest-batch-in {budget_gib:g} per mode")
+    return find_capture(chapter, filename)
+
+
+def _timed(data: dict[str, Any]) -> list[dict[str, Any]]:
+    return [r for r in data["runs"] if r["kind"] == "time"]
+
+
+def _measured(run: dict[str, Any], key: str) -> float:
+    return float(np.median([s[key] for s in run["steps"] if s["measured"]]))
+
+
+def timing_table(data: dict[str, Any]) -> pd.DataFrame:
+    """Per batch and mode: the step time (median over processes of each process's median step; low-high: the
+    processes' range), its phases, the speed-up over FP32 at that batch with its range (FP32's fastest process
+    over this mode's slowest, and the other way round), peak memory."""
+    rows = []
+    for (batch, mode), runs in pd.DataFrame(_timed(data)).groupby(["batch", "mode"], sort=False):
+        if mode == FAILURE:
+            continue
+        recs = runs.to_dict("records")
+        step = [_measured(r, "step_ms") for r in recs]
+        rows.append({"batch": int(batch), "mode": mode, "step_ms": float(np.median(step)), "low_ms": min(step),
+                     "high_ms": max(step), "processes": len(step),
+                     **{f"{p}_ms": float(np.median([_measured(r, f"{p}_ms") for r in recs]))
+                        for p in ("forward", "backward", "optimizer")},
+                     "peak_GiB": max(r["peak_memory_bytes"] for r in recs) / 2**30})
+    out = pd.DataFrame(rows)
+    out["mode"] = pd.Categorical(out["mode"], MODES, ordered=True)
+    out = out.sort_values(["batch", "mode"], ignore_index=True)
+    base = out[out["mode"] == "fp32"].set_index("batch")
+    out["speedup"] = out["batch"].map(base["step_ms"]) / out["step_ms"]
+    out["speedup_low"] = out["batch"].map(base["low_ms"]) / out["high_ms"]
+    out["speedup_high"] = out["batch"].map(base["high_ms"]) / out["low_ms"]
+    out["mode"] = out["mode"].astype(str)
+    return out
+
+
+def speedup_floor(table: pd.DataFrame, batch: int, mode: str) -> float:
+    """The least speed-up over FP32 any pairing of processes gives: FP32's fastest process over ``mode``'s slowest."""
+    return float(table[(table["batch"] == batch) & (table["mode"] == mode)]["speedup_low"].iloc[0])
+
+
+def fit_table(data: dict[str, Any]) -> pd.DataFrame:
+    """Per mode probed: the memory budget, the largest batch whose whole step fitted, its peak, the first that did not."""
+    rows = [{"mode": r["mode"], "budget_GiB": r["budget_gib"], "largest_batch": r["largest_batch"],
+             "peak_GiB": r["peak_bytes_at_largest"] / 2**30, "first_out_of_memory": r["first_batch_out_of_memory"],
+             "probes": len(r["probes"])} for r in data["runs"] if r["kind"] == "fit"]
+    out = pd.DataFrame(rows)
+    out["vs_fp32"] = out["largest_batch"] / out.loc[out["mode"] == "fp32", "largest_batch"].iloc[0]
+    return out
+
+
+def loss_curves(data: dict[str, Any], batch: int = SMALL_BATCH) -> pd.DataFrame:
+    """Each mode's loss by the number of optimizer updates applied before the step (first process of each mode).
+
+    A step the GradScaler skipped applies no update, so the next step sees the same weights: counted by
+    updates, FP16's curve lines up with the others instead of lagging one step behind each skip.
+    Columns: one per mode; the failure case included.
+    """
+    curves = {}
+    for r in _timed(data):
+        if r["batch"] != batch or r["mode"] in curves:
+            continue
+        updates, series = 0, {}
+        for s in r["steps"]:
+            series.setdefault(updates, s["loss"])
+            updates += 0 if s["skipped"] else 1
+        curves[r["mode"]] = pd.Series(series)
+    out = pd.DataFrame(curves)
+    out.index.name = "updates_applied"
+    return out[[m for m in (*MODES, FAILURE) if m in out]].dropna()
+
+
+def loss_agreement(curves: pd.DataFrame) -> pd.Series:
+    """Per mode: the largest relative difference from FP32's loss over the updates both have."""
+    ref = curves["fp32"]
+    return pd.Series({m: float(((curves[m] - ref).abs() / ref.abs()).max()) for m in curves if m != "fp32"},
+                     name="max_relative_difference")
+
+
+def underflow_table(data: dict[str, Any], batch: int = SMALL_BATCH) -> pd.DataFrame:
+    """Per mode, the first step's gradient elements that are zero in that mode but not in the FP32 reference,
+    their share, and the parameter that lost most; and the FP32 reference's own census of where its gradient
+    elements would fall in FP16's range."""
+    rows, census = [], None
+    for r in _timed(data):
+        if r["batch"] != batch or any(x["mode"] == r["mode"] for x in rows):
+            continue
+        top = max(r["underflow_by_parameter"].items(), key=lambda kv: kv[1], default=("-", 0))
+        rows.append({"mode": r["mode"], "underflowed": r["underflowed_grad_elements"],
+                     "share": r["underflowed_grad_elements"] / r["grad_elements"], "most_in": top[0],
+                     "there": top[1], "skipped_steps": sum(s["skipped"] for s in r["steps"])})
+        census = census or r.get("reference_fp16_census")
+    out = pd.DataFrame(rows).set_index("mode")
+    out = out.loc[[m for m in (*MODES, FAILURE) if m in out.index]]
+    out.attrs["census"] = census
+    return out
+
+
+# --- the captures ---------------------------------------------------------------------------------------
+
+def capture_mode(chapter: str, mode: str, batch: int = SMALL_BATCH, steps: int = 3):  # type: ignore[no-untyped-def]
+    """nsys over ``steps`` measured steps of one mode (``--capture-range=nvtx`` on the script's ``measured_steps``
+    range: warm-up and the FP32 reference backward are not recorded)."""
+    from ..nsys.capture import QUIET, nsys_capture
+
+    args = ["--mode", mode, "--batch-size", str(batch), "--warmup", "3", "--steps", str(steps)]
+    return nsys_capture(chapter, f"mode_{mode}", SCRIPT, args, options=[*QUIET, *MEASURED_RANGE])
+
+
+def _step_work(path: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, int]:
+    """(kernels launched in the measured steps, the step ranges, the runtime calls, the number of steps).
+    Rule "window": autograd launches the backward pass's kernels from a thread of its own."""
+    ranges = ns.nvtx_ranges(path)
+    steps = ranges[ranges["text"].str.fullmatch(r"step_\d+")]
+    runtime = ns.runtime_calls(path)
+    hits = ta.attribute_kernels(ns.kernels(path), runtime, steps, rule="window")
+    return hits, ranges, runtime, len(steps)
+
+
+def capture_summary(paths: dict[str, str | Path]) -> pd.DataFrame:
+    """Per mode, per measured step: kernels, GPU kernel time, the step's length (start to start of consecutive
+    steps, so the end-of-step sync is inside), how busy the GPU was over it, and the shares of kernel time in
+    tensor-core kernels, other matrix products and attention, autocast's casts and the rest."""
+    rows = []
+    for mode, path in paths.items():
+        hits, ranges, _, n = _step_work(path)
+        steps = ranges[ranges["text"].str.fullmatch(r"step_\d+")].sort_values("start")
+        span = float(np.median(np.diff(steps["start"].to_numpy()))) if n > 1 else float("nan")
+        busy = [ta.busy_fraction(hits.loc[hits["range_text"] == t, ["start", "end"]], (int(s), int(s + span)))
+                for t, s in zip(steps["text"], steps["start"])]
+        full = hits["demangled"].fillna(hits["name"])
+        kind = [kernel_kind(a, b) for a, b in zip(hits["name"], full)]
+        tc = np.array([k in ("matrix product", "attention") and tensor_cores(a, b).startswith("yes")
+                       for k, a, b in zip(kind, hits["name"], full)])
+        mm = np.array([k in ("matrix product", "attention") for k in kind]) & ~tc
+        cast = full.str.contains(CAST, regex=True).to_numpy()
+        t = hits["duration_ns"].to_numpy()
+        total = t.sum()
+        rows.append({"mode": mode, "steps": n, "kernels_per_step": len(hits) / n, "gpu_ms_per_step": total / 1e6 / n,
+                     "step_ms": span / 1e6, "gpu_busy": float(np.median(busy)),
+                     "tensor_core_share": t[tc].sum() / total, "other_matmul_share": t[mm].sum() / total,
+                     "cast_share": t[cast].sum() / total, "casts_per_step": cast.sum() / n,
+                     "rest_share": t[~tc & ~mm & ~cast].sum() / total})
+    return pd.DataFrame(rows).set_index("mode")
+
+
+def gemm_kernels(paths: dict[str, str | Path], top: int = 3) -> pd.DataFrame:
+    """Per mode, its ``top`` matrix-product and attention kernels by time per step: which kernels replaced which."""
+    parts = []
+    for mode, path in paths.items():
+        k = matmul_kernels(path).head(top)
+        parts.append(k.assign(mode=mode))
+    out = pd.concat(parts, ignore_index=True)
+    out["kernel"] = out["kernel"].str.slice(0, 60)
+    return out[["mode", "kernel", "kind", "per_step", "ms_per_step", "tensor_cores"]]
+
+
+def scaler_work(paths: dict[str, str | Path]) -> pd.DataFrame:
+    """Per mode, per step: the GradScaler's kernels (unscale + inf check, scale update) and the CUDA calls in the
+    optimizer_step range that wait for the GPU (synchronisations and device-to-host copies), with their time."""
+    rows = []
+    for mode, path in paths.items():
+        hits, ranges, runtime, n = _step_work(path)
+        full = hits["demangled"].fillna(hits["name"])
+        amp = hits[full.str.contains(SCALER, regex=True)]
+        waits = ta.calls_by_range(runtime, ranges, r"Synchronize|Memcpy", ["optimizer_step"])
+        rows.append({"mode": mode, "scaler_kernels_per_step": len(amp) / n,
+                     "scaler_us_per_step": amp["duration_ns"].sum() / 1e3 / n,
+                     "waiting_calls_per_step": waits["count"].sum() / n if len(waits) else 0.0,
+                     "waiting_us_per_step": waits["total_us"].sum() / n if len(waits) else 0.0,
+                     "calls": ", ".join(sorted(set(waits["call"]))) if len(waits) else "-"})
+    return pd.DataFrame(rows).set_index("mode")
+
+
+def figure(table: pd.DataFrame, curves: pd.DataFrame, gpu: str):  # type: ignore[no-untyped-def]
+    """Step time per mode at both batches (bars: median process; whiskers: the processes' range), and each mode's
+    loss against FP32's by updates applied (the curves themselves lie on top of one another)."""
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+    batches = sorted(table["batch"].unique())
+    width = 0.8 / len(batches)
+    x = np.arange(len(MODES))
+    for j, batch in enumerate(batches):
+        t = table[table["batch"] == batch].set_index("mode").loc[list(MODES)]
+        rel = t["step_ms"] / t.loc["fp32", "step_ms"]
+        err = np.vstack([(t["step_ms"] - t["low_ms"]), (t["high_ms"] - t["step_ms"])]) / t.loc["fp32", "step_ms"]
+        bars = a.bar(x + (j - (len(batches) - 1) / 2) * width, rel, width, yerr=err, capsize=3, label=f"batch {batch}")
+        for bar, ms in zip(bars, t["step_ms"]):
+            a.annotate(f"{ms:.0f} ms", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
+                       va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points")
+    a.set_xticks(x, MODES)
+    a.set_ylabel("step time / FP32's at the same batch")
+    a.set_title("Step time (median of 3 processes; whiskers: range)", fontsize=9)
+    a.legend(fontsize=8)
+    for m in curves:
+        if m != "fp32":
+            rel = (curves[m] - curves["fp32"]) / curves["fp32"] * 100
+            b.plot(curves.index, rel, marker="o", ms=3, lw=1, label=m, ls="--" if m == FAILURE else "-")
+    b.axhline(0, color="grey", lw=0.8)
+    b.set_xlabel("optimizer updates applied")
+    b.set_ylabel("loss - FP32's loss (% of FP32's)")
+    b.set_title("Loss against FP32's, same weights and batch", fontsize=9)
+    b.legend(fontsize=8)
+    fig.suptitle(f"BERT-base-sized encoder, 128 tokens per sequence ({gpu})", fontsize=10)
+    fig.tight_layout()
+    return fig
