@@ -17,7 +17,8 @@ and reported apart. NVTX ranges for Nsight Systems:
   step_N            one measured step, inside it forward_pass, backward_pass, optimizer_step
 
 --sweep runs every size in --sizes at every length in --contexts, each in a fresh process
-(so that one configuration's memory and autotuning cannot help or hurt the next), reports
+forked from one that imported PyTorch once (gpuprof.fork_runs: one configuration's memory
+and autotuning cannot help or hurt the next, and no run pays for the imports), reports
 a configuration that runs out of memory as a row and goes on, and records the peak memory
 of each.
 
@@ -42,7 +43,6 @@ import contextlib
 import json
 import math
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -54,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywher
 from gpuprof import exit_on_error  # noqa: E402
 from gpuprof.cli import nonnegative_int, output_file, positive_int, require_torch  # noqa: E402
 from gpuprof.errors import GpuprofError, is_out_of_memory  # noqa: E402
+from gpuprof.fork_runs import run_all  # noqa: E402
 from gpuprof.ranges import annotate  # noqa: E402
 
 # d_model, d_ff, num_layers, num_heads: the sizes of the benchmark's assignment table, plus a tiny one.
@@ -118,6 +119,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     r.add_argument("--forward-only", "--forward_only", action="store_true", help="time the forward pass alone (under torch.no_grad)")
     r.add_argument("--dtype", choices=DTYPES, default="fp32",
                    help="fp32 (TF32 off), tf32 (fp32 tensors, TF32 matrix products) or bf16 (autocast) (default: fp32)")
+    r.add_argument("--attention", choices=("sdpa", "manual"), default="sdpa",
+                   help="sdpa: F.scaled_dot_product_attention (a fused kernel); manual: written out (Q K^T, the causal "
+                        "mask, softmax, times V), each part in an NVTX range attention_scores / attention_softmax / "
+                        "attention_values (default: sdpa)")
     r.add_argument("--compile", action="store_true", help="torch.compile the model (compilation falls in the warm-up)")
     r.add_argument("--optimizer", choices=OPTIMIZER_IMPLS, default="foreach",
                    help="AdamW's implementation: foreach (PyTorch's default on a GPU: one kernel per operation of the "
@@ -151,7 +156,7 @@ def model_config(args: argparse.Namespace) -> dict[str, Any]:
     return {"size": args.size, "d_model": args.d_model, "d_ff": args.d_ff, "num_layers": args.num_layers,
             "num_heads": args.num_heads, "context_length": args.context_length, "batch_size": args.batch_size,
             "vocab": VOCAB, "dtype": args.dtype, "forward_only": args.forward_only, "compile": args.compile,
-            "warmup_steps": args.warmup_steps, "num_steps": args.num_steps}
+            "warmup_steps": args.warmup_steps, "num_steps": args.num_steps, "attention": args.attention}
 
 
 def build_model(cfg: dict[str, Any], device: str) -> Any:
@@ -159,6 +164,20 @@ def build_model(cfg: dict[str, Any], device: str) -> Any:
     import torch
     from torch import nn
     import torch.nn.functional as F
+
+    def manual_attention(q: Any, k: Any, v: Any) -> Any:
+        """Causal attention written out, as a first implementation would be: the t x t scores are materialised."""
+        t = q.shape[-2]
+        with annotate("attention_scores"):
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+            scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+        with annotate("attention_softmax"):
+            weights = torch.softmax(scores, dim=-1)
+        with annotate("attention_values"):
+            return weights @ v
+
+    attend = manual_attention if cfg.get("attention") == "manual" else (
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True))
 
     class Block(nn.Module):
         def __init__(self, d: int, heads: int, ff: int) -> None:
@@ -171,7 +190,7 @@ def build_model(cfg: dict[str, Any], device: str) -> Any:
         def forward(self, x: Any) -> Any:
             b, t, d = x.shape
             q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            a = attend(q, k, v)
             x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
             return x + self.down(F.gelu(self.up(self.ln2(x))))
 
@@ -414,7 +433,7 @@ def child_args(args: argparse.Namespace, name: str, dims: tuple[int, int, int, i
            "--num-layers", str(layers), "--num-heads", str(heads), "--context-length", str(context),
            "--batch-size", str(args.batch_size), "--warmup-steps", str(args.warmup_steps),
            "--num-steps", str(args.num_steps), "--dtype", args.dtype, "--seed", str(args.seed), "--json", str(out),
-           "--optimizer", args.optimizer]
+           "--optimizer", args.optimizer, "--attention", args.attention]
     for flag in ("forward_only", "compile", "cpu"):
         if getattr(args, flag):
             cmd.append("--" + flag.replace("_", "-"))
@@ -430,31 +449,29 @@ def sweep(args: argparse.Namespace) -> int:
     print(f"sweep: {len(args.sizes)} sizes x {len(args.contexts)} context lengths = {total} configurations, "
           f"batch {args.batch_size}, {args.dtype}, {'forward only' if args.forward_only else 'training steps'}", flush=True)
     t_start = time.perf_counter()
+    configs = [(name, dims, context) for name, dims in args.sizes for context in args.contexts]
     with tempfile.TemporaryDirectory() as tmp:
-        for name, dims in args.sizes:
-            for context in args.contexts:
-                out = Path(tmp) / f"{name}_{context}.json"
-                t0 = time.perf_counter()
-                try:
-                    proc = subprocess.run(child_args(args, name, dims, context, out), capture_output=True, text=True,
-                                          timeout=args.child_timeout, check=False)
-                    code, err = proc.returncode, proc.stderr
-                except subprocess.TimeoutExpired:
-                    code, err = None, f"did not finish within {args.child_timeout} s"
-                row: dict[str, Any] = {"name": name, "context_length": context, "wall_s": time.perf_counter() - t0}
-                if out.exists():
-                    row.update(json.loads(out.read_text()))
-                if code == OOM_EXIT and row.get("status") == "out of memory":
-                    note = "out of memory"
-                elif code == 0 and row.get("status") == "ok":
-                    note = describe(row, row["config"])
-                else:
-                    lines = [ln for ln in (err or "").strip().splitlines() if ln.strip()]
-                    row["status"] = "failed"
-                    row["error"] = lines[-1] if lines else f"exit code {code}"
-                    note = "failed: " + row["error"]
-                rows.append(row)
-                print(f"  [{len(rows)}/{total}] {name:>7} context {context:>5}: {note} ({row['wall_s']:.0f} s)", flush=True)
+        outs = [Path(tmp) / f"{name}_{context}.json" for name, _, context in configs]
+        # Each configuration is a process forked from one that imported PyTorch once (gpuprof.fork_runs): a fresh
+        # CUDA context, allocator and autotuning cache per configuration, without paying ~6 s of imports each time.
+        argvs = [child_args(args, name, dims, context, out)[2:] for (name, dims, context), out in zip(configs, outs)]
+        for i, status, wall, log in run_all(Path(__file__).resolve(), argvs, timeout_s=args.child_timeout):
+            name, _, context = configs[i]
+            row: dict[str, Any] = {"name": name, "context_length": context, "wall_s": wall}
+            if outs[i].exists():
+                row.update(json.loads(outs[i].read_text()))
+            if status == str(OOM_EXIT) and row.get("status") == "out of memory":
+                note = "out of memory"
+            elif status == "0" and row.get("status") == "ok":
+                note = describe(row, row["config"])
+            else:
+                lines = [ln for ln in log.strip().splitlines() if ln.strip()]
+                row["status"] = "failed"
+                row["error"] = (f"did not finish within {args.child_timeout} s" if status == "timeout"
+                                else lines[-1] if lines else f"exit status {status}")
+                note = "failed: " + row["error"]
+            rows.append(row)
+            print(f"  [{len(rows)}/{total}] {name:>7} context {context:>5}: {note} ({row['wall_s']:.0f} s)", flush=True)
     ok = sum(r["status"] == "ok" for r in rows)
     oom = sum(r["status"] == "out of memory" for r in rows)
     print(f"sweep done in {time.perf_counter() - t_start:.0f} s: {ok} ran, {oom} out of memory, {len(rows) - ok - oom} failed")

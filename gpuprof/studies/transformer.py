@@ -33,7 +33,8 @@ from ..errors import GpuprofError
 __all__ = ["BENCHMARK", "LAYER", "SIZES", "CAPTURE_ARGS", "MEASURED_RANGE", "BACKTRACES", "capture_benchmark",
            "capture_layer", "step_table", "measured", "phase_summary", "kinds_per_step", "matmul_kernels",
            "tensor_cores", "events_vs_nvtx", "backtrace_coverage", "sweep_table", "sweep_figure", "layer_table",
-           "layer_figure", "LAUNCH_CALLS", "memory_by_category", "compare_optimizers", "optimizer_table"]
+           "layer_figure", "LAUNCH_CALLS", "memory_by_category", "compare_optimizers", "optimizer_table",
+           "run_benchmarks", "WARMUPS", "warmup_table", "ATTENTION_PARTS", "attention_split", "matmul_share"]
 
 BENCHMARK = REPO_ROOT / "examples" / "nsys" / "transformer_benchmark.py"
 LAYER = REPO_ROOT / "examples" / "nsys" / "launch_bound_layer.py"
@@ -406,3 +407,86 @@ def optimizer_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
     out["optimizer_ms_min"], out["optimizer_ms_max"] = g["optimizer_ms"].min(), g["optimizer_ms"].max()
     out["rounds"] = g.size()
     return out
+
+
+# --- runs side by side, and the hand-written attention ------------------------------------------------
+
+def run_benchmarks(argvs: Sequence[Sequence[str]], *, timeout_s: float = 600) -> list[dict[str, Any]]:
+    """The benchmark once per argument list, each in a process forked from one that imported PyTorch once
+    (:mod:`gpuprof.fork_runs`), in order; each run's ``--json`` result, with its arguments."""
+    import tempfile
+
+    from ..fork_runs import run_all
+
+    results: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        full = [[*a, "--json", f"{tmp}/run{i}.json"] for i, a in enumerate(argvs)]
+        for i, status, secs, log in run_all(BENCHMARK, full, timeout_s=timeout_s):
+            out = Path(f"{tmp}/run{i}.json")
+            if status != "0" or not out.exists():
+                tail = " | ".join(log.strip().splitlines()[-2:])
+                raise GpuprofError(f"transformer_benchmark.py {' '.join(argvs[i])} failed (exit {status}): {tail}")
+            results.append({"args": list(argvs[i]), "wall_s": secs, **json.loads(out.read_text())})
+            r = results[-1]
+            print(f"  [{i + 1}/{len(full)}] {' '.join(argvs[i])}: step {r['step_ms']['mean']:.2f} ms "
+                  f"(std {r['step_ms']['std']:.2f})", flush=True)
+    return results
+
+
+WARMUPS = (0, 1, 2, 5)
+
+
+def warmup_table(results: list[dict[str, Any]]) -> pd.DataFrame:
+    """Per run of :data:`WARMUPS`: the warm-up steps it skipped, and the mean, standard deviation, first and
+    largest of its measured steps (each run a fresh process, so each pays the first step's costs anew)."""
+    rows = [{"warmup_steps": r["config"]["warmup_steps"], "measured": len(r["step_ms_each"]),
+             "mean_ms": r["step_ms"]["mean"], "std_ms": r["step_ms"]["std"], "first_ms": r["step_ms_each"][0],
+             "max_ms": max(r["step_ms_each"])} for r in results]
+    return pd.DataFrame(rows).set_index("warmup_steps")
+
+
+ATTENTION_PARTS = ("attention_scores", "attention_softmax", "attention_values")
+
+
+def attention_split(path: str | Path, config: dict[str, Any]) -> pd.DataFrame:
+    """The hand-written attention's three parts in a forward-only capture: GPU time per forward step (the kernels each
+    part launched, rule "thread": a forward pass launches everything from the main thread), the part of it in
+    matrix-product kernels, and the FLOPs each part does per step.
+
+    FLOPs per layer and step: each product 2 b h t^2 d_head = 2 b t^2 d (the full square, the
+    mask's half included: the hand-written version computes it); the softmax about 5 per score
+    (max, subtract, exp, sum, divide), b h t^2 scores. The scaling and the mask are elementwise
+    work in the scores' range and are not counted as FLOPs.
+    """
+    ranges = ns.nvtx_ranges(path)
+    steps = ranges[ranges["text"].str.fullmatch(r"step_\d+")]
+    parts = ranges[ranges["text"].isin(ATTENTION_PARTS)]
+    hits = ta.attribute_kernels(ns.kernels(path), ns.runtime_calls(path), parts, rule="thread")
+    n = max(len(steps), 1)
+    b, t, d = config["batch_size"], config["context_length"], config["d_model"]
+    h, layers = config["num_heads"], config["num_layers"]
+    flops = {"attention_scores": 2 * b * t * t * d * layers, "attention_softmax": 5 * b * h * t * t * layers,
+             "attention_values": 2 * b * t * t * d * layers}
+    rows = []
+    for part in ATTENTION_PARTS:
+        k = hits[hits["range_text"] == part]
+        mm = k[[kernel_kind(a, c) == "matrix product" for a, c in zip(k["name"], k["demangled"].fillna(k["name"]))]]
+        rows.append({"part": part.removeprefix("attention_"), "kernels_per_step": len(k) / n,
+                     "gpu_ms_per_step": k["duration_ns"].sum() / 1e6 / n,
+                     "matmul_ms_per_step": mm["duration_ns"].sum() / 1e6 / n, "gflop_per_step": flops[part] / 1e9})
+    out = pd.DataFrame(rows).set_index("part")
+    out["tflop_per_s"] = out["gflop_per_step"] / out["gpu_ms_per_step"] / 1e3
+    return out
+
+
+def matmul_share(training: str | Path, forward: str | Path) -> pd.DataFrame:
+    """The share of GPU kernel time in matrix products (and attention), in a training step and in a forward-only
+    step of the same model: how inference and training differ."""
+    rows = {}
+    for name, path in (("training step", training), ("forward only", forward)):
+        k = kinds_per_step(path).set_index("kind")
+        total = k["ms_per_step"].sum()
+        rows[name] = {"kernel_ms_per_step": total,
+                      "matrix product": k["ms_per_step"].get("matrix product", 0.0) / total,
+                      "attention": k["ms_per_step"].get("attention", 0.0) / total}
+    return pd.DataFrame(rows).T
