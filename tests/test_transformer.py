@@ -149,7 +149,7 @@ def test_sweep_reports_out_of_memory_as_a_row(tmp_path):
 
 
 def test_sweep_reports_a_failed_child_and_fails(tmp_path):
-    # a million steps cannot finish in one second on any machine (importing PyTorch alone takes longer)
+    # a million steps cannot finish in one second on any machine
     out = run(tr.BENCHMARK, "--sweep", "--sizes", "tiny", "--contexts", "8", "--child-timeout", "1",
               "--num-steps", "1000000", "--json", str(tmp_path / "s.json"))
     data = json.loads((tmp_path / "s.json").read_text())
@@ -347,3 +347,51 @@ def test_optimizer_table_takes_medians_and_ranges_over_rounds():
     t = tr.optimizer_table([row("foreach", 70), row("fused", 20), row("foreach", 80), row("fused", 22)])
     assert list(t.index) == ["foreach", "fused"]
     assert t.loc["foreach", "optimizer_ms"] == 75 and t.loc["fused", "optimizer_ms_max"] == 22 and t.loc["fused", "rounds"] == 2
+
+
+def test_manual_attention_computes_what_sdpa_computes():
+    torch = pytest.importorskip("torch")
+    bench = load_script(tr.BENCHMARK)
+    base = {"d_model": 64, "d_ff": 128, "num_layers": 2, "num_heads": 4, "context_length": 16, "vocab": 50}
+    torch.manual_seed(0)
+    fused = bench.build_model({**base, "attention": "sdpa"}, "cpu")
+    torch.manual_seed(0)
+    manual = bench.build_model({**base, "attention": "manual"}, "cpu")
+    tokens = torch.randint(0, 50, (2, 16))
+    with torch.no_grad():
+        assert torch.allclose(fused(tokens), manual(tokens), atol=1e-5)
+
+
+def test_attention_split_of_the_reference():
+    result = json.loads((REF / "attention_manual.json").read_text())
+    split = tr.attention_split(REF / "attention_manual.sqlite", result["config"])
+    cfg = result["config"]
+    assert list(split.index) == ["scores", "softmax", "values"]
+    assert split.loc["scores", "gflop_per_step"] == pytest.approx(
+        2 * cfg["batch_size"] * cfg["context_length"] ** 2 * cfg["d_model"] * cfg["num_layers"] / 1e9)
+    # one product per layer in each product's range; the softmax launches no matrix product
+    steps = result["config"]["num_steps"]
+    assert split.loc["softmax", "matmul_ms_per_step"] == 0 and (split["kernels_per_step"] > 0).all()
+    assert split.loc["values", "matmul_ms_per_step"] <= split.loc["values", "gpu_ms_per_step"]
+    assert steps == 10
+
+
+def test_matmul_share_and_warmup_table_of_the_references():
+    share = tr.matmul_share(REF / "measured_fp32.sqlite", REF / "forward_fp32.sqlite")
+    assert list(share.index) == ["training step", "forward only"]
+    assert (share[["matrix product", "attention"]].sum(axis=1) <= 1).all()
+    runs = json.loads((REF / "warmup.json").read_text())
+    warm = tr.warmup_table(runs)
+    assert list(warm.index) == list(tr.WARMUPS) and (warm["measured"] == 10).all()
+    assert (warm["first_ms"] <= warm["max_ms"]).all()
+
+
+def test_run_benchmarks_forks_each_run_and_reports_a_failure(tmp_path):
+    pytest.importorskip("torch")
+    from gpuprof.errors import GpuprofError
+
+    tiny = ["--size", "tiny", "--context-length", "16", "--warmup-steps", "1", "--num-steps", "2", "--cpu"]
+    runs = tr.run_benchmarks([[*tiny, "--attention", "manual"], [*tiny, "--forward-only"]])
+    assert [r["config"]["attention"] for r in runs] == ["manual", "sdpa"] and runs[1]["config"]["forward_only"]
+    with pytest.raises(GpuprofError, match="failed"):
+        tr.run_benchmarks([["--d-model", "100", "--num-heads", "12", "--cpu"]])

@@ -451,7 +451,8 @@ ATTENTION_PARTS = ("attention_scores", "attention_softmax", "attention_values")
 def attention_split(path: str | Path, config: dict[str, Any]) -> pd.DataFrame:
     """The hand-written attention's three parts in a forward-only capture: GPU time per forward step (the kernels each
     part launched, rule "thread": a forward pass launches everything from the main thread), the part of it in
-    matrix-product kernels, and the FLOPs each part does per step.
+    matrix-product kernels, the FLOPs each part does per step, and their rate (``tflop_per_s``: a product's FLOPs
+    over its matrix-product kernels' time, the softmax's over all of its kernels' time).
 
     FLOPs per layer and step: each product 2 b h t^2 d_head = 2 b t^2 d (the full square, the
     mask's half included: the hand-written version computes it); the softmax about 5 per score
@@ -475,7 +476,10 @@ def attention_split(path: str | Path, config: dict[str, Any]) -> pd.DataFrame:
                      "gpu_ms_per_step": k["duration_ns"].sum() / 1e6 / n,
                      "matmul_ms_per_step": mm["duration_ns"].sum() / 1e6 / n, "gflop_per_step": flops[part] / 1e9})
     out = pd.DataFrame(rows).set_index("part")
-    out["tflop_per_s"] = out["gflop_per_step"] / out["gpu_ms_per_step"] / 1e3
+    # A product's FLOPs over its matrix-product kernels' time (the scaling and mask are other kernels in its range);
+    # the softmax's over all of its kernels. GFLOP per ms is TFLOP per s.
+    own = out["matmul_ms_per_step"].where(out["matmul_ms_per_step"] > 0, out["gpu_ms_per_step"])
+    out["tflop_per_s"] = out["gflop_per_step"] / own
     return out
 
 
