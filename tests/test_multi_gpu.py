@@ -251,7 +251,9 @@ def test_not_enough_gpus_is_said(monkeypatch):
 # far inside the limit below however busy the machine is.
 FAKE_LAUNCHER = """
 import subprocess, sys, time
-worker = "import sys, time; print('worker', sys.argv[1], 'started', flush=True); time.sleep(600)"
+# One write per line (a pipe keeps a write under 4 KiB whole): print() with several arguments, unbuffered, writes
+# word by word, and the two workers' words interleaved ("workerworker  01 ...") on a busy CI machine.
+worker = "import os, sys, time; os.write(1, ('worker %s started\\\\n' % sys.argv[1]).encode()); time.sleep(600)"
 for rank in range(2):
     subprocess.Popen([sys.executable, "-c", worker, str(rank), "hung-worker-{tag}"], start_new_session=True)
 time.sleep(600)
