@@ -67,9 +67,6 @@ def test_the_memory_probe_needs_a_gpu_and_says_so():
     assert bad.returncode == 2 and "positive number of GiB" in bad.stderr
 
 
-def test_the_capture_range_holds_the_measured_steps_only():
-    text = SCRIPT.read_text()
-    assert 'annotate("measured_steps")' in text  # chapter 10's nsys --capture-range=nvtx names it
 
 
 # --- the study's readers, on the reference run (artifacts/ch10) -------------------------------------------
@@ -130,6 +127,11 @@ def test_capture_readers_on_the_reference_captures():
     paths = {m: REF / f"mode_{m}.sqlite" for m in mp.MODES}
     s = mp.capture_summary(paths)
     assert (s["steps"] == 3).all()
+    from gpuprof.nsys import sqlite as ns
+
+    for path in paths.values():  # --capture-range=nvtx on measured_steps: no warm-up, no FP32 reference backward
+        texts = set(ns.nvtx_ranges(path)["text"])
+        assert "measured_steps" in texts and not any(t.startswith("warmup") for t in texts)
     shares = s[["tensor_core_share", "other_matmul_share", "cast_share", "rest_share"]].sum(axis=1)
     assert shares.round(9).eq(1).all()  # the four shares split all kernel time
     assert s.loc["fp32", "tensor_core_share"] == 0 and s.loc["fp32", "casts_per_step"] == 0
