@@ -33,10 +33,16 @@ def test_kernels_are_attributed_through_their_launch_call():
     assert ns.attribute_to_ranges(SQLITE, "no_such_range", rule="thread").empty
 
 
-def test_reference_capture_carries_no_environment():
-    con = sqlite3.connect(SQLITE)
-    (value,) = con.execute("SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name='DeviceEnvironment'").fetchone()
-    assert value == ns.ENV_REMOVED
+def test_no_committed_capture_carries_the_environment():
+    """Every committed export: the environment text blanked, and no variable left in the per-process rows."""
+    exports = sorted(SQLITE.parents[1].glob("**/*.sqlite"))
+    assert len(exports) > 30
+    for path in exports:
+        con = sqlite3.connect(path)
+        (value,) = con.execute("SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name='DeviceEnvironment'").fetchone()
+        assert value == ns.ENV_REMOVED, path
+        left = con.execute("SELECT value FROM META_DATA_CAPTURE WHERE name LIKE '%ENVIRONMENT_VARIABLE'").fetchall()
+        assert left == [(ns.ENV_REMOVED,)], (path, left[:3])
 
 
 def test_scrub_environment(tmp_path):
@@ -44,11 +50,19 @@ def test_scrub_environment(tmp_path):
     con = sqlite3.connect(db)
     con.execute("CREATE TABLE TARGET_INFO_SYSTEM_ENV (name TEXT, value TEXT)")
     con.execute("INSERT INTO TARGET_INFO_SYSTEM_ENV VALUES ('DeviceEnvironment', 'TOKEN=secret'), ('Hostname', 'vm')")
+    con.execute("CREATE TABLE META_DATA_CAPTURE (name TEXT, value TEXT)")
+    con.execute("INSERT INTO META_DATA_CAPTURE VALUES ('PROCESS_0:COMMAND', 'python'), "
+                "('PROCESS_0:ENVIRONMENT_VARIABLE', 'TOKEN=\"secret\"'), ('PROCESS_0:ENVIRONMENT_VARIABLE', 'HOME=\"/root\"')")
     con.commit()
     con.close()
-    assert ns.scrub_environment(db) == 1
-    values = dict(sqlite3.connect(db).execute("SELECT name, value FROM TARGET_INFO_SYSTEM_ENV").fetchall())
+    assert ns.scrub_environment(db) == 3
+    con = sqlite3.connect(db)
+    values = dict(con.execute("SELECT name, value FROM TARGET_INFO_SYSTEM_ENV").fetchall())
     assert values == {"DeviceEnvironment": ns.ENV_REMOVED, "Hostname": "vm"}
+    assert con.execute("SELECT name, value FROM META_DATA_CAPTURE").fetchall() == [
+        ("PROCESS_0:COMMAND", "python"), ("PROCESS_0:ENVIRONMENT_VARIABLE", ns.ENV_REMOVED)]
+    con.close()
+    assert ns.scrub_environment(db) == 0  # a scrubbed file is left as it is
 
 
 def test_missing_file(tmp_path):

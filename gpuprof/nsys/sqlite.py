@@ -430,21 +430,36 @@ def session_start(path: str | Path) -> int | None:
 def scrub_environment(path: str | Path) -> int:
     """Blank the capture machine's environment variables that nsys stores in an export.
 
-    nsys records the profiled process's whole environment (``DeviceEnvironment`` in
-    ``TARGET_INFO_SYSTEM_ENV``): container names, paths, and on many machines tokens.
-    A capture meant to be shared should not carry them. Returns the rows changed;
-    the file is compacted afterwards.
+    nsys records the profiled process's whole environment twice: as one text in
+    ``TARGET_INFO_SYSTEM_ENV`` (``DeviceEnvironment``) and one row per variable in
+    ``META_DATA_CAPTURE`` (``PROCESS_<n>:ENVIRONMENT_VARIABLE``): container names, paths,
+    and on many machines tokens. A capture meant to be shared should carry neither.
+    Returns the rows changed; the file is compacted afterwards.
     """
     path = Path(path)
     open_export(path).close()  # same checks and messages as for reading
+    changed = 0
     with closing(sqlite3.connect(path)) as conn:
-        if "TARGET_INFO_SYSTEM_ENV" not in table_names(conn):
-            return 0
-        cur = conn.execute("UPDATE TARGET_INFO_SYSTEM_ENV SET value = ? WHERE name = 'DeviceEnvironment'",
-                           (ENV_REMOVED,))
+        names = table_names(conn)
+        if "TARGET_INFO_SYSTEM_ENV" in names:
+            changed += conn.execute("UPDATE TARGET_INFO_SYSTEM_ENV SET value = ? WHERE name = 'DeviceEnvironment' "
+                                    "AND value != ?", (ENV_REMOVED, ENV_REMOVED)).rowcount
+        if "META_DATA_CAPTURE" in names:
+            # One row per variable: keep one row that says what was removed, drop the rest.
+            rows = conn.execute("SELECT rowid, name FROM META_DATA_CAPTURE WHERE name LIKE '%:ENVIRONMENT_VARIABLE' "
+                                "AND value != ?", (ENV_REMOVED,)).fetchall()
+            changed += len(rows)
+            kept: set[str] = set()
+            for rowid, name in rows:
+                if name in kept:
+                    conn.execute("DELETE FROM META_DATA_CAPTURE WHERE rowid = ?", (rowid,))
+                else:
+                    kept.add(name)
+                    conn.execute("UPDATE META_DATA_CAPTURE SET value = ? WHERE rowid = ?", (ENV_REMOVED, rowid))
         conn.commit()
-        conn.execute("VACUUM")
-        return cur.rowcount
+        if changed:
+            conn.execute("VACUUM")
+    return changed
 
 
 def launch_backtrace(path: str | Path, correlation_id: int) -> pd.DataFrame:
