@@ -35,10 +35,10 @@ def test_kernels_are_attributed_through_their_launch_call():
 
 def test_no_committed_capture_carries_the_environment():
     """Every committed export: the environment text blanked, and no variable left in the per-process rows."""
-    exports = sorted(SQLITE.parents[1].glob("**/*.sqlite"))
+    exports = sorted([*SQLITE.parents[1].glob("**/*.sqlite"), *SQLITE.parents[1].glob("**/*.sqlite.gz")])
     assert len(exports) > 30
     for path in exports:
-        con = sqlite3.connect(path)
+        con = ns.open_export(path)
         (value,) = con.execute("SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name='DeviceEnvironment'").fetchone()
         assert value == ns.ENV_REMOVED, path
         left = con.execute("SELECT value FROM META_DATA_CAPTURE WHERE name LIKE '%ENVIRONMENT_VARIABLE'").fetchall()

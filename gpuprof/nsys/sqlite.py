@@ -40,6 +40,8 @@ def ensure_sqlite(path: str | Path) -> Path:
     ``.sqlite``, exported with nsys first when that file does not exist yet and nsys is
     installed (otherwise an error that says how to export it)."""
     path = Path(path)
+    if path.name.endswith(".sqlite.gz"):
+        return _gunzipped(path)
     if path.suffix not in (".nsys-rep", ".qdrep"):
         return path
     target = path.with_suffix(".sqlite")
@@ -59,6 +61,35 @@ def ensure_sqlite(path: str | Path) -> Path:
     # exist (checked above), and export writes nothing else.
     run_profiler(nsys, ["export", "--type", "sqlite", "-o", "{output}.sqlite", str(path)], out_dir=path.parent,
                  name=path.stem, overwrite=True)
+    return target
+
+
+def _gunzipped(path: Path) -> Path:
+    """A gzipped export (the course commits its larger ones so) decompressed once into a cache
+    folder, keyed by the file's path, size and time, so that SQLite can open it."""
+    import gzip
+    import hashlib
+    import os
+    import tempfile
+
+    if not path.exists():
+        raise GpuprofError(f"{path} does not exist.", "Check the path.")
+    st = path.stat()
+    key = hashlib.sha1(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("GPUPROF_CACHE_DIR") or Path(tempfile.gettempdir()) / "gpuprof-exports")
+    target = cache / f"{path.name[:-len('.sqlite.gz')]}-{key}.sqlite"
+    if target.exists():
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(f".{os.getpid()}.partial")
+    try:
+        with gzip.open(path, "rb") as src, tmp.open("wb") as dst:
+            while chunk := src.read(1 << 20):
+                dst.write(chunk)
+    except (OSError, EOFError) as exc:
+        tmp.unlink(missing_ok=True)
+        raise GpuprofError(f"{path} is not a readable gzip file ({exc}).", "Re-export and gzip it again.") from None
+    os.replace(tmp, target)
     return target
 
 

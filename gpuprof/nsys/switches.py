@@ -46,6 +46,9 @@ class SwitchRun:
     program_lines_on_console: int = 0
     nsys_said: list[str] = field(default_factory=list)
     program_result: dict | None = None
+    window: dict[str, float] | None = None
+    nvtx_domains: dict[str, int] = field(default_factory=dict)
+    diagnostics: list[dict] = field(default_factory=list)
     error: str | None = None
 
 
@@ -112,6 +115,51 @@ def call_summary(calls: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values(["total_ns", "calls"], ascending=False).reset_index()
 
 
+def nvtx_domains(path: str | Path) -> dict[str, int]:
+    """NVTX ranges per domain name. Some library traces land here, not in a table of their own:
+    nsys 2025.3 records cuBLAS calls (``-t cublas``, ``-t cublas-verbose``) as ranges in a
+    domain named ``cuBLAS``."""
+    from .sqlite import nvtx_ranges
+
+    r = nvtx_ranges(path)
+    return {str(d): int(n) for d, n in r.groupby("domain").size().items()} if len(r) else {}
+
+
+def domains_added(runs: Sequence[dict], baseline: str) -> dict[str, dict[str, int]]:
+    """Per run: NVTX domains it has that the baseline lacks, with their range counts."""
+    base = set(next(r for r in runs if r["label"] == baseline).get("nvtx_domains", {}))
+    return {r["label"]: {d: n for d, n in r.get("nvtx_domains", {}).items() if d not in base}
+            for r in runs if r["tables"] and r["label"] != baseline}
+
+
+def diagnostics(path: str | Path) -> pd.DataFrame:
+    """nsys's own messages stored in the export (``DIAGNOSTIC_EVENT``): time_s, severity, text.
+
+    The place to look when a switch recorded nothing: nsys says there which library it could
+    not trace and why (a version it does not support, a statically linked library, ...).
+    """
+    from .sqlite import _enum
+
+    with closing(open_export(path)) as conn:
+        if "DIAGNOSTIC_EVENT" not in table_names(conn):
+            return pd.DataFrame(columns=["time_s", "severity", "text"])
+        df = pd.read_sql_query("SELECT timestamp, severity, text FROM DIAGNOSTIC_EVENT", conn)
+        levels = _enum(conn, "ENUM_DIAGNOSTIC_SEVERITY_LEVEL")
+    return pd.DataFrame({"time_s": df["timestamp"] / 1e9,
+                         "severity": [levels.get(int(v), str(v)) for v in df["severity"]],
+                         "text": df["text"].astype(str)})
+
+
+def distinct_diagnostics(path: str | Path, limit: int = 40) -> list[dict]:
+    """Each distinct diagnostic text once (first time, severity), in time order, at most ``limit``."""
+    d = diagnostics(path)
+    if d.empty:
+        return []
+    d = d.sort_values("time_s").drop_duplicates("text")
+    return [{"time_s": round(float(t), 3), "severity": s, "text": x}
+            for t, s, x in zip(d["time_s"], d["severity"], d["text"])][:limit]
+
+
 def process_streams(path: str | Path) -> pd.DataFrame:
     """The program's stdout and stderr as the report keeps them (``ProcessStreams``): file, text."""
     with closing(open_export(path)) as conn:
@@ -157,6 +205,21 @@ def console_summary(console: str, program_marker: str) -> tuple[list[str], int]:
     return said[:10], sum(1 for ln in lines if program_marker in ln)
 
 
+def _keep_copy(export: Path, dest: Path) -> None:
+    """Copy an export to ``dest`` with the environment blanked; gzipped when ``dest`` ends in ``.gz``."""
+    import gzip
+
+    plain = dest.with_name(dest.name[:-3]) if dest.name.endswith(".gz") else dest
+    scratch = export.with_name("kept.sqlite")
+    shutil.copyfile(export, scratch)
+    scrub_environment(scratch)
+    if plain is dest:
+        shutil.copyfile(scratch, dest)
+        return
+    with scratch.open("rb") as src, gzip.open(dest, "wb", compresslevel=9) as dst:
+        shutil.copyfileobj(src, dst)
+
+
 def run_switch_study(nsys: str | Path, program: Sequence[str], configs: dict[str, list[str]], *,
                      program_marker: str, result_file: str | None = None, keep: dict[str, Path] | None = None,
                      longer: dict[str, Sequence[str]] | None = None, timeout: float = 240,
@@ -166,8 +229,8 @@ def run_switch_study(nsys: str | Path, program: Sequence[str], configs: dict[str
     ``configs`` maps a label to the switches given to ``nsys profile`` (``-o`` is added).
     ``result_file``: an argument of ``program`` equal to this text is replaced by a fresh
     path per run, and the JSON the program writes there is kept as ``program_result``.
-    ``keep`` maps a label to a path where that run's sqlite export is copied (the rest is
-    deleted). ``longer`` maps a label to arguments appended to ``program`` for that run only
+    ``keep`` maps a label to a path where that run's sqlite export is copied, its environment
+    blanked, gzipped if the path ends in ``.gz`` (the rest is deleted). ``longer`` maps a label to arguments appended to ``program`` for that run only
     (a ``--delay`` needs a program that outlives it). The baseline run (no profiler) is
     repeated at the end: the two differ by the run-to-run noise. Returns one dict per run
     (:class:`SwitchRun`).
@@ -206,11 +269,13 @@ def run_switch_study(nsys: str | Path, program: Sequence[str], configs: dict[str
                 if erc == 0 and export.exists():
                     run.export_bytes = export.stat().st_size
                     run.tables = export_tables(export)
+                    run.window = delayed_window(export)
+                    run.nvtx_domains = nvtx_domains(export)
+                    run.diagnostics = distinct_diagnostics(export)
                     if label in keep:
                         dest = Path(keep[label])
                         dest.parent.mkdir(parents=True, exist_ok=True)
-                        shutil.copyfile(export, dest)
-                        scrub_environment(dest)
+                        _keep_copy(export, dest)
                 else:
                     run.error = (run.error or "") + f" export failed: {etext.strip()[-300:]}"
             elif switches is not None and run.error is None:
@@ -244,6 +309,7 @@ class SwitchStudy:
     runs: list[dict]
     kept: "FoundCapture"
     rows_file: "FoundCapture"
+    injection_libraries: list[str] = field(default_factory=list)
 
     def run(self, label: str) -> dict:
         return next(r for r in self.runs if r["label"] == label)
@@ -256,8 +322,9 @@ def switch_study(chapter: str, name: str, program: Sequence[str], configs: dict[
                  program_marker: str, result_file: str | None = None,
                  longer: dict[str, Sequence[str]] | None = None, timeout: float = 240) -> SwitchStudy:
     """Run :func:`run_switch_study` where a GPU and nsys are present and save its rows as
-    ``<name>.json`` and the run labelled ``keep`` as ``<name>.sqlite`` in the chapter's
-    folder (with provenance); elsewhere, or if it fails, use the course's reference files."""
+    ``<name>.json`` (with the names of the tracing libraries in nsys's folder, which say
+    which library versions it can trace) and the run labelled ``keep`` as
+    ``<name>.sqlite.gz`` in the chapter's folder (with provenance); elsewhere, or if it fails, use the course's reference files."""
     import json
 
     from ..artifacts import chapter_output, find_capture, record_file, save_json
@@ -269,7 +336,7 @@ def switch_study(chapter: str, name: str, program: Sequence[str], configs: dict[
         print(f"No live switch study: {live}; the course's reference runs are read instead.")
     else:
         nsys, version = live
-        kept = chapter_output(chapter) / f"{name}.sqlite"
+        kept = chapter_output(chapter) / f"{name}.sqlite.gz"
         try:
             runs = run_switch_study(nsys.path, program, configs, program_marker=program_marker,
                                     result_file=result_file, keep={keep: kept}, longer=longer, timeout=timeout)
@@ -278,13 +345,18 @@ def switch_study(chapter: str, name: str, program: Sequence[str], configs: dict[
         else:
             shown = " ".join(portable_command(list(program)))
             command = f"gpuprof.nsys.switches.run_switch_study: {shown} without nsys and under {len(configs)} switch sets"
-            save_json(chapter, f"{name}.json", runs, command=command, tools={"nsys": version}, overwrite=True)
+            libs = sorted(p.name for p in Path(nsys.path).resolve().parent.glob("libToolsInjection*"))
+            save_json(chapter, f"{name}.json", {"runs": runs, "injection_libraries": libs}, command=command,
+                      tools={"nsys": version}, overwrite=True)
             if kept.exists():
                 record_file(chapter, kept.name, f"nsys profile {' '.join(configs[keep])} -o {name} {shown} && "
-                            f"nsys export --type sqlite -o {name}.sqlite {name}.nsys-rep", {"nsys": version})
+                            f"nsys export --type sqlite -o {name}.sqlite {name}.nsys-rep && gzip -9 {name}.sqlite",
+                            {"nsys": version})
     rows_file = find_capture(chapter, f"{name}.json")
-    return SwitchStudy(json.loads(rows_file.path.read_text()), find_capture(chapter, f"{name}.sqlite"), rows_file)
+    saved = json.loads(rows_file.path.read_text())
+    return SwitchStudy(saved["runs"], find_capture(chapter, f"{name}.sqlite.gz"), rows_file,
+                       saved.get("injection_libraries", []))
 
 
-__all__ = ["API_TABLES", "SwitchRun", "SwitchStudy", "switch_study", "api_calls", "call_summary", "delayed_window", "console_summary", "export_tables", "memory_in_use", "process_streams", "run_switch_study", "table_schemas",
+__all__ = ["API_TABLES", "SwitchRun", "SwitchStudy", "switch_study", "api_calls", "call_summary", "delayed_window", "diagnostics", "domains_added", "nvtx_domains", "distinct_diagnostics", "console_summary", "export_tables", "memory_in_use", "process_streams", "run_switch_study", "table_schemas",
            "tables_added"]
