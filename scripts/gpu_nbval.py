@@ -10,13 +10,13 @@ earlier one measured (chapter 4 draws its roofline under chapter 0's ceilings).
 A whole run takes longer than one ten-minute command of the course's device tool, so it is
 split into parts, each within that limit on an H100 or H200:
 
-    python scripts/gpu_nbval.py --part 1     # 00, 01
+    python scripts/gpu_nbval.py --part 1     # 01
     python scripts/gpu_nbval.py --part 2     # 03, 04
     python scripts/gpu_nbval.py --part 3     # 05
     python scripts/gpu_nbval.py --part 4     # 06
     python scripts/gpu_nbval.py --part 5     # 07
     python scripts/gpu_nbval.py --part 6     # 08 (two GPUs; on one, its two-rank cells show the references)
-    python scripts/gpu_nbval.py --part 7     # 02, 09
+    python scripts/gpu_nbval.py --part 7     # 00, 02, 09
     python scripts/gpu_nbval.py --part 8     # 10
 
 or ``--notebooks`` for any list. Logs and a summary (``summary.md``: machine, command and
@@ -41,10 +41,10 @@ from gpuprof import describe_machine, exit_on_error  # noqa: E402
 from gpuprof.cli import output_file  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
 
-PARTS = {1: ["00__setting_up.ipynb", "01__nsight_systems.ipynb"],
+PARTS = {1: ["01__nsight_systems.ipynb"],
          2: ["03__weight_streaming.ipynb", "04__nsight_compute.ipynb"], 3: ["05__pytorch_profiler.ipynb"],
          4: ["06__cnn_training.ipynb"], 5: ["07__transformer.ipynb"],
-         6: ["08__multi_gpu.ipynb"], 7: ["02__nvtx.ipynb", "09__your_own_captures.ipynb"],
+         6: ["08__multi_gpu.ipynb"], 7: ["00__setting_up.ipynb", "02__nvtx.ipynb", "09__your_own_captures.ipynb"],
          8: ["10__mixed_precision.ipynb"]}
 
 

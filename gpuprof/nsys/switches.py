@@ -29,7 +29,10 @@ from .sqlite import _resolve, _strings, open_export, scrub_environment, table_na
 
 #: The tables each tracing switch fills, where they are not obvious from its name
 #: (checked on the course's captures; :func:`tables_added` finds them from the files anyway).
-API_TABLES = {"osrt": "OSRT_API", "cudnn": "CUDNN_EVENTS", "cublas": "CUBLAS_EVENTS"}
+API_TABLES = {"osrt": "OSRT_API", "cudnn": "CUDNN_EVENTS"}
+
+#: NVTX domains that libraries (or nsys's library traces) fill, not the program.
+LIBRARY_DOMAINS = ("cuBLAS", "cuDNN", "NCCL", "CUDA", "PyTorch")
 
 
 @dataclass
@@ -48,6 +51,7 @@ class SwitchRun:
     program_result: dict | None = None
     window: dict[str, float] | None = None
     nvtx_domains: dict[str, int] = field(default_factory=dict)
+    nvtx_names: dict[str, int] = field(default_factory=dict)
     diagnostics: list[dict] = field(default_factory=list)
     error: str | None = None
 
@@ -123,6 +127,19 @@ def nvtx_domains(path: str | Path) -> dict[str, int]:
 
     r = nvtx_ranges(path)
     return {str(d): int(n) for d, n in r.groupby("domain").size().items()} if len(r) else {}
+
+
+def nvtx_names(path: str | Path, limit: int = 20) -> dict[str, int]:
+    """The program's NVTX ranges (library domains left out) counted by name, digits folded
+    (``step_12`` counts as ``step_N``): how many steps, phases, ... a capture holds."""
+    from .sqlite import nvtx_ranges
+
+    r = nvtx_ranges(path)
+    if not len(r):
+        return {}
+    own = r[~r["domain"].isin(LIBRARY_DOMAINS)]
+    counts = own["text"].astype(str).str.replace(r"\d+", "N", regex=True).value_counts()
+    return {str(k): int(v) for k, v in counts.head(limit).items()}
 
 
 def domains_added(runs: Sequence[dict], baseline: str) -> dict[str, dict[str, int]]:
@@ -271,6 +288,7 @@ def run_switch_study(nsys: str | Path, program: Sequence[str], configs: dict[str
                     run.tables = export_tables(export)
                     run.window = delayed_window(export)
                     run.nvtx_domains = nvtx_domains(export)
+                    run.nvtx_names = nvtx_names(export)
                     run.diagnostics = distinct_diagnostics(export)
                     if label in keep:
                         dest = Path(keep[label])
@@ -358,5 +376,5 @@ def switch_study(chapter: str, name: str, program: Sequence[str], configs: dict[
                        saved.get("injection_libraries", []))
 
 
-__all__ = ["API_TABLES", "SwitchRun", "SwitchStudy", "switch_study", "api_calls", "call_summary", "delayed_window", "diagnostics", "domains_added", "nvtx_domains", "distinct_diagnostics", "console_summary", "export_tables", "memory_in_use", "process_streams", "run_switch_study", "table_schemas",
+__all__ = ["API_TABLES", "SwitchRun", "SwitchStudy", "switch_study", "api_calls", "call_summary", "delayed_window", "diagnostics", "domains_added", "nvtx_domains", "nvtx_names", "LIBRARY_DOMAINS", "distinct_diagnostics", "console_summary", "export_tables", "memory_in_use", "process_streams", "run_switch_study", "table_schemas",
            "tables_added"]
