@@ -16,9 +16,11 @@ in the background and returns a transcript of every command with its output.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,9 +53,41 @@ def _run(cmd: list[str], transcript: SessionTranscript, shown: list[str] | None 
     return out
 
 
+def _wait_for_line(app: subprocess.Popen, pattern: str, timeout: float) -> tuple[list[str], threading.Thread, bool]:
+    """Collect ``app``'s output lines on a thread; wait until one contains ``pattern`` (or ``timeout``).
+
+    Returns the list the thread keeps filling, the thread, and whether the pattern was seen.
+    Waiting for the program to say it is running, rather than for a fixed time, is what makes
+    the recorded window hold work on a machine that starts the program slowly.
+    """
+    lines: list[str] = []
+    seen = threading.Event()
+    if not pattern:
+        seen.set()
+
+    def pump() -> None:
+        assert app.stdout is not None
+        for line in app.stdout:
+            lines.append(line)
+            if pattern in line:
+                seen.set()
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    seen.wait(timeout)
+    return lines, reader, seen.is_set()
+
+
 def interactive_capture(chapter: str, name: str, script: str | Path, script_args: Sequence[str], *,
-                        wait_s: float = 1.0, record_s: float = 1.0, trace: str = "cuda,nvtx") -> SessionTranscript:
-    """Launch ``script`` under nsys without recording, record ``record_s`` seconds after ``wait_s``, export."""
+                        ready: str = "", wait_s: float = 1.0, record_s: float = 1.0, ready_timeout_s: float = 120,
+                        trace: str = "cuda,nvtx") -> SessionTranscript:
+    """Launch ``script`` under nsys without recording, record ``record_s`` seconds, export.
+
+    Recording starts ``wait_s`` seconds after the program printed a line containing ``ready``
+    (at once if ``ready`` is empty): a fixed wait alone is a race with the program's start-up
+    (importing PyTorch took over four seconds on one course machine, and a one-second window
+    then held no kernel).
+    """
     transcript = SessionTranscript()
     live = live_tool("nsys")
     if isinstance(live, str):
@@ -67,8 +101,12 @@ def interactive_capture(chapter: str, name: str, script: str | Path, script_args
     launch = [str(nsys.path), "launch", f"--session-new={session}", f"--trace={trace}",
               *python_target(script, *script_args)]
     transcript.steps.append((" ".join(portable_command(launch)) + "   # in the background", ""))
-    app = subprocess.Popen(launch, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    app = subprocess.Popen(launch, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
+        lines, reader, seen = _wait_for_line(app, ready, ready_timeout_s)
+        if ready and not seen:
+            print(f"The program printed no line with {ready!r} within {ready_timeout_s:.0f} s; recording anyway.")
         time.sleep(wait_s)
         _run([str(nsys.path), "sessions", "list"], transcript)
         start = [str(nsys.path), "start", f"--session={session}", *QUIET, "-o"]
@@ -79,7 +117,9 @@ def interactive_capture(chapter: str, name: str, script: str | Path, script_args
         stop = [str(nsys.path), "stop", f"--session={session}"]
         _run(stop, transcript)
         transcript.steps[-1] = (transcript.steps[-1][0], transcript.steps[-1][1].replace(str(tmp), str(out)))
-        app_out, _ = app.communicate(timeout=300)
+        app.wait(timeout=300)
+        reader.join(timeout=10)
+        app_out = "".join(lines)
     finally:
         if app.poll() is None:
             app.kill()
