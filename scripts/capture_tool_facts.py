@@ -12,7 +12,14 @@ is checked by tests/test_book_facts.py against these files, so that a claim abou
   (``-y -d -w -t ... --cuda-memory-usage=true --force-overwrite true``) runs, the report's
   suffix, and whether ``nvprof`` is installed with this CUDA toolkit.
 
-Usage: ``python scripts/capture_tool_facts.py`` (about a minute; needs nsys and a GPU).
+* with ``--ncu-metrics`` instead: ``ncu-query-metrics-gh100.txt.gz`` (every base metric name
+  ncu knows for the H100/H200 chip, ``ncu --query-metrics --chip gh100``) and
+  ``ncu-metric-suffixes.txt.gz`` (the full names, with every suffix, of the metrics that the
+  nvprof -> ncu table in ``nvprof-ncu-metrics.csv`` uses), so that the table's names are the
+  tool's own (tests/test_book_facts.py checks every one). Needs ncu, not a GPU.
+
+Usage: ``python scripts/capture_tool_facts.py`` (about a minute; needs nsys and a GPU), or
+``python scripts/capture_tool_facts.py --ncu-metrics`` (seconds).
 """
 
 from __future__ import annotations
@@ -51,12 +58,43 @@ def backtraces(nsys: str, value: str, tmp: Path) -> dict:
             "said": [ln for ln in (r.stdout + r.stderr).splitlines() if "backtrace" in ln.lower()][:3]}
 
 
+def table_bases(csv_path: Path) -> list[str]:
+    """The base metric names (before the first dot) in the nvprof table's ncu column."""
+    import csv
+    import re
+
+    bases = set()
+    for row in csv.DictReader(csv_path.open()):
+        bases.update(t.split(".")[0] for t in re.findall(r"[a-z0-9_]+__[a-z0-9_.]+", row["ncu metric (or expression)"]))
+    return sorted(bases)
+
+
+def record_ncu_metrics(out: Path) -> int:
+    import gzip
+
+    ncu = str(find_tool("ncu").path)
+    listing = sh(ncu, "--query-metrics", "--chip", "gh100", cwd=out)
+    suffixes = sh(ncu, "--query-metrics-mode", "suffix", "--chip", "gh100", "--metrics",
+                  ",".join(table_bases(out / "nvprof-ncu-metrics.csv")), cwd=out)
+    for name, proc in (("ncu-query-metrics-gh100.txt.gz", listing), ("ncu-metric-suffixes.txt.gz", suffixes)):
+        if proc.returncode != 0:
+            raise SystemExit(f"ncu failed ({proc.returncode}): {proc.stderr.strip()[-300:]}")
+        header = f"# {' '.join(proc.args[1:])}\n# {sh(ncu, '--version', cwd=out).stdout.strip().splitlines()[-1]}\n"
+        (out / name).write_bytes(gzip.compress((header + proc.stdout).encode(), mtime=0))
+        print(f"wrote {out / name}: {len(proc.stdout.splitlines())} lines")
+    return 0
+
+
 @exit_on_error
 def main(argv: list[str] | None = None) -> int:
-    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)
-    nsys = str(find_tool("nsys").path)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ncu-metrics", action="store_true", help="record ncu's metric names for the nvprof table instead")
+    args = p.parse_args(argv)
     out = ROOT / "artifacts" / "tools"
     out.mkdir(parents=True, exist_ok=True)
+    if args.ncu_metrics:
+        return record_ncu_metrics(out)
+    nsys = str(find_tool("nsys").path)
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
         (out / "nsys-profile-help.txt").write_text(sh(nsys, "profile", "--help", cwd=tmp).stdout)

@@ -75,3 +75,30 @@ def test_the_switches_and_reports_the_table_names_are_in_the_captured_help():
     for report in ("cuda_gpu_trace", "cuda_gpu_kern_sum"):
         assert f"  {report}[" in reports
     assert "gputrace " not in reports.replace("cuda_gpu_trace", "")
+
+
+def test_the_nvprof_metric_table_uses_names_this_ncu_lists():
+    """Every ncu metric in the nvprof table exists, with that exact suffix, in ncu 2025.3.1's own listing for GH100."""
+    import csv
+    import gzip
+    import re
+
+    suffixes = gzip.decompress((TOOLS / "ncu-metric-suffixes.txt.gz").read_bytes()).decode()
+    bases = gzip.decompress((TOOLS / "ncu-query-metrics-gh100.txt.gz").read_bytes()).decode()
+    assert "--chip gh100" in suffixes.splitlines()[0] and "2025.3.1" in suffixes.splitlines()[1]
+    full = {line.split()[0] for line in suffixes.splitlines() if "__" in line.split(" ")[0]}
+    types = {parts[0]: parts[1] for parts in (line.split() for line in bases.splitlines()) if len(parts) > 1 and "__" in parts[0]}
+    rows = list(csv.DictReader((TOOLS / "nvprof-ncu-metrics.csv").open()))
+    assert len(rows) >= 20 and len({r["nvprof metric"] for r in rows}) == len(rows)
+    for row in rows:
+        terms = re.findall(r"[a-z0-9_]+__[a-z0-9_.]+", row["ncu metric (or expression)"])
+        assert terms or row["ncu metric (or expression)"] == "n/a", row
+        for term in terms:
+            assert term in full, f"{row['nvprof metric']}: {term} is not in ncu's listing"
+        for named in re.findall(r"use ([a-z0-9_]+__[a-z0-9_]+)", row["what it measures"]):
+            assert types.get(named) == "Ratio", named
+    # a deprecation the table reports is ncu's own word
+    assert "[DEPRECATED: use smsp__average_thread_inst_executed_per_inst_executed instead]" in " ".join(bases.split())
+    section = TROUBLESHOOTING.read_text()
+    assert ":file: ../artifacts/tools/nvprof-ncu-metrics.csv" in section
+    assert "https://docs.nvidia.com/nsight-compute/2020.1/pdf/NsightComputeCli.pdf" in section
