@@ -76,6 +76,22 @@ def choose_kernels(parser: argparse.ArgumentParser, text: str, choices: Sequence
     return chosen
 
 
+def bf16_bits(x_f32, xp):  # type: ignore[no-untyped-def]
+    """Round float32 to bfloat16 (to nearest, ties to even) and return the 16-bit patterns.
+
+    NumPy and CuPy have no bfloat16 type; a bfloat16 is the top half of a float32, so the
+    patterns can be handed to a kernel that takes ``__nv_bfloat16*``.
+    """
+    u = x_f32.view(xp.uint32)
+    rounded = u + xp.uint32(0x7FFF) + ((u >> xp.uint32(16)) & xp.uint32(1))
+    return (rounded >> xp.uint32(16)).astype(xp.uint16)
+
+
+def bf16_to_f32(bits, xp):  # type: ignore[no-untyped-def]
+    """The float32 values of bfloat16 bit patterns (exact: bfloat16 is float32's top half)."""
+    return (bits.astype(xp.uint32) << xp.uint32(16)).view(xp.float32)
+
+
 def sample_rows(n: int, count: int = 8, seed: int = 0) -> list[int]:
     """A few row indices spread over ``n`` (always the first and the last), for spot checks against NumPy."""
     import random

@@ -17,7 +17,7 @@ SMALL_ARGS = {"tiny_kernels.py": ["--steps", "2", "--kernels", "10"], "saxpy.py"
               "nvtx_features.py": ["--steps", "2", "--cost-calls", "1000"],
               "weight_streaming.py": ["--mode", "all"],
               "transpose.py": ["--n", "256"], "occupancy.py": ["--mib", "2"], "divergence.py": ["--iters", "64"],
-              "matmul.py": ["--n", "128"], "spills.py": ["--threads", "1024", "--iters", "8"], "replay_modes.py": [], "torch_conv.py": ["--steps", "2", "--batch", "8"],
+              "matmul.py": ["--n", "128"], "matmul_ladder.py": ["--json", "{tmp}/ladder.json"], "spills.py": ["--threads", "1024", "--iters", "8"], "replay_modes.py": [], "torch_conv.py": ["--steps", "2", "--batch", "8"],
               "train_profiled.py": ["--batch", "8", "--repeat", "2", "--active", "2", "--trace", "{tmp}/t.json.gz"],
               "profiler_overhead.py": ["--steps", "3", "--batch", "8", "--json", "{tmp}/overhead.json"],
               "reconcile.py": ["--mode", "profiler", "--steps", "2", "--warmup", "1", "--batch", "8",
@@ -62,7 +62,8 @@ def test_runs_to_completion_on_the_cpu_and_checks_its_result(script, tmp_path):
 
 
 # Scripts with nothing to compute without a GPU say so instead (the chapter reads reference results).
-NO_RESULT_ON_CPU = {"replay_modes.py": "no GPU here, so there is nothing to launch"}
+NO_RESULT_ON_CPU = {"replay_modes.py": "no GPU here, so there is nothing to launch",
+                    "matmul_ladder.py": "no CUDA GPU here (or --cpu): the rungs are CUDA kernels"}
 
 
 BAD_INPUT = {
@@ -92,6 +93,9 @@ BAD_INPUT = {
     "divergence.py": [(["--block", "96"], "multiple of 64"), (["--threads", "1000"], "must be a multiple of --block"),
                       (["--iters", "0"], "must be at least 1")],
     "matmul.py": [(["--n", "100"], "must be a multiple of 64"), (["--kernels", "cublas_fp8"], "unknown kernel(s) cublas_fp8")],
+    "matmul_ladder.py": [(["--rung", "9"], "no rung 9; the rungs written so far are [1, 2, 3]"),
+                         (["--rung", "x"], "--rung takes 'all' or numbers"), (["--size", "4096,0"], "expected three positive sizes"),
+                         (["--size", "big"], "expected M,N,K or one number")],
     "spills.py": [(["--threads", "100"], "must be a multiple of 256"), (["--iters", "0"], "must be at least 1"),
                   (["--json", "/no/such/dir/s.json"], "does not exist")],
     "replay_modes.py": [(["--spin-us", "0"], "must be"), (["--demo", "overlap"], "invalid choice"),
@@ -292,3 +296,29 @@ def test_the_c_api_example_compiles_without_an_nvtx_library(tmp_path):
                            str(REPO_ROOT / "examples" / "nsys" / "nvtx_c_api.cu")], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "nvtx_c_api").is_file()
+
+
+@pytest.mark.skipif(not __import__("shutil").which("nvcc"), reason="nvcc is not installed here")
+def test_the_matmul_ladder_compiles_for_hopper_without_spills(tmp_path):
+    """Every rung builds for sm_90 with line info, and none spills registers (ptxas says so)."""
+    proc = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-lineinfo", "-std=c++17", "-Xptxas", "-v", "-o",
+                           str(tmp_path / "ladder.cubin"), str(REPO_ROOT / "examples" / "nsight_compute" / "matmul_ladder.cu")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    from gpuprof.kernels import parse_ptxas_verbose
+
+    usage = parse_ptxas_verbose(proc.stderr)
+    assert set(usage) == {"ladder_1_naive", "ladder_2_smem", "ladder_3_regtile"}
+    assert all(u.get("spill_store_bytes", 0) == 0 == u.get("spill_load_bytes", 0) for u in usage.values()), usage
+
+
+def test_the_ladders_shape_rules():
+    sys.path.insert(0, str(REPO_ROOT / "examples" / "nsight_compute"))
+    import matmul_ladder as ml
+
+    assert ml.shape("4096") == (4096, 4096, 4096) and ml.shape("777,520,264") == (777, 520, 264)
+    assert ml.grid_for(3, 777, 520) == (5, 7) and ml.grid_for(1, 17, 16) == (1, 2)
+    assert ml.fits(3, 777, 520, 264) is None and "multiples of 8" in ml.fits(3, 64, 64, 60)
+    assert all(ml.fits(1, m, n, k) is None for m, n, k in ml.CHECK_SHAPES)
+    # at least one check shape is a multiple of no rung's tile
+    assert any(all(m % t[0] or n % t[1] for t in (r[3] for r in ml.RUNGS.values())) for m, n, _ in ml.CHECK_SHAPES)

@@ -58,20 +58,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def bf16_bits(x_f32, xp):
-    """Round float32 to bfloat16 (to nearest, ties to even) and return the 16-bit patterns.
-
-    NumPy and CuPy have no bfloat16 type; a bfloat16 is the top half of a float32.
-    """
-    u = x_f32.view(xp.uint32)
-    rounded = u + xp.uint32(0x7FFF) + ((u >> xp.uint32(16)) & xp.uint32(1))
-    return (rounded >> xp.uint32(16)).astype(xp.uint16)
-
-
-def bf16_to_f32(bits, xp):
-    return (bits.astype(xp.uint32) << xp.uint32(16)).view(xp.float32)
-
-
 def relative_error(got: np.ndarray, want: np.ndarray) -> float:
     """Largest difference over the largest value of the exact product: one scale for every row."""
     return float(np.abs(got.astype(np.float64) - want).max() / np.abs(want).max())
@@ -119,12 +105,12 @@ def main(argv: list[str] | None = None) -> int:
             print("  (no CUDA build of PyTorch here: the cuBLAS rows are left out)")
     a = cp.random.standard_normal((n, n), dtype=cp.float32)
     b = cp.random.standard_normal((n, n), dtype=cp.float32)
-    a16, b16 = bf16_bits(a, cp), bf16_bits(b, cp)
+    a16, b16 = gk.bf16_bits(a, cp), gk.bf16_bits(b, cp)
     c = cp.empty((n, n), dtype=cp.float32)
     rows = gk.sample_rows(n)
     host = {"fp32": (cp.asnumpy(a)[rows].astype(np.float64), cp.asnumpy(b).astype(np.float64))}
     host["tf32"] = host["fp32"]  # TF32 is judged against the exact product, with a tolerance for its rounding
-    host["bf16"] = (cp.asnumpy(bf16_to_f32(a16, cp))[rows].astype(np.float64), cp.asnumpy(bf16_to_f32(b16, cp)).astype(np.float64))
+    host["bf16"] = (cp.asnumpy(gk.bf16_to_f32(a16, cp))[rows].astype(np.float64), cp.asnumpy(gk.bf16_to_f32(b16, cp)).astype(np.float64))
     exact = {p: x @ y for p, (x, y) in host.items()}
     grid, block = (n // 64, n // 64), {"sgemm_simt": (256,), "gemm_wmma_tf32": (128,), "gemm_wmma_bf16": (128,)}
     print(f"matmul: {n} x {n} x {n}, {2 * n**3 / 1e9:.0f} GFLOP per product")
