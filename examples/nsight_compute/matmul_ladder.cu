@@ -67,6 +67,16 @@ __device__ __forceinline__ void widen8(uint4 v, float* out) {
     }
 }
 
+// 8 BF16 values at p (16 bytes, one load) widened to FP32, or zeros past the matrix's edge.
+__device__ __forceinline__ void load8(const __nv_bfloat16* p, bool inside, float* out) {
+    if (inside) {
+        widen8(*reinterpret_cast<const uint4*>(p), out);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) out[i] = 0.f;
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(256) ladder_3_regtile(const __nv_bfloat16* __restrict__ A,
                                                                     const __nv_bfloat16* __restrict__ B,
                                                                     float* __restrict__ C, int M, int N, int K) {
@@ -83,21 +93,11 @@ extern "C" __global__ void __launch_bounds__(256) ladder_3_regtile(const __nv_bf
     for (int k0 = 0; k0 < K; k0 += BK) {
         float v[8];
         const int ar = row0 + a_r, ak = k0 + a_k;
-        if (ar < M && ak < K) {
-            widen8(*reinterpret_cast<const uint4*>(&A[(size_t)ar * K + ak]), v);
-        } else {
-#pragma unroll
-            for (int i = 0; i < 8; ++i) v[i] = 0.f;
-        }
+        load8(A + (size_t)ar * K + ak, ar < M && ak < K, v);
 #pragma unroll
         for (int i = 0; i < 8; ++i) As[a_k + i][a_r] = v[i];
         const int bk = k0 + b_k, bc = col0 + b_c;
-        if (bk < K && bc < N) {
-            widen8(*reinterpret_cast<const uint4*>(&B[(size_t)bk * N + bc]), v);
-        } else {
-#pragma unroll
-            for (int i = 0; i < 8; ++i) v[i] = 0.f;
-        }
+        load8(B + (size_t)bk * N + bc, bk < K && bc < N, v);
 #pragma unroll
         for (int i = 0; i < 8; ++i) Bs[b_k][b_c + i] = v[i];
         __syncthreads();
