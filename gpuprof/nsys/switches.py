@@ -12,9 +12,7 @@ the tables those switches fill, by the names and columns found in the file.
 from __future__ import annotations
 
 import shutil
-import subprocess
 import tempfile
-import time
 from contextlib import closing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,11 +23,8 @@ import pandas as pd
 from ..errors import GpuprofError
 if TYPE_CHECKING:
     from ..artifacts import FoundCapture
+from ..runner import run_with_limit
 from .sqlite import _resolve, _strings, open_export, scrub_environment, table_names
-
-#: The tables each tracing switch fills, where they are not obvious from its name
-#: (checked on the course's captures; :func:`tables_added` finds them from the files anyway).
-API_TABLES = {"osrt": "OSRT_API", "cudnn": "CUDNN_EVENTS"}
 
 #: NVTX domains that libraries (or nsys's library traces) fill, not the program.
 LIBRARY_DOMAINS = ("cuBLAS", "cuDNN", "NCCL", "CUDA", "PyTorch")
@@ -63,14 +58,6 @@ def export_tables(path: str | Path) -> dict[str, int]:
         return {n: int(conn.execute(f'SELECT count(*) FROM "{n}"').fetchone()[0]) for n in names}
 
 
-def table_schemas(path: str | Path, names: Sequence[str]) -> dict[str, str]:
-    """The CREATE statements of ``names`` as the export declares them (to read a table by its columns)."""
-    with closing(open_export(path)) as conn:
-        rows = conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'").fetchall()
-    wanted = set(names)
-    return {n: sql for n, sql in rows if n in wanted}
-
-
 def tables_added(runs: Sequence[dict], baseline: str) -> dict[str, dict[str, int]]:
     """Per run: the tables it has that the baseline run lacks, with their rows.
 
@@ -84,12 +71,12 @@ def tables_added(runs: Sequence[dict], baseline: str) -> dict[str, dict[str, int
 
 
 def api_calls(path: str | Path, table: str) -> pd.DataFrame:
-    """Calls of a traced library (``OSRT_API``, ``CUDNN_EVENTS``, ``CUBLAS_EVENTS``, ...):
-    start, end, duration_ns, name, thread (``globalTid``) where the table has it.
+    """Calls of a traced API from its table (``OSRT_API``, and tables laid out like it): start, end,
+    duration_ns, name, thread (``globalTid``) where the table has it.
 
-    Every such table of nsys 2025.3 keeps ``start``, ``end`` and ``nameId`` (an id into
-    ``StringIds``); the reader reads whichever of those columns the file declares, so an
-    export with a different layout gives a clear error rather than wrong rows.
+    ``OSRT_API`` in nsys 2025.3 keeps ``start``, ``end`` and ``nameId`` (an id into
+    ``StringIds``); the reader checks the columns the file declares, so an export with a
+    different layout gives a clear error rather than wrong rows. An absent table gives no rows.
     """
     with closing(open_export(path)) as conn:
         if table not in table_names(conn):
@@ -203,16 +190,6 @@ def memory_in_use(events: pd.DataFrame) -> pd.DataFrame:
     return ev
 
 
-def _run(cmd: Sequence[str], timeout: float, cwd: Path) -> tuple[int | None, str, float]:
-    t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, check=False, cwd=cwd)
-    except subprocess.TimeoutExpired as exc:
-        out = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        return None, out, time.perf_counter() - t0
-    return proc.returncode, proc.stdout + proc.stderr, time.perf_counter() - t0
-
-
 def console_summary(console: str, program_marker: str) -> tuple[list[str], int]:
     """nsys's warnings and errors in a run's console output (the lines worth reading), and how many
     console lines carry ``program_marker``, a text the program prints once per run (so 0 means the
@@ -226,14 +203,11 @@ def _keep_copy(export: Path, dest: Path) -> None:
     """Copy an export to ``dest`` with the environment blanked; gzipped when ``dest`` ends in ``.gz``."""
     import gzip
 
-    plain = dest.with_name(dest.name[:-3]) if dest.name.endswith(".gz") else dest
-    scratch = export.with_name("kept.sqlite")
-    shutil.copyfile(export, scratch)
-    scrub_environment(scratch)
-    if plain is dest:
-        shutil.copyfile(scratch, dest)
+    scrub_environment(export)  # the run's own copy, deleted after the run
+    if not dest.name.endswith(".gz"):
+        shutil.copyfile(export, dest)
         return
-    with scratch.open("rb") as src, gzip.open(dest, "wb", compresslevel=9) as dst:
+    with export.open("rb") as src, gzip.open(dest, "wb", compresslevel=9) as dst:
         shutil.copyfileobj(src, dst)
 
 
@@ -267,7 +241,7 @@ def run_switch_study(nsys: str | Path, program: Sequence[str], configs: dict[str
             prog = [str(result) if result_file is not None and a == result_file else str(a)
                     for a in (*program, *longer.get(label, ()))]
             cmd = prog if switches is None else [str(nsys), "profile", *switches, "-o", str(run_dir / "report"), *prog]
-            rc, console, wall = _run(cmd, timeout, run_dir)
+            rc, console, wall = run_with_limit(cmd, timeout)
             run = SwitchRun(label=label, switches=list(switches or []), returncode=rc, wall_s=round(wall, 2))
             run.nsys_said, run.program_lines_on_console = console_summary(console, program_marker)
             if rc is None:
@@ -281,8 +255,8 @@ def run_switch_study(nsys: str | Path, program: Sequence[str], configs: dict[str
             if switches is not None and reports:
                 run.report_bytes = reports[0].stat().st_size
                 export = run_dir / "report.sqlite"
-                erc, etext, _ = _run([str(nsys), "export", "--type", "sqlite", "-o", str(export), str(reports[0])],
-                                     timeout, run_dir)
+                erc, etext, _ = run_with_limit([str(nsys), "export", "--type", "sqlite", "-o", str(export),
+                                                str(reports[0])], timeout)
                 if erc == 0 and export.exists():
                     run.export_bytes = export.stat().st_size
                     run.tables = export_tables(export)
@@ -306,9 +280,10 @@ def run_switch_study(nsys: str | Path, program: Sequence[str], configs: dict[str
 
 
 def delayed_window(path: str | Path) -> dict[str, float]:
-    """Where a ``--delay``/``--duration`` capture starts and ends, from the export's own metadata:
-    the delay and duration nsys recorded, and the first and last CUDA API call it kept, in seconds
-    after the session started."""
+    """A capture's window from the export: the delay and duration nsys wrote in ``META_DATA_CAPTURE``,
+    and the first and last CUDA API call it kept, in seconds on the export's clock. That clock starts
+    when recording starts: with ``-y 10`` (nsys 2025.3) the first call sat at 0.4 s and
+    ``START_DELAY_MS`` read 0, so the delay is seen in what is missing, not in the timestamps."""
     with closing(open_export(path)) as conn:
         meta = dict(conn.execute("SELECT name, value FROM META_DATA_CAPTURE "
                                  "WHERE name IN ('START_DELAY_MS', 'RUN_DURATION_MS')").fetchall())
@@ -376,5 +351,6 @@ def switch_study(chapter: str, name: str, program: Sequence[str], configs: dict[
                        saved.get("injection_libraries", []))
 
 
-__all__ = ["API_TABLES", "SwitchRun", "SwitchStudy", "switch_study", "api_calls", "call_summary", "delayed_window", "diagnostics", "domains_added", "nvtx_domains", "nvtx_names", "LIBRARY_DOMAINS", "distinct_diagnostics", "console_summary", "export_tables", "memory_in_use", "process_streams", "run_switch_study", "table_schemas",
-           "tables_added"]
+__all__ = ["LIBRARY_DOMAINS", "SwitchRun", "SwitchStudy", "api_calls", "call_summary", "console_summary",
+           "delayed_window", "diagnostics", "distinct_diagnostics", "domains_added", "export_tables", "memory_in_use",
+           "nvtx_domains", "nvtx_names", "process_streams", "run_switch_study", "switch_study", "tables_added"]
