@@ -110,8 +110,15 @@ def _nvcc() -> str | None:
     return None
 
 
-def compile_kernels(cu_file: str | Path, names: Sequence[str], cp: ModuleType) -> dict[str, Any]:
+def compile_kernels(cu_file: str | Path, names: Sequence[str], cp: ModuleType, *, arch: str | None = None,
+                    max_dynamic_shared: dict[str, int] | None = None) -> dict[str, Any]:
     """Compile ``cu_file`` with ``-lineinfo`` for this GPU and return its kernels by name.
+
+    ``arch`` overrides the target (default ``sm_XY`` of this GPU): ``"sm_90a"`` builds the
+    Hopper-only instructions (wgmma, setmaxnreg), which plain ``sm_90`` rejects; it is
+    passed as ``-gencode=arch=compute_90a,code=sm_90a``, the form that nvcc 13.0 assembles.
+    ``max_dynamic_shared`` raises, per kernel, the dynamic shared memory a launch may ask
+    for (a block gets more than 48 KiB only after that).
 
     With ``nvcc`` (the CUDA toolkit that ships ncu has it) the file is compiled where it
     lies, so the line table names the real ``.cu`` file and ``ncu --import-source yes``
@@ -120,14 +127,16 @@ def compile_kernels(cu_file: str | Path, names: Sequence[str], cp: ModuleType) -
     compile error is reported with the compiler's own message, which names the line.
     """
     cu_file = Path(cu_file).resolve()
-    arch = f"sm_{cp.cuda.Device().compute_capability}"  # CuPy gives e.g. "90"
+    requested = arch
+    arch = arch or f"sm_{cp.cuda.Device().compute_capability}"  # CuPy gives e.g. "90"
+    target = [f"-gencode=arch=compute_{arch[3:]},code={arch}"] if arch.endswith("a") else [f"-arch={arch}"]
     nvcc = _nvcc()
     if nvcc:
         import subprocess
         import tempfile
 
         out = Path(tempfile.mkdtemp(prefix="gpuprof-cubin-")) / (cu_file.stem + ".cubin")
-        proc = subprocess.run([nvcc, "-cubin", f"-arch={arch}", "-lineinfo", "-std=c++17", "-o", str(out), str(cu_file)],
+        proc = subprocess.run([nvcc, "-cubin", *target, "-lineinfo", "-std=c++17", "-o", str(out), str(cu_file)],
                               capture_output=True, text=True, timeout=600, check=False)
         if proc.returncode != 0:
             first = next((line for line in proc.stderr.splitlines() if "error" in line), proc.stderr.strip()[-300:])
@@ -137,13 +146,18 @@ def compile_kernels(cu_file: str | Path, names: Sequence[str], cp: ModuleType) -
     else:
         include = Path(cp.cuda.get_cuda_path() or "/usr/local/cuda") / "include"
         try:
-            module = cp.RawModule(code=cu_file.read_text(), options=(*NVRTC_OPTIONS, f"-I{include}"))
+            module = cp.RawModule(code=cu_file.read_text(), options=(*NVRTC_OPTIONS, f"-I{include}",
+                                                                       *([f"-arch={arch}"] if requested else [])))
             module.get_function(names[0])  # compiles now, so that errors surface here
         except cp.cuda.compiler.CompileException as exc:
             lines = [line for line in str(exc).splitlines() if "error" in line] or str(exc).strip().splitlines()[-1:]
             raise GpuprofError(f"{cu_file.name} did not compile (NVRTC): {lines[0].strip()[:300]}",
                                "If you edited the file, the line number in the message points at the mistake.") from None
-    return {name: module.get_function(name) for name in names}
+    kernels = {name: module.get_function(name) for name in names}
+    for name, nbytes in (max_dynamic_shared or {}).items():
+        if name in kernels and nbytes > 48 * 1024:
+            kernels[name].max_dynamic_shared_size_bytes = nbytes
+    return kernels
 
 
 def parse_ptxas_verbose(text: str) -> dict[str, dict[str, int]]:

@@ -93,7 +93,7 @@ BAD_INPUT = {
     "divergence.py": [(["--block", "96"], "multiple of 64"), (["--threads", "1000"], "must be a multiple of --block"),
                       (["--iters", "0"], "must be at least 1")],
     "matmul.py": [(["--n", "100"], "must be a multiple of 64"), (["--kernels", "cublas_fp8"], "unknown kernel(s) cublas_fp8")],
-    "matmul_ladder.py": [(["--rung", "9"], "no rung 9; the rungs written so far are [1, 2, 3]"),
+    "matmul_ladder.py": [(["--rung", "9"], "no rung 9; the rungs are [1, 2, 3, 4, 5, 6, 7]"),
                          (["--rung", "x"], "--rung takes 'all' or numbers"), (["--size", "4096,0"], "expected three positive sizes"),
                          (["--size", "big"], "expected M,N,K or one number")],
     "spills.py": [(["--threads", "100"], "must be a multiple of 256"), (["--iters", "0"], "must be at least 1"),
@@ -299,16 +299,22 @@ def test_the_c_api_example_compiles_without_an_nvtx_library(tmp_path):
 
 
 @pytest.mark.skipif(not __import__("shutil").which("nvcc"), reason="nvcc is not installed here")
-def test_the_matmul_ladder_compiles_for_hopper_without_spills(tmp_path):
-    """Every rung builds for sm_90 with line info, and none spills registers (ptxas says so)."""
-    proc = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-lineinfo", "-std=c++17", "-Xptxas", "-v", "-o",
+@pytest.mark.parametrize("target", [["-gencode=arch=compute_90a,code=sm_90a"], ["-arch=sm_80"]])
+def test_the_matmul_ladder_compiles_without_spills(tmp_path, target):
+    """Every rung builds with line info for Hopper's sm_90a (wgmma, setmaxnreg) and for an older
+    GPU (sm_80, where rung 7 compiles to an empty body), and none spills registers (ptxas says so)."""
+    proc = subprocess.run(["nvcc", "-cubin", *target, "-lineinfo", "-std=c++17", "-Xptxas", "-v", "-o",
                            str(tmp_path / "ladder.cubin"), str(REPO_ROOT / "examples" / "nsight_compute" / "matmul_ladder.cu")],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
+    assert "C7508" not in proc.stderr, proc.stderr  # ptxas ignoring setmaxnreg
     from gpuprof.kernels import parse_ptxas_verbose
 
     usage = parse_ptxas_verbose(proc.stderr)
-    assert set(usage) == {"ladder_1_naive", "ladder_2_smem", "ladder_3_regtile"}
+    sys.path.insert(0, str(REPO_ROOT / "examples" / "nsight_compute"))
+    import matmul_ladder as ml
+
+    assert set(usage) == {r.kernel for r in ml.RUNGS.values()}
     assert all(u.get("spill_store_bytes", 0) == 0 == u.get("spill_load_bytes", 0) for u in usage.values()), usage
 
 
@@ -317,7 +323,11 @@ def test_the_ladders_shape_rules():
     import matmul_ladder as ml
 
     assert ml.shape("4096") == (4096, 4096, 4096) and ml.shape("777,520,264") == (777, 520, 264)
-    assert ml.grid_for(3, 777, 520) == (5, 7) and ml.grid_for(1, 17, 16) == (1, 2)
+    assert ml.grid_for(3, 777, 520) == (5, 7) and ml.grid_for(1, 17, 16) == (1, 2) and ml.grid_for(7, 777, 520) == (3, 7)
+    assert ml.runnable([1, 5, 7], 90) == ([1, 5, 7], [])
+    ok, why = ml.runnable([1, 5, 7], 75)
+    assert ok == [1] and "rung 5 needs compute capability 8.0" in why[0] and "rung 7" in why[1]
+    assert ml.runnable([6, 7], 89)[0] == [6]  # wgmma is sm_90a only: not on Ada (8.9), nor Blackwell
     assert ml.fits(3, 777, 520, 264) is None and "multiples of 8" in ml.fits(3, 64, 64, 60)
     assert all(ml.fits(1, m, n, k) is None for m, n, k in ml.CHECK_SHAPES)
     # at least one check shape is a multiple of no rung's tile

@@ -1,57 +1,66 @@
-// A matrix product taken one idea at a time: C = A @ B, A (M x K) and B (K x N) in BF16,
-// row-major, accumulated and written in FP32 (C is M x N). Launched by matmul_ladder.py,
-// which checks every rung against cuBLAS and times it beside cuBLAS in the same run.
+// A linear layer's product taken one idea at a time: C = A @ W^T, with A (M x K) and W (N x K)
+// in BF16, both row-major (W is laid out as PyTorch's nn.Linear keeps its weight: one row
+// of K values per output column), accumulated and written in FP32 (C is M x N, row-major).
+// Launched by matmul_ladder.py, which checks every rung against cuBLAS and times it beside
+// cuBLAS in the same run.
 //
-// Rungs 1-3 run on the CUDA cores (FFMA), with the BF16 inputs widened to FP32 as they are
-// read; the tensor-core rungs (mma.sync, then Hopper's wgmma fed by TMA) come next and are
-// not written yet. Every rung handles any M and N and any K (rung 3: K and N multiples of 8,
-// for its 16-byte loads; the script checks), so a shape that is not a multiple of the tile
-// is computed exactly like one that is, with the edges masked.
+// Rungs 1-4 run on the CUDA cores (FFMA), with the BF16 inputs widened to FP32 as they are
+// read; rungs 5-6 on the tensor cores through mma.sync (any GPU from sm_80); rung 7 through
+// Hopper's wgmma, fed by the tensor memory accelerator (TMA), and builds only for sm_90a.
+// Every rung handles any M and N; rungs 3-7 load 16 bytes (8 values) at a time, so they
+// need K and N to be multiples of 8 (the script checks). Edges are masked (or, for TMA,
+// filled with zeros by the copy engine), so a shape that is not a multiple of the tile is
+// computed exactly like one that is.
 
 #include <cuda_bf16.h>
+#include <stdint.h>
 
 __device__ __forceinline__ float ld_bf16(const __nv_bfloat16* p) { return __bfloat162float(*p); }
 
 // Rung 1: one output per thread. A 16 x 16 block of threads covers a 16 x 16 patch of C;
-// threadIdx.x runs along a row of C, so a warp's loads of B are consecutive (coalesced)
-// and its loads of A are one value, broadcast. Every product term is read from global
-// memory (through L1/L2): 2 loads per multiply-add.
-extern "C" __global__ void ladder_1_naive(const __nv_bfloat16* __restrict__ A, const __nv_bfloat16* __restrict__ B,
+// threadIdx.x runs along a row of C. Every product term is read from global memory
+// (through L1/L2): 2 loads per multiply-add, and a warp's 32 loads of W come from 32
+// different rows of W (K values apart), so each lands in a sector of its own.
+extern "C" __global__ void ladder_1_naive(const __nv_bfloat16* __restrict__ A, const __nv_bfloat16* __restrict__ W,
                                           float* __restrict__ C, int M, int N, int K) {
     const int col = blockIdx.x * 16 + threadIdx.x, row = blockIdx.y * 16 + threadIdx.y;
     if (row >= M || col >= N) return;
     float acc = 0.f;
-    for (int k = 0; k < K; ++k) acc = fmaf(ld_bf16(&A[(size_t)row * K + k]), ld_bf16(&B[(size_t)k * N + col]), acc);
+    for (int k = 0; k < K; ++k) acc = fmaf(ld_bf16(&A[(size_t)row * K + k]), ld_bf16(&W[(size_t)col * K + k]), acc);
     C[(size_t)row * N + col] = acc;
 }
 
-// Rung 2: shared-memory tiles. A 32 x 32 block copies a 32 x 32 slice of A and of B into
-// shared memory once, and every thread reads its row and column from there: each value
-// fetched from global memory serves 32 multiply-adds instead of one. Still one output per
-// thread, so each multiply-add costs two shared-memory reads.
+// Rung 2: shared-memory tiles. A 32 x 32 block copies a 32 x 32 slice of A and of W into
+// shared memory once (consecutive threads read consecutive values: coalesced), and every
+// thread reads its row and column from there: each value fetched from global memory serves
+// 32 multiply-adds instead of one. Still one output per thread, so each multiply-add costs
+// two shared-memory reads. (W's slice is read down a column, 33 floats apart: the one-float
+// pad keeps those reads in different banks; bank conflicts are rung 4's subject.)
 #define T2 32
-extern "C" __global__ void ladder_2_smem(const __nv_bfloat16* __restrict__ A, const __nv_bfloat16* __restrict__ B,
+extern "C" __global__ void ladder_2_smem(const __nv_bfloat16* __restrict__ A, const __nv_bfloat16* __restrict__ W,
                                          float* __restrict__ C, int M, int N, int K) {
-    __shared__ float As[T2][T2], Bs[T2][T2];
+    __shared__ float As[T2][T2], Ws[T2][T2 + 1];
     const int tx = threadIdx.x, ty = threadIdx.y;
     const int row = blockIdx.y * T2 + ty, col = blockIdx.x * T2 + tx;
+    const int wrow = blockIdx.x * T2 + ty;  // the row of W this thread copies
     float acc = 0.f;
     for (int k0 = 0; k0 < K; k0 += T2) {
         As[ty][tx] = (row < M && k0 + tx < K) ? ld_bf16(&A[(size_t)row * K + k0 + tx]) : 0.f;
-        Bs[ty][tx] = (k0 + ty < K && col < N) ? ld_bf16(&B[(size_t)(k0 + ty) * N + col]) : 0.f;
+        Ws[ty][tx] = (wrow < N && k0 + tx < K) ? ld_bf16(&W[(size_t)wrow * K + k0 + tx]) : 0.f;
         __syncthreads();
 #pragma unroll
-        for (int k = 0; k < T2; ++k) acc = fmaf(As[ty][k], Bs[k][tx], acc);
+        for (int k = 0; k < T2; ++k) acc = fmaf(As[ty][k], Ws[tx][k], acc);
         __syncthreads();
     }
     if (row < M && col < N) C[(size_t)row * N + col] = acc;
 }
 
-// Rung 3: register tiles and 16-byte loads. A block of 256 threads computes a 128 x 128 tile
-// of C, each thread an 8 x 8 patch held in 64 registers: per slice of K it reads 8 values of
-// A and 8 of B from shared memory and does 64 multiply-adds with them (4 FFMA per shared
-// load instead of rung 2's one half). Global loads are 16 bytes (8 BF16 values) per thread.
-// A's slice is stored transposed (k-major), so that a thread's 8 values of A are adjacent.
+// Rungs 3 and 4: register tiles and 16-byte loads. A block of 256 threads computes a
+// 128 x 128 tile of C, each thread an 8 x 8 patch held in 64 registers: per step of K it
+// reads 8 values of A and 8 of W from shared memory and does 64 multiply-adds with them
+// (4 FFMA per value read, against rung 2's one half). Global loads are 16 bytes (8 BF16
+// values) per thread. Both slices are stored transposed (k-major), so that the 8 values a
+// thread needs at one k are adjacent.
 #define BM 128
 #define BN 128
 #define BK 16
@@ -77,37 +86,51 @@ __device__ __forceinline__ void load8(const __nv_bfloat16* p, bool inside, float
     }
 }
 
+__device__ __forceinline__ void store_tile_fp32(float (&acc)[TM][TN], float* C, int M, int N, int r0, int c0, int rstep,
+                                                int cstep) {
+    // Rows r0 + i (i < 4) and r0 + rstep + (i - 4); likewise columns: rung 3 passes steps of
+    // 4 (8 adjacent rows and columns), rung 4 steps of 64 (two groups of 4, 64 apart).
+#pragma unroll
+    for (int i = 0; i < TM; ++i) {
+        const int r = r0 + (i < 4 ? i : rstep + i - 4);
+        if (r >= M) continue;
+#pragma unroll
+        for (int j = 0; j < TN; ++j) {
+            const int c = c0 + (j < 4 ? j : cstep + j - 4);
+            if (c < N) C[(size_t)r * N + c] = acc[i][j];
+        }
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(256) ladder_3_regtile(const __nv_bfloat16* __restrict__ A,
-                                                                    const __nv_bfloat16* __restrict__ B,
+                                                                    const __nv_bfloat16* __restrict__ W,
                                                                     float* __restrict__ C, int M, int N, int K) {
     __shared__ __align__(16) float As[BK][BM];  // transposed: As[k][m]
-    __shared__ __align__(16) float Bs[BK][BN];
+    __shared__ __align__(16) float Ws[BK][BN];  // transposed: Ws[k][n]
     const int tid = threadIdx.x;
     const int ty = tid / (BN / TN), tx = tid % (BN / TN);  // 16 x 16 threads
     const int row0 = blockIdx.y * BM, col0 = blockIdx.x * BN;
-    // Loading: A's slice is 128 rows x 16 k = 256 vectors of 8 (one per thread);
-    // B's slice is 16 k x 128 columns = 256 vectors of 8 (one per thread).
-    const int a_r = tid / (BK / 8), a_k = (tid % (BK / 8)) * 8;
-    const int b_k = tid / (BN / 8), b_c = (tid % (BN / 8)) * 8;
+    // Loading: each slice is 128 rows x 16 k = 256 vectors of 8, one per thread: thread t
+    // takes row t / 2 and the half (t % 2) of the slice's 16 k.
+    const int l_r = tid / 2, l_k = (tid % 2) * 8;
     float acc[TM][TN] = {};
     for (int k0 = 0; k0 < K; k0 += BK) {
         float v[8];
-        const int ar = row0 + a_r, ak = k0 + a_k;
-        load8(A + (size_t)ar * K + ak, ar < M && ak < K, v);
+        const int ar = row0 + l_r, wr = col0 + l_r, k = k0 + l_k;
+        load8(A + (size_t)ar * K + k, ar < M && k < K, v);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) As[a_k + i][a_r] = v[i];
-        const int bk = k0 + b_k, bc = col0 + b_c;
-        load8(B + (size_t)bk * N + bc, bk < K && bc < N, v);
+        for (int i = 0; i < 8; ++i) As[l_k + i][l_r] = v[i];
+        load8(W + (size_t)wr * K + k, wr < N && k < K, v);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) Bs[b_k][b_c + i] = v[i];
+        for (int i = 0; i < 8; ++i) Ws[l_k + i][l_r] = v[i];
         __syncthreads();
 #pragma unroll
-        for (int k = 0; k < BK; ++k) {
+        for (int kk = 0; kk < BK; ++kk) {
             float a[TM], b[TN];
 #pragma unroll
-            for (int i = 0; i < TM; ++i) a[i] = As[k][ty * TM + i];
+            for (int i = 0; i < TM; ++i) a[i] = As[kk][ty * TM + i];
 #pragma unroll
-            for (int j = 0; j < TN; ++j) b[j] = Bs[k][tx * TN + j];
+            for (int j = 0; j < TN; ++j) b[j] = Ws[kk][tx * TN + j];
 #pragma unroll
             for (int i = 0; i < TM; ++i)
 #pragma unroll
@@ -115,14 +138,390 @@ extern "C" __global__ void __launch_bounds__(256) ladder_3_regtile(const __nv_bf
         }
         __syncthreads();
     }
+    store_tile_fp32(acc, C, M, N, row0 + ty * TM, col0 + tx * TN, 4, 4);
+}
+
+// Rung 4: rung 3 without bank conflicts. Shared memory serves a warp's 16-byte loads a
+// quarter-warp (8 threads, 128 bytes) at a time; in rung 3 the 8 threads of a quarter read
+// 32 bytes apart, so two of them always share a bank. Here each thread's 8 columns are two
+// groups of 4, 64 columns apart (tx * 4 and 64 + tx * 4), so a quarter-warp's 8 loads are
+// 128 consecutive bytes; the same for its 8 rows. And the transposing stores: in rung 3 the
+// two threads of a row wrote k and k + 8, 8 x 128 floats apart, the same bank; here a warp
+// copies 32 different rows at the same k, so its 32 stores are 32 consecutive floats.
+extern "C" __global__ void __launch_bounds__(256) ladder_4_conflict_free(const __nv_bfloat16* __restrict__ A,
+                                                                          const __nv_bfloat16* __restrict__ W,
+                                                                          float* __restrict__ C, int M, int N, int K) {
+    __shared__ __align__(16) float As[BK][BM];
+    __shared__ __align__(16) float Ws[BK][BN];
+    const int tid = threadIdx.x;
+    const int ty = tid / 16, tx = tid % 16;
+    const int row0 = blockIdx.y * BM, col0 = blockIdx.x * BN;
+    // Loading: warp w copies rows 32 * (w / 2) .. + 31, the half (w % 2) of the 16 k.
+    const int warp = tid / 32, lane = tid % 32;
+    const int l_r = 32 * (warp / 2) + lane, l_k = (warp % 2) * 8;
+    float acc[TM][TN] = {};
+    for (int k0 = 0; k0 < K; k0 += BK) {
+        float v[8];
+        const int ar = row0 + l_r, wr = col0 + l_r, k = k0 + l_k;
+        load8(A + (size_t)ar * K + k, ar < M && k < K, v);
 #pragma unroll
-    for (int i = 0; i < TM; ++i) {
-        const int r = row0 + ty * TM + i;
-        if (r >= M) break;
+        for (int i = 0; i < 8; ++i) As[l_k + i][l_r] = v[i];
+        load8(W + (size_t)wr * K + k, wr < N && k < K, v);
 #pragma unroll
-        for (int j = 0; j < TN; ++j) {
-            const int c = col0 + tx * TN + j;
-            if (c < N) C[(size_t)r * N + c] = acc[i][j];
+        for (int i = 0; i < 8; ++i) Ws[l_k + i][l_r] = v[i];
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < BK; ++kk) {
+            float a[TM], b[TN];
+            const float4 a0 = *reinterpret_cast<const float4*>(&As[kk][ty * 4]);
+            const float4 a1 = *reinterpret_cast<const float4*>(&As[kk][64 + ty * 4]);
+            const float4 b0 = *reinterpret_cast<const float4*>(&Ws[kk][tx * 4]);
+            const float4 b1 = *reinterpret_cast<const float4*>(&Ws[kk][64 + tx * 4]);
+            a[0] = a0.x; a[1] = a0.y; a[2] = a0.z; a[3] = a0.w; a[4] = a1.x; a[5] = a1.y; a[6] = a1.z; a[7] = a1.w;
+            b[0] = b0.x; b[1] = b0.y; b[2] = b0.z; b[3] = b0.w; b[4] = b1.x; b[5] = b1.y; b[6] = b1.z; b[7] = b1.w;
+#pragma unroll
+            for (int i = 0; i < TM; ++i)
+#pragma unroll
+                for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
         }
+        __syncthreads();
     }
+    store_tile_fp32(acc, C, M, N, row0 + ty * 4, col0 + tx * 4, 64, 64);
+}
+
+// ---------------------------------------------------------------------------------------
+// Rungs 5 and 6: tensor cores through mma.sync (sm_80 and later). The unit of work is one
+// warp-wide instruction, mma.sync.m16n8k16: a 16 x 16 piece of A times a 16 x 8 piece of W^T,
+// added to a 16 x 8 piece of C held across the warp's registers (4 floats per thread). The
+// operands come from shared memory through ldmatrix, which loads 8 x 8 matrices of 16-bit
+// values straight into the register layout mma.sync wants (four at a time with .x4).
+//
+// Both rungs: a block of 8 warps computes a 128 x 128 tile of C, walking K in slices of 32;
+// warp (wm, wn) owns a 64 x 32 piece: 4 x 4 instructions per 16 of K, 64 floats of
+// accumulator per thread. A and W stay BF16 in shared memory, K-contiguous, each row padded
+// from 32 to 40 values (80 bytes): ldmatrix reads 8 rows of 16 bytes per matrix, and at 80
+// bytes apart those 8 rows fall in 8 different groups of 4 banks (at 64 bytes, rows 0 and 2
+// would collide).
+#define MBM 128
+#define MBN 128
+#define MBK 32
+#define MPAD 40  // padded row length of a slice in shared memory, in BF16 values
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const __nv_bfloat16* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+#endif
+}
+
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// One 32-deep slice already in shared memory (As: 128 rows of A, Ws: 128 rows of W) times
+// the warp's accumulators. ldmatrix.x4's lane l gives the address of one row: lanes 0-7
+// the first matrix's 8 rows, 8-15 the second's, and so on.
+__device__ __forceinline__ void mma_slice(float (&acc)[4][4][4], const __nv_bfloat16* As, const __nv_bfloat16* Ws,
+                                          int wm, int wn, int lane) {
+#pragma unroll
+    for (int k16 = 0; k16 < MBK; k16 += 16) {
+        uint32_t a[4][4], b[4][2];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)  // A: rows 0-15 at k 0-7 and 8-15 -> a0..a3 of one 16 x 16 piece
+            ldmatrix_x4(a[i], As + (wm * 64 + i * 16 + (lane % 16)) * MPAD + k16 + (lane / 16) * 8);
+#pragma unroll
+        for (int j = 0; j < 4; j += 2) {  // W: rows n 0-7 (k 0-7, 8-15), n 8-15 (k 0-7, 8-15) -> b of two n-pieces
+            uint32_t r[4];
+            ldmatrix_x4(r, Ws + (wn * 32 + j * 8 + (lane % 8) + (lane / 16) * 8) * MPAD + k16 + ((lane / 8) % 2) * 8);
+            b[j][0] = r[0]; b[j][1] = r[1]; b[j + 1][0] = r[2]; b[j + 1][1] = r[3];
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) mma_bf16_16816(acc[i][j], a[i], b[j][0], b[j][1]);
+    }
+}
+
+// The accumulators to C: in each 16 x 8 piece, thread l holds rows l / 4 and l / 4 + 8,
+// columns 2 (l % 4) and 2 (l % 4) + 1.
+__device__ __forceinline__ void mma_store(const float (&acc)[4][4][4], float* C, int M, int N, int row0, int col0,
+                                          int lane) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = row0 + i * 16 + lane / 4 + h * 8, c = col0 + j * 8 + (lane % 4) * 2;
+                if (r < M && c < N) *reinterpret_cast<float2*>(&C[(size_t)r * N + c]) = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+            }
+}
+
+// 16 bytes of row r (k from k) of a K-contiguous matrix with R rows, or zeros past its edge.
+__device__ __forceinline__ uint4 load16(const __nv_bfloat16* X, int R, int K, int r, int k) {
+    return (r < R && k < K) ? *reinterpret_cast<const uint4*>(X + (size_t)r * K + k) : make_uint4(0, 0, 0, 0);
+}
+
+// Rung 5: the slices go global -> registers -> shared memory, then everyone waits
+// (__syncthreads) and computes: while the tensor cores work no load is in flight, and while
+// loads are in flight the tensor cores wait.
+extern "C" __global__ void __launch_bounds__(256) ladder_5_mma(const __nv_bfloat16* __restrict__ A,
+                                                                const __nv_bfloat16* __restrict__ W,
+                                                                float* __restrict__ C, int M, int N, int K) {
+    __shared__ __align__(16) __nv_bfloat16 As[MBM * MPAD], Ws[MBN * MPAD];
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int wm = warp / 4, wn = warp % 4;
+    const int row0 = blockIdx.y * MBM, col0 = blockIdx.x * MBN;
+    float acc[4][4][4] = {};
+    for (int k0 = 0; k0 < K; k0 += MBK) {
+#pragma unroll
+        for (int v = 0; v < 2; ++v) {  // each slice: 128 rows x 4 vectors of 8 = 512 vectors, 2 per thread
+            const int idx = tid + v * 256, r = idx / 4, k = (idx % 4) * 8;
+            *reinterpret_cast<uint4*>(&As[r * MPAD + k]) = load16(A, M, K, row0 + r, k0 + k);
+            *reinterpret_cast<uint4*>(&Ws[r * MPAD + k]) = load16(W, N, K, col0 + r, k0 + k);
+        }
+        __syncthreads();
+        mma_slice(acc, As, Ws, wm, wn, lane);
+        __syncthreads();
+    }
+    mma_store(acc, C, M, N, row0 + wm * 64, col0 + wn * 32, lane);
+}
+
+// Rung 6: the same warps and instructions, fed by a pipeline of STAGES slices. cp.async
+// copies 16 bytes from global to shared memory without passing through registers and
+// without making the thread wait; commit_group / wait_group count the copies in flight.
+// While slice t is multiplied, slices t+1 .. t+STAGES-1 are on their way.
+#define STAGES 4
+#define STAGE_ELEMS ((MBM + MBN) * MPAD)
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool inside) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(inside ? 16 : 0));
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int N_IN_FLIGHT>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N_IN_FLIGHT));
+#endif
+}
+
+__device__ __forceinline__ void issue_slice(__nv_bfloat16* stage, const __nv_bfloat16* A, const __nv_bfloat16* W, int M,
+                                            int N, int K, int row0, int col0, int k0, int tid) {
+#pragma unroll
+    for (int v = 0; v < 2; ++v) {
+        const int idx = tid + v * 256, r = idx / 4, k = (idx % 4) * 8;
+        const bool a_in = row0 + r < M && k0 + k < K, w_in = col0 + r < N && k0 + k < K;
+        cp_async16(stage + r * MPAD + k, a_in ? A + (size_t)(row0 + r) * K + k0 + k : A, a_in);
+        cp_async16(stage + (MBM + r) * MPAD + k, w_in ? W + (size_t)(col0 + r) * K + k0 + k : W, w_in);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) ladder_6_pipelined(const __nv_bfloat16* __restrict__ A,
+                                                                      const __nv_bfloat16* __restrict__ W,
+                                                                      float* __restrict__ C, int M, int N, int K) {
+    extern __shared__ __align__(16) __nv_bfloat16 smem6[];  // STAGES x (A slice, W slice)
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int wm = warp / 4, wn = warp % 4;
+    const int row0 = blockIdx.y * MBM, col0 = blockIdx.x * MBN;
+    const int slices = (K + MBK - 1) / MBK;
+    float acc[4][4][4] = {};
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {  // prologue: the first STAGES-1 slices in flight
+        if (s < slices) issue_slice(smem6 + s * STAGE_ELEMS, A, W, M, N, K, row0, col0, s * MBK, tid);
+        cp_async_commit();  // an empty group past the end keeps the count uniform
+    }
+    for (int t = 0; t < slices; ++t) {
+        cp_async_wait<STAGES - 2>();  // slice t has landed (this thread's copies)...
+        __syncthreads();              // ...and everyone's; and everyone is done with slice t-1
+        const int next = t + STAGES - 1;
+        if (next < slices) issue_slice(smem6 + (next % STAGES) * STAGE_ELEMS, A, W, M, N, K, row0, col0, next * MBK, tid);
+        cp_async_commit();
+        const __nv_bfloat16* stage = smem6 + (t % STAGES) * STAGE_ELEMS;
+        mma_slice(acc, stage, stage + MBM * MPAD, wm, wn, lane);
+    }
+    cp_async_wait<0>();
+    mma_store(acc, C, M, N, row0 + wm * 64, col0 + wn * 32, lane);
+}
+
+// ---------------------------------------------------------------------------------------
+// Rung 7: Hopper (sm_90a). A warpgroup (4 consecutive warps, 128 threads) issues wgmma,
+// one instruction for a 64 x 256 x 16 product that reads both operands from shared memory
+// itself (no ldmatrix, no registers for A or W) and runs asynchronously. The slices arrive
+// by the tensor memory accelerator (TMA): one thread asks for a whole 128 x 64 or 256 x 64
+// box with one instruction, the copy engine writes it swizzled (the 128-byte pattern wgmma
+// reads without bank conflicts), fills what lies past the matrix's edge with zeros, and
+// counts the bytes in on an mbarrier in shared memory.
+//
+// Warp specialisation: a block of 3 warpgroups computes a 128 x 256 tile of C. Warpgroup 0
+// is the producer (one of its threads issues the copies for a ring of 4 stages and waits
+// for free slots); warpgroups 1 and 2 are consumers, each multiplying 64 rows of the tile
+// into 128 FP32 accumulators per thread. setmaxnreg moves registers from the producer
+// (which needs few) to the consumers. Barrier full[s]: the producer's copies of stage s
+// have landed; empty[s]: both consumers are done reading it.
+#define HBM 128
+#define HBN 256
+#define HBK 64
+#define HSTAGES 4
+#define H_A_BYTES (HBM * HBK * 2)
+#define H_W_BYTES (HBN * HBK * 2)
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define LADDER_HOPPER 1
+#endif
+
+#ifdef LADDER_HOPPER
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {  // arrive, expecting `bytes` more
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {  // until the phase of this parity completes
+    asm volatile(
+        "{\n .reg .pred done;\n"
+        "WAIT:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        " @!done bra WAIT;\n}\n" ::"r"(smem_addr(bar)),
+        "r"(parity)
+        : "memory");
+}
+// One box of a 2-D tensor map (K innermost): HBK values of K from k, rows from r.
+__device__ __forceinline__ void tma_load_2d(void* dst, const void* tmap, uint64_t* bar, int k, int r) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
+            smem_addr(dst)),
+        "l"(tmap), "r"(smem_addr(bar)), "r"(k), "r"(r)
+        : "memory");
+}
+// Shared-memory matrix descriptor for wgmma: K-major, 128-byte swizzle, 8-row groups
+// 1024 bytes apart (8 rows x 64 BF16 values). Addresses are encoded in units of 16 bytes.
+__device__ __forceinline__ uint64_t wgmma_desc(const void* p) {
+    const uint64_t addr = smem_addr(p);
+    return ((addr & 0x3FFFF) >> 4) | ((uint64_t)(16 >> 4) << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
+}
+// D (64 x 256, FP32, 128 registers per thread) += A (64 x 16) * W^T (16 x 256), both from shared memory.
+__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[16][8], uint64_t desc_a, uint64_t desc_w) {
+    asm volatile(
+        "{\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+        "%128, %129, 1, 1, 1, 0, 0;\n"
+        "}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[0][4]), "+f"(d[0][5]), "+f"(d[0][6]), "+f"(d[0][7]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[1][4]), "+f"(d[1][5]), "+f"(d[1][6]), "+f"(d[1][7]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[2][4]), "+f"(d[2][5]), "+f"(d[2][6]), "+f"(d[2][7]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[3][4]), "+f"(d[3][5]), "+f"(d[3][6]), "+f"(d[3][7]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[4][4]), "+f"(d[4][5]), "+f"(d[4][6]), "+f"(d[4][7]),
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[5][4]), "+f"(d[5][5]), "+f"(d[5][6]), "+f"(d[5][7]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[6][4]), "+f"(d[6][5]), "+f"(d[6][6]), "+f"(d[6][7]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[7][4]), "+f"(d[7][5]), "+f"(d[7][6]), "+f"(d[7][7]),
+          "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[8][4]), "+f"(d[8][5]), "+f"(d[8][6]), "+f"(d[8][7]),
+          "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[9][4]), "+f"(d[9][5]), "+f"(d[9][6]), "+f"(d[9][7]),
+          "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[10][4]), "+f"(d[10][5]), "+f"(d[10][6]), "+f"(d[10][7]),
+          "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[11][4]), "+f"(d[11][5]), "+f"(d[11][6]), "+f"(d[11][7]),
+          "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[12][4]), "+f"(d[12][5]), "+f"(d[12][6]), "+f"(d[12][7]),
+          "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[13][4]), "+f"(d[13][5]), "+f"(d[13][6]), "+f"(d[13][7]),
+          "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[14][4]), "+f"(d[14][5]), "+f"(d[14][6]), "+f"(d[14][7]),
+          "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[15][4]), "+f"(d[15][5]), "+f"(d[15][6]), "+f"(d[15][7])
+        : "l"(desc_a), "l"(desc_w));
+}
+#endif
+
+// tmap_a, tmap_w: tensor maps (made on the host by cuTensorMapEncodeTiled, copied to global
+// memory): A as K x M and W as K x N, boxes of 64 x 128 and 64 x 256, 128-byte swizzle.
+extern "C" __global__ void __launch_bounds__(384, 1) ladder_7_wgmma_tma(const void* __restrict__ tmap_a,
+                                                                         const void* __restrict__ tmap_w,
+                                                                         float* __restrict__ C, int M, int N, int K) {
+#ifdef LADDER_HOPPER
+    __shared__ __align__(8) uint64_t full[HSTAGES], empty[HSTAGES];
+    extern __shared__ unsigned char smem7_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes, and the copy engine and wgmma agree on it
+    // only from a 1024-byte aligned address.
+    unsigned char* smem7 = smem7_raw + ((1024 - (smem_addr(smem7_raw) & 1023)) & 1023);
+    __nv_bfloat16* sA = reinterpret_cast<__nv_bfloat16*>(smem7);                             // HSTAGES x 128 x 64
+    __nv_bfloat16* sW = reinterpret_cast<__nv_bfloat16*>(smem7 + HSTAGES * H_A_BYTES);     // HSTAGES x 256 x 64
+    const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
+    const int row0 = blockIdx.y * HBM, col0 = blockIdx.x * HBN;
+    const int slices = (K + HBK - 1) / HBK;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < HSTAGES; ++s) {
+            mbar_init(&full[s], 1);   // the producer's one arrive (plus the bytes it expects)
+            mbar_init(&empty[s], 2);  // one arrive per consumer warpgroup
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (wg == 0) {  // producer
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (t == 0) {
+            // The tensor maps were written to global memory by an ordinary copy: make them
+            // visible to the copy engine (the tensor-map proxy) before it reads them.
+            asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(tmap_a) : "memory");
+            asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(tmap_w) : "memory");
+            for (int i = 0; i < slices; ++i) {
+                const int s = i % HSTAGES, round = i / HSTAGES;
+                if (round > 0) mbar_wait(&empty[s], (round - 1) & 1);
+                mbar_expect_tx(&full[s], H_A_BYTES + H_W_BYTES);
+                tma_load_2d(sA + s * (HBM * HBK), tmap_a, &full[s], i * HBK, row0);
+                tma_load_2d(sW + s * (HBN * HBK), tmap_w, &full[s], i * HBK, col0);
+            }
+        }
+    } else {  // consumers: warpgroup c multiplies rows 64 (c - 1) .. + 63 of the tile
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+        const int c = wg - 1;
+        float d[16][8];
+#pragma unroll
+        for (int j = 0; j < 16; ++j)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) d[j][e] = 0.f;
+        for (int i = 0; i < slices; ++i) {
+            const int s = i % HSTAGES;
+            mbar_wait(&full[s], (i / HSTAGES) & 1);
+            const __nv_bfloat16* a = sA + s * (HBM * HBK) + c * 64 * HBK;
+            const __nv_bfloat16* w = sW + s * (HBN * HBK);
+            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+            for (int k = 0; k < HBK / 16; ++k)  // 16 values of K = 32 bytes further into each swizzled row
+                wgmma_m64n256k16(d, wgmma_desc(a + k * 16), wgmma_desc(w + k * 16));
+            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+            if (t == 0) mbar_arrive(&empty[s]);
+        }
+        // Accumulator layout of m64nNk16: warp w of the warpgroup holds rows 16 w .. 16 w + 15;
+        // d[j][e] is row l / 4 (+ 8 for e = 2, 3, 6, 7), column 16 j + 2 (l % 4) (+ 1 for odd e,
+        // + 8 for e >= 4), with l the lane.
+        const int warp = t / 32, lane = t % 32;
+        const int r = row0 + c * 64 + warp * 16 + lane / 4;
+#pragma unroll
+        for (int j = 0; j < 16; ++j)
+#pragma unroll
+            for (int e = 0; e < 8; e += 2) {
+                const int rr = r + ((e / 2) % 2) * 8, cc = col0 + 16 * j + 2 * (lane % 4) + (e / 4) * 8;
+                if (rr < M && cc < N) *reinterpret_cast<float2*>(&C[(size_t)rr * N + cc]) = make_float2(d[j][e], d[j][e + 1]);
+            }
+    }
+#endif
 }

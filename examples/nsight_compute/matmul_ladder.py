@@ -1,20 +1,24 @@
 #!/usr/bin/env python3
-"""A BF16 matrix product, one idea per rung, each checked against cuBLAS and timed beside it.
+"""A linear layer's BF16 product, one idea per rung, each checked against cuBLAS and timed beside it.
 
-C = A @ B with A (M x K) and B (K x N) in BF16, row-major, accumulated and written in FP32.
-The rungs are kernels in matmul_ladder.cu, compiled with -lineinfo (so that ncu's source
-page maps counters to lines):
+C = A @ W^T with A (M x K) and W (N x K) in BF16, row-major (W as nn.Linear keeps its
+weight), accumulated and written in FP32. The rungs are kernels in matmul_ladder.cu,
+compiled with -lineinfo (so that ncu's source page maps counters to lines):
 
-  1  ladder_1_naive      one output per thread, every operand read from global memory
-  2  ladder_2_smem       32 x 32 tiles of A and B staged in shared memory
-  3  ladder_3_regtile    128 x 128 tiles, an 8 x 8 patch of C per thread in registers,
-                         16-byte loads
+  1  ladder_1_naive          one output per thread, every operand read from global memory
+  2  ladder_2_smem           32 x 32 tiles of A and W staged in shared memory
+  3  ladder_3_regtile        128 x 128 tiles, an 8 x 8 patch of C per thread, 16-byte loads
+  4  ladder_4_conflict_free  rung 3 without shared-memory bank conflicts
+  5  ladder_5_mma            tensor cores: mma.sync fed by ldmatrix (sm_80 and later)
+  6  ladder_6_pipelined      rung 5 fed by a 4-stage cp.async pipeline
+  7  ladder_7_wgmma_tma      Hopper: wgmma fed by TMA, a producer warpgroup and two
+                             consumers (sm_90a: H100, H200)
 
-The tensor-core rungs (mma.sync with ldmatrix, a cp.async pipeline, Hopper's wgmma fed by
-TMA) are not written yet. Every run first checks each rung on three shapes, one of them
-not a multiple of any tile, against cuBLAS's FP32 product of the same BF16 values (CuPy's
-matmul, TF32 off), then times the rungs and cuBLAS's own BF16 product (through PyTorch,
-when it is installed) at --size, in one run, and prints each rung's share of cuBLAS.
+Every run first checks each rung on three shapes, one of them not a multiple of any tile,
+against cuBLAS's FP32 product of the same BF16 values (CuPy's matmul, TF32 off), then times
+the rungs and cuBLAS at --size, in one run: cuBLAS computing the same product (BF16 in,
+FP32 out, cublasGemmEx) and, when PyTorch is installed, torch.matmul's BF16 product (BF16
+out, what a bf16 nn.Linear runs), and prints each rung's share of both.
 
   ncu --set full --import-source yes -k regex:ladder_3 -o ladder3 \\
       python examples/nsight_compute/matmul_ladder.py --rung 3 --warmup 0 --repeats 1 --no-check
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere in the repo
@@ -38,10 +43,32 @@ from gpuprof.cli import require_memory  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
 
 CU = Path(__file__).with_name("matmul_ladder.cu")
-RUNGS = {  # rung: (kernel, label, threads per block, tile of C per block, what the shape must be a multiple of)
-    1: ("ladder_1_naive", "1 naive, one output per thread", (16, 16), (16, 16), 1),
-    2: ("ladder_2_smem", "2 shared-memory tiles", (32, 32), (32, 32), 1),
-    3: ("ladder_3_regtile", "3 register tiles, 16-byte loads", (256,), (128, 128), 8),
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One kernel of the ladder and what launching it takes."""
+
+    kernel: str
+    label: str
+    block: tuple[int, ...]  # threads per block
+    tile: tuple[int, int]  # (rows, columns) of C per block
+    multiple: int = 1  # K and N must be multiples of this (16-byte loads of 8 values)
+    dynamic_smem: int = 0  # bytes of dynamic shared memory per block
+    min_cc: int = 0  # compute capability it needs, e.g. 80 for mma.sync
+    tensor_maps: bool = False  # launched with TMA tensor maps instead of A and W's addresses
+
+
+RUNGS = {
+    1: Rung("ladder_1_naive", "1 naive, one output per thread", (16, 16), (16, 16)),
+    2: Rung("ladder_2_smem", "2 shared-memory tiles", (32, 32), (32, 32)),
+    3: Rung("ladder_3_regtile", "3 register tiles, 16-byte loads", (256,), (128, 128), 8),
+    4: Rung("ladder_4_conflict_free", "4 no bank conflicts", (256,), (128, 128), 8),
+    5: Rung("ladder_5_mma", "5 tensor cores: mma.sync + ldmatrix", (256,), (128, 128), 8, min_cc=80),
+    6: Rung("ladder_6_pipelined", "6 cp.async pipeline, 4 stages", (256,), (128, 128), 8,
+            dynamic_smem=4 * 256 * 40 * 2, min_cc=80),
+    7: Rung("ladder_7_wgmma_tma", "7 wgmma + TMA, warp-specialised", (384,), (128, 256), 8,
+            dynamic_smem=4 * (128 + 256) * 64 * 2 + 1024, min_cc=90, tensor_maps=True),
 }
 CHECK_SHAPES = [(512, 512, 512), (1000, 1000, 1000), (777, 520, 264)]  # (M, N, K); the last two fit no tile
 TOLERANCE = 1e-3  # largest difference over the largest value of cuBLAS's FP32 product of the same inputs
@@ -68,6 +95,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--size", type=shape, default=(4096, 4096, 4096), metavar="M,N,K",
                    help="the timed product's shape (default: 4096,4096,4096)")
     p.add_argument("--no-check", action="store_true", help="skip the three-shape check (under ncu: one launch per rung)")
+    p.add_argument("--no-cublas", action="store_true", help="time the rungs only (under ncu: no library kernels)")
     gk.add_bench_arguments(p)
     args = p.parse_args(argv)
     try:
@@ -76,37 +104,94 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--rung takes 'all' or numbers such as 1,3, not {args.rung!r}")
     bad = [r for r in args.rungs if r not in RUNGS]
     if bad or not args.rungs:
-        p.error(f"no rung {bad[0] if bad else '(none given)'}; the rungs written so far are {sorted(RUNGS)}")
+        p.error(f"no rung {bad[0] if bad else '(none given)'}; the rungs are {sorted(RUNGS)}")
     return args
 
 
 def grid_for(rung: int, m: int, n: int) -> tuple[int, int]:
-    tile_m, tile_n = RUNGS[rung][3]
+    tile_m, tile_n = RUNGS[rung].tile
     return (-(-n // tile_n), -(-m // tile_m))
 
 
 def fits(rung: int, m: int, n: int, k: int) -> str | None:
-    """Why ``rung`` cannot take this shape, or None (rung 3's 16-byte loads need K and N multiples of 8)."""
-    step = RUNGS[rung][4]
+    """Why ``rung`` cannot take this shape, or None (rungs 3-7 load 8 values at a time: K and N multiples of 8)."""
+    step = RUNGS[rung].multiple
     if step > 1 and (k % step or n % step):
         return f"rung {rung} loads 8 values at a time: K and N must be multiples of {step} (got N={n}, K={k})"
     return None
 
 
+def runnable(rungs: list[int], cc: int) -> tuple[list[int], list[str]]:
+    """The rungs this GPU (compute capability ``cc``, e.g. 90) can run, and why the others cannot."""
+    ok, why = [], []
+    for r in rungs:
+        need = RUNGS[r].min_cc
+        if cc < need:
+            why.append(f"rung {r} needs compute capability {need // 10}.{need % 10} or newer (this GPU: {cc // 10}.{cc % 10})")
+        elif RUNGS[r].tensor_maps and cc != 90:
+            why.append(f"rung {r} uses Hopper's wgmma (sm_90a), which runs on H100/H200-class GPUs only")
+        else:
+            ok.append(r)
+    return ok, why
+
+
 def make_inputs(cp, m: int, n: int, k: int, seed: int):  # type: ignore[no-untyped-def]
-    """A and B as BF16 bit patterns, and the FP32 values they hold."""
+    """A and W as BF16 bit patterns, and the FP32 values they hold."""
     rng = cp.random.default_rng(seed)
     a = gk.bf16_bits(rng.standard_normal((m, k), dtype=cp.float32), cp)
-    b = gk.bf16_bits(rng.standard_normal((k, n), dtype=cp.float32), cp)
-    return a, b, gk.bf16_to_f32(a, cp), gk.bf16_to_f32(b, cp)
+    w = gk.bf16_bits(rng.standard_normal((n, k), dtype=cp.float32), cp)
+    return a, w, gk.bf16_to_f32(a, cp), gk.bf16_to_f32(w, cp)
 
 
-def check_rungs(cp, kernels: dict, rungs: list[int]) -> list[dict]:  # type: ignore[no-untyped-def]
+def tensor_map(cp, x, rows: int, k: int, box_rows: int):  # type: ignore[no-untyped-def]
+    """A TMA tensor map for a K-contiguous BF16 matrix (rows x k) in boxes of 64 x ``box_rows``,
+    128-byte swizzle, zeros past the edges; made by the driver's cuTensorMapEncodeTiled and
+    copied to GPU memory (rung 7 reads it from there)."""
+    import ctypes
+
+    lib = ctypes.CDLL("libcuda.so.1")
+    buf = (ctypes.c_uint64 * 24)()  # 192 bytes: room to align a 128-byte map to 64 bytes
+    base = (ctypes.addressof(buf) + 63) // 64 * 64
+    dims = (ctypes.c_uint64 * 2)(k, rows)
+    strides = (ctypes.c_uint64 * 1)(k * 2)  # bytes between rows; must be a multiple of 16
+    box = (ctypes.c_uint32 * 2)(64, box_rows)
+    elem = (ctypes.c_uint32 * 2)(1, 1)
+    BFLOAT16, INTERLEAVE_NONE, SWIZZLE_128B, L2_256B, OOB_ZERO = 9, 0, 3, 3, 0  # cuda.h's enums
+    rc = lib.cuTensorMapEncodeTiled(ctypes.c_void_p(base), BFLOAT16, 2, ctypes.c_void_p(x.data.ptr), dims, strides,
+                                    box, elem, INTERLEAVE_NONE, SWIZZLE_128B, L2_256B, OOB_ZERO)
+    if rc != 0:
+        raise GpuprofError(f"cuTensorMapEncodeTiled failed (CUresult {rc}) for a {rows} x {k} matrix.",
+                           "K must be a multiple of 8 and the matrix 16-byte aligned.")
+    raw = np.frombuffer(ctypes.string_at(base, 128), dtype=np.uint64)
+    return cp.asarray(raw)
+
+
+class Launcher:
+    """Launches one rung on given A, W and C (building rung 7's tensor maps once per set of inputs)."""
+
+    def __init__(self, cp, kernels: dict) -> None:  # type: ignore[no-untyped-def]
+        self.cp, self.kernels = cp, kernels
+        self._maps: dict[tuple, tuple] = {}
+
+    def __call__(self, rung: int, a, w, c, m: int, n: int, k: int) -> None:  # type: ignore[no-untyped-def]
+        spec = RUNGS[rung]
+        if spec.tensor_maps:
+            key = (a.data.ptr, w.data.ptr, m, n, k)
+            if key not in self._maps:
+                self._maps[key] = (tensor_map(self.cp, a, m, k, spec.tile[0]), tensor_map(self.cp, w, n, k, spec.tile[1]))
+            first, second = self._maps[key]
+        else:
+            first, second = a, w
+        self.kernels[spec.kernel](grid_for(rung, m, n), spec.block, (first, second, c, np.int32(m), np.int32(n), np.int32(k)),
+                                  shared_mem=spec.dynamic_smem)
+
+
+def check_rungs(cp, launch: Launcher, rungs: list[int]) -> list[dict]:  # type: ignore[no-untyped-def]
     """Each rung on each check shape against cuBLAS's FP32 product of the same BF16 values."""
     rows = []
     for m, n, k in CHECK_SHAPES:
-        a, b, a32, b32 = make_inputs(cp, m, n, k, seed=m + n + k)
-        want = cp.matmul(a32, b32)  # cuBLAS SGEMM (CuPy leaves TF32 off unless CUPY_TF32=1)
+        a, w, a32, w32 = make_inputs(cp, m, n, k, seed=m + n + k)
+        want = cp.matmul(a32, w32.T)  # cuBLAS SGEMM (CuPy leaves TF32 off unless CUPY_TF32=1)
         scale = float(cp.abs(want).max())
         for rung in rungs:
             why = fits(rung, m, n, k)
@@ -114,8 +199,7 @@ def check_rungs(cp, kernels: dict, rungs: list[int]) -> list[dict]:  # type: ign
                 rows.append({"rung": rung, "shape": [m, n, k], "skipped": why})
                 continue
             c = cp.full((m, n), cp.nan, dtype=cp.float32)
-            name, _, block, _, _ = RUNGS[rung]
-            kernels[name](grid_for(rung, m, n), block, (a, b, c, np.int32(m), np.int32(n), np.int32(k)))
+            launch(rung, a, w, c, m, n, k)
             err = float(cp.abs(c - want).max()) / scale
             ok = bool(err <= TOLERANCE)  # a NaN (an element never written) fails too
             rows.append({"rung": rung, "shape": [m, n, k], "relative_error": err, "ok": ok})
@@ -127,6 +211,27 @@ def check_rungs(cp, kernels: dict, rungs: list[int]) -> list[dict]:  # type: ign
                            + ", ".join(f"rung {r['rung']} at {r['shape']}" for r in failed) + ".",
                            "A rung that writes wrong results is not timed; see the lines above.")
     return rows
+
+
+def cublas_fp32_out(cp, a, w, c, m: int, n: int, k: int):  # type: ignore[no-untyped-def]
+    """A launcher for cuBLAS's own C = A W^T, BF16 in, FP32 accumulate and out (cublasGemmEx).
+
+    cuBLAS is column-major: our row-major C (M x N) is its N x M matrix W A^T, with W read
+    transposed (op T on a K x N column-major matrix) and A as it is."""
+    try:
+        from cupy_backends.cuda.libs import cublas
+    except ImportError:  # older CuPy
+        from cupy.cuda import cublas  # type: ignore[no-redef]
+
+    handle = cp.cuda.device.get_cublas_handle()
+    one, zero = np.array(1.0, np.float32), np.array(0.0, np.float32)
+    R_16BF, R_32F, COMPUTE_32F, GEMM_DEFAULT = 14, 0, 68, -1  # cudaDataType / cublasComputeType_t values
+
+    def launch() -> None:
+        cublas.gemmEx(handle, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, n, m, k, one.ctypes.data, w.data.ptr, R_16BF, k,
+                      a.data.ptr, R_16BF, k, zero.ctypes.data, c.data.ptr, R_32F, n, COMPUTE_32F, GEMM_DEFAULT)
+
+    return launch
 
 
 @exit_on_error
@@ -143,42 +248,52 @@ def main(argv: list[str] | None = None) -> int:
         why = fits(rung, m, n, k)
         if why:
             raise GpuprofError(why + ".", "Choose another --size or leave this rung out with --rung.")
+    cc = int(cp.cuda.Device().compute_capability)
+    rungs, skipped = runnable(args.rungs, cc)
+    for line in skipped:
+        print(f"  skipped: {line}")
+    if not rungs:
+        raise GpuprofError("none of the chosen rungs runs on this GPU.", "Choose others with --rung.")
     require_memory(2 * (m * k + k * n) * 2 + 2 * m * n * 4, "cuda", f"A {m} x {n} x {k} product's inputs and outputs",
                    "--size")
-    names = [RUNGS[r][0] for r in args.rungs]
-    kernels = gk.compile_kernels(CU, names, cp)
-    print(f"matmul_ladder: {m} x {n} x {k}, BF16 in, FP32 accumulate, {2 * m * n * k / 1e9:,.0f} GFLOP per product")
-    checks = [] if args.no_check else check_rungs(cp, kernels, args.rungs)
-    a, b, a32, b32 = make_inputs(cp, m, n, k, seed=0)
+    kernels = gk.compile_kernels(CU, [RUNGS[r].kernel for r in rungs], cp, arch="sm_90a" if cc == 90 else None,
+                                 max_dynamic_shared={RUNGS[r].kernel: RUNGS[r].dynamic_smem for r in rungs})
+    launch = Launcher(cp, kernels)
+    print(f"matmul_ladder: C = A W^T, {m} x {n} x {k}, BF16 in, FP32 accumulate and out, "
+          f"{2 * m * n * k / 1e9:,.0f} GFLOP per product")
+    checks = [] if args.no_check else check_rungs(cp, launch, rungs)
+    a, w, _, _ = make_inputs(cp, m, n, k, seed=0)
     c = cp.empty((m, n), dtype=cp.float32)
     backend = Backend("cupy", "cuda", cp)
-    variants = []
-    for rung in args.rungs:
-        name, label, block, _, _ = RUNGS[rung]
+    flops = 2 * m * n * k
+    variants = [gk.Variant(RUNGS[r].kernel, RUNGS[r].label, lambda r=r: launch(r, a, w, c, m, n, k), flops,
+                           unit="TFLOP/s", extra={"rung": r}) for r in rungs]
+    if not args.no_cublas:
+        try:
+            gemm = cublas_fp32_out(cp, a, w, c, m, n, k)
+            gemm()  # a failure here is one line, not a lost run
+            variants.append(gk.Variant("cublas_fp32_out", "cuBLAS, same product (FP32 out)", gemm, flops,
+                                       unit="TFLOP/s"))
+        except Exception as exc:  # noqa: BLE001 - CuPy raises its own error types from several modules
+            print(f"  (cuBLAS's cublasGemmEx through CuPy did not run here: {exc}; no same-product row)")
+        try:
+            import torch
 
-        def launch(kern=kernels[name], grid=grid_for(rung, m, n), block=block) -> None:
-            kern(grid, block, (a, b, c, np.int32(m), np.int32(n), np.int32(k)))
-
-        variants.append(gk.Variant(name, label, launch, 2 * m * n * k, unit="TFLOP/s", extra={"rung": rung}))
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            ta, tb = (torch.from_dlpack(x).view(torch.bfloat16) for x in (a, b))
-            variants.append(gk.Variant("cublas_bf16", "cuBLAS BF16 (BF16 output)", lambda: torch.matmul(ta, tb),
-                                       2 * m * n * k, unit="TFLOP/s"))
-    except ImportError:
-        print("  (no CUDA build of PyTorch here: no cuBLAS BF16 row to compare with)")
+            if torch.cuda.is_available():
+                ta, tw = (torch.from_dlpack(x).view(torch.bfloat16) for x in (a, w))
+                variants.append(gk.Variant("cublas_bf16_out", "cuBLAS via torch.matmul (BF16 out)",
+                                           lambda: torch.matmul(ta, tw.T), flops, unit="TFLOP/s"))
+        except ImportError:
+            print("  (no CUDA build of PyTorch here: no torch.matmul row)")
     results = gk.bench(variants, backend, warmup=args.warmup, repeats=args.repeats)
-    cublas = next((r for r in results if r.name == "cublas_bf16"), None)
     print()
-    print(gk.format_results(results, results[0], "vs rung " + str(args.rungs[0])))
-    if cublas:
-        for r in results:
-            if r is not cublas:
-                print(f"  {r.label:<44} {r.rate / cublas.rate:6.1%} of cuBLAS BF16")
-    gk.write_json(args.json, {"size": [m, n, k], "flops_per_product": 2 * m * n * k, "checks": checks,
-                              "results": results, "tolerance": TOLERANCE})
+    print(gk.format_results(results, results[0], f"vs rung {rungs[0]}"))
+    refs = [r for r in results if r.name.startswith("cublas")]
+    for r in results:
+        if r not in refs and refs:
+            print(f"  {r.label:<44} " + "   ".join(f"{r.rate / ref.rate:6.1%} of {ref.label}" for ref in refs))
+    gk.write_json(args.json, {"size": [m, n, k], "flops_per_product": flops, "checks": checks, "results": results,
+                              "tolerance": TOLERANCE, "skipped": skipped})
     return 0
 
 
