@@ -331,4 +331,4 @@ def test_the_ladders_shape_rules():
     assert ml.fits(3, 777, 520, 264) is None and "multiples of 8" in ml.fits(3, 64, 64, 60)
     assert all(ml.fits(1, m, n, k) is None for m, n, k in ml.CHECK_SHAPES)
     # at least one check shape is a multiple of no rung's tile
-    assert any(all(m % t[0] or n % t[1] for t in (r[3] for r in ml.RUNGS.values())) for m, n, _ in ml.CHECK_SHAPES)
+    assert any(all(m % r.tile[0] or n % r.tile[1] for r in ml.RUNGS.values()) for m, n, _ in ml.CHECK_SHAPES)
