@@ -164,6 +164,9 @@ def load_script(script: str | Path):  # type: ignore[no-untyped-def]
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot import {path}")
     module = importlib.util.module_from_spec(spec)
+    # Registered before it runs: a dataclass in a module with postponed annotations looks its
+    # module up in sys.modules while the class is being made.
+    sys.modules.setdefault(spec.name, module)
     spec.loader.exec_module(module)
     return module
 

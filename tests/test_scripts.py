@@ -93,7 +93,7 @@ BAD_INPUT = {
     "divergence.py": [(["--block", "96"], "multiple of 64"), (["--threads", "1000"], "must be a multiple of --block"),
                       (["--iters", "0"], "must be at least 1")],
     "matmul.py": [(["--n", "100"], "must be a multiple of 64"), (["--kernels", "cublas_fp8"], "unknown kernel(s) cublas_fp8")],
-    "matmul_ladder.py": [(["--rung", "9"], "no rung 9; the rungs are [1, 2, 3, 4, 5, 6, 7]"),
+    "matmul_ladder.py": [(["--rung", "9"], "no rung 9; the rungs are [1, 2, 3, 4, 5, 6, 7, 8]"),
                          (["--rung", "x"], "--rung takes 'all' or numbers"), (["--size", "4096,0"], "expected three positive sizes"),
                          (["--size", "big"], "expected M,N,K or one number")],
     "spills.py": [(["--threads", "100"], "must be a multiple of 256"), (["--iters", "0"], "must be at least 1"),

@@ -6,7 +6,8 @@
 //
 // Rungs 1-4 run on the CUDA cores (FFMA), with the BF16 inputs widened to FP32 as they are
 // read; rungs 5-6 on the tensor cores through mma.sync (any GPU from sm_80); rung 7 through
-// Hopper's wgmma, fed by the tensor memory accelerator (TMA), and builds only for sm_90a.
+// Hopper's wgmma, fed by the tensor memory accelerator (TMA), and rung 8 keeps one
+// group of those in flight; both build only for sm_90a.
 // Every rung handles any M and N; rungs 3-7 load 16 bytes (8 values) at a time, so they
 // need K and N to be multiples of 8 (the script checks). Edges are masked (or, for TMA,
 // filled with zeros by the copy engine), so a shape that is not a multiple of the tile is
@@ -450,11 +451,14 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[16][8], uint64_t des
 }
 #endif
 
+// The body of rungs 7 and 8. IN_FLIGHT: how many of a consumer's wgmma groups may still be
+// running when it moves to the next slice (0: it waits for each slice's products before the
+// next; 1: it waits for the slice before, so the tensor cores always have the next one queued).
 // tmap_a, tmap_w: tensor maps (made on the host by cuTensorMapEncodeTiled, copied to global
 // memory): A as K x M and W as K x N, boxes of 64 x 128 and 64 x 256, 128-byte swizzle.
-extern "C" __global__ void __launch_bounds__(384, 1) ladder_7_wgmma_tma(const void* __restrict__ tmap_a,
-                                                                         const void* __restrict__ tmap_w,
-                                                                         float* __restrict__ C, int M, int N, int K) {
+template <int IN_FLIGHT>
+__device__ __forceinline__ void wgmma_tma_body(const void* __restrict__ tmap_a, const void* __restrict__ tmap_w,
+                                               float* __restrict__ C, int M, int N, int K) {
 #ifdef LADDER_HOPPER
     __shared__ __align__(8) uint64_t full[HSTAGES], empty[HSTAGES];
     extern __shared__ unsigned char smem7_raw[];
@@ -507,9 +511,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) ladder_7_wgmma_tma(const vo
             for (int k = 0; k < HBK / 16; ++k)  // 16 values of K = 32 bytes further into each swizzled row
                 wgmma_m64n256k16(d, wgmma_desc(a + k * 16), wgmma_desc(w + k * 16));
             asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-            if (t == 0) mbar_arrive(&empty[s]);
+            asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(IN_FLIGHT) : "memory");
+            // Release the stage whose products are now complete: this slice's (IN_FLIGHT 0) or
+            // the one before (IN_FLIGHT 1).
+            if (t == 0 && i >= IN_FLIGHT) mbar_arrive(&empty[(i - IN_FLIGHT) % HSTAGES]);
         }
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
         // Accumulator layout of m64nNk16: warp w of the warpgroup holds rows 16 w .. 16 w + 15;
         // d[j][e] is row l / 4 (+ 8 for e = 2, 3, 6, 7), column 16 j + 2 (l % 4) (+ 1 for odd e,
         // + 8 for e >= 4), with l the lane.
@@ -524,4 +531,20 @@ extern "C" __global__ void __launch_bounds__(384, 1) ladder_7_wgmma_tma(const vo
             }
     }
 #endif
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1) ladder_7_wgmma_tma(const void* __restrict__ tmap_a,
+                                                                         const void* __restrict__ tmap_w,
+                                                                         float* __restrict__ C, int M, int N, int K) {
+    wgmma_tma_body<0>(tmap_a, tmap_w, C, M, N, K);
+}
+
+// Rung 8: what rung 7's source page asked for. Most of its warp samples sat on
+// wgmma.wait_group 0: after each slice a consumer waited for its own products to finish
+// before it could release the stage and queue the next slice's, so the tensor cores idled
+// between slices. Here it keeps one group in flight.
+extern "C" __global__ void __launch_bounds__(384, 1) ladder_8_wgmma_overlap(const void* __restrict__ tmap_a,
+                                                                             const void* __restrict__ tmap_w,
+                                                                             float* __restrict__ C, int M, int N, int K) {
+    wgmma_tma_body<1>(tmap_a, tmap_w, C, M, N, K);
 }

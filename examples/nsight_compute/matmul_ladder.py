@@ -13,6 +13,8 @@ compiled with -lineinfo (so that ncu's source page maps counters to lines):
   6  ladder_6_pipelined      rung 5 fed by a 4-stage cp.async pipeline
   7  ladder_7_wgmma_tma      Hopper: wgmma fed by TMA, a producer warpgroup and two
                              consumers (sm_90a: H100, H200)
+  8  ladder_8_wgmma_overlap  rung 7 with one group of wgmma kept in flight (what rung 7's
+                             source page pointed to)
 
 Every run first checks each rung on three shapes, one of them not a multiple of any tile,
 against cuBLAS's FP32 product of the same BF16 values (CuPy's matmul, TF32 off), then times
@@ -68,6 +70,8 @@ RUNGS = {
     6: Rung("ladder_6_pipelined", "6 cp.async pipeline, 4 stages", (256,), (128, 128), 8,
             dynamic_smem=4 * 256 * 40 * 2, min_cc=80),
     7: Rung("ladder_7_wgmma_tma", "7 wgmma + TMA, warp-specialised", (384,), (128, 256), 8,
+            dynamic_smem=4 * (128 + 256) * 64 * 2 + 1024, min_cc=90, tensor_maps=True),
+    8: Rung("ladder_8_wgmma_overlap", "8 rung 7, one wgmma group in flight", (384,), (128, 256), 8,
             dynamic_smem=4 * (128 + 256) * 64 * 2 + 1024, min_cc=90, tensor_maps=True),
 }
 CHECK_SHAPES = [(512, 512, 512), (1000, 1000, 1000), (777, 520, 264)]  # (M, N, K); the last two fit no tile

@@ -1,0 +1,305 @@
+"""The matrix-multiply ladder's measurements: seven kernels timed beside cuBLAS, then profiled together.
+
+Chapter 11 climbs ``examples/nsight_compute/matmul_ladder.py`` (C = A W^T in BF16, FP32
+accumulate) from a naive kernel to Hopper's wgmma fed by TMA. This module holds what the
+chapter would otherwise spell out in cells:
+
+* :func:`run_ladder`: the whole ladder and cuBLAS in several fresh processes (each checks
+  every rung on three shapes, then times every rung and cuBLAS in one run), into one JSON
+  file with provenance; without a GPU, the course's reference results;
+* :func:`timing_table`, :func:`targets`, :func:`check_table`: what that file says, with the
+  spread across processes;
+* :func:`profile_ladder`: every rung once under Nsight Compute, in one report, and
+  :func:`counter_table`, :func:`opcode_table`, :func:`roofline_points`, :func:`stall_mix`,
+  :func:`figure`: the counters that moved from rung to rung.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import pandas as pd
+
+from ..artifacts import REPO_ROOT, FoundCapture, find_capture, save_json
+from ..backend import describe_machine
+from ..errors import GpuprofError
+from ..ncu import derived as nd
+from ..ncu import report as nr
+from ..ncu.plots import PIPES, STALL_REASONS, stall_metric
+from ..runner import portable_command, python_target
+
+__all__ = ["SCRIPT", "PROCESSES", "SIZE", "REFERENCE", "run_ladder", "timing_table", "targets", "check_table",
+           "PROFILE_OPTIONS", "profile_ladder", "profile_lines", "hot_lines", "LINE_RUNGS", "counter_table", "opcode_table", "roofline_points", "stall_mix",
+           "figure", "OPCODES"]
+
+SCRIPT = REPO_ROOT / "examples" / "nsight_compute" / "matmul_ladder.py"
+PROCESSES = 3
+SIZE = 4096
+REFERENCE = "cublas_fp32_out"  # cuBLAS computing the same product: BF16 in, FP32 accumulate and out
+TORCH = "cublas_bf16_out"
+
+# One report for all seven rungs: the sections the chapter reads and the counters its tables
+# derive from, no source counters (the report stays small).
+PROFILE_SECTIONS = ["SpeedOfLight", "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis", "Occupancy", "LaunchStats",
+                    "SchedulerStats", "WarpStateStats", "InstructionStats"]
+TENSOR_OPS = {"HMMA (mma.sync)": "sm__ops_path_tensor_op_hmma_src_bf16_dst_fp32_sparsity_off.sum",
+              "HGMMA (wgmma)": "sm__ops_path_tensor_op_hgmma_src_bf16_dst_fp32_sparsity_off.sum"}
+EXTRA_METRICS = ["l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum", "lts__t_sector_hit_rate.pct",
+                 *TENSOR_OPS.values(), *(f"{m}.peak_sustained" for m in TENSOR_OPS.values())]
+PROFILE_OPTIONS = [*(a for s in PROFILE_SECTIONS for a in ("--section", s)),
+                   *nd.metrics_option(nd.MEMORY_METRICS, nd.COMPUTE_METRICS, nd.ROOFLINE_METRICS, nd.SCHEDULER_METRICS,
+                                      nd.OCCUPANCY_METRICS, EXTRA_METRICS),
+                   "-k", "regex:ladder_"]
+FMA_PIPE, TENSOR_PIPE = PIPES["FMA"], PIPES["tensor HMMA (mma.sync + wgmma)"]
+OPCODES = ["FFMA", "HMMA", "HGMMA", "LDG", "LDS", "LDSM", "STS", "LDGSTS", "UTMALDG", "BAR", "SYNCS"]
+
+
+def _rungs(data: dict[str, Any]) -> list[int]:
+    return sorted({r["extra"]["rung"] for run in data["runs"] for r in run["results"] if "rung" in r.get("extra", {})})
+
+
+def run_ladder(chapter: str, filename: str = "ladder.json", *, processes: int = PROCESSES, size: int = SIZE,
+               timeout_s: float = 300) -> FoundCapture:
+    """The ladder in ``processes`` fresh processes (forked from one that imported the script once), into
+    ``<chapter>/<filename>``; without a GPU, the course's reference."""
+    from ..fork_runs import run_all
+
+    machine = describe_machine()
+    if machine.device != "cuda":
+        print(f"No GPU on this machine ({machine.summary()}): showing the course's reference results instead.")
+        return find_capture(chapter, filename, prefer="reference")
+    runs: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        argvs = [["--size", str(size), "--json", f"{tmp}/run{i}.json"] + ([] if i == 0 else ["--no-check"])
+                 for i in range(processes)]
+        for i, status, secs, log in run_all(SCRIPT, argvs, timeout_s=timeout_s):
+            out = Path(f"{tmp}/run{i}.json")
+            if status != "0" or not out.exists():
+                tail = " | ".join(log.strip().splitlines()[-3:])
+                raise GpuprofError(f"matmul_ladder.py {' '.join(argvs[i][:-2])} failed (exit {status}): {tail}")
+            runs.append({"process": i, "wall_s": secs, **json.loads(out.read_text())})
+            best = max((r for r in runs[-1]["results"] if "rung" in r["extra"]), key=lambda r: r["rate"])
+            print(f"  [process {i + 1}/{processes}] {len(runs[-1]['results'])} kernels timed; fastest rung "
+                  f"{best['extra']['rung']} at {best['rate']:.0f} TFLOP/s ({secs:.0f} s)", flush=True)
+    print(f"all processes: {time.perf_counter() - t0:.0f} s")
+    command = " ".join(portable_command(python_target(SCRIPT, "--size", str(size), "--json", "run.json")))
+    save_json(chapter, filename, {"script": "examples/nsight_compute/matmul_ladder.py", "size": size,
+                                  "processes": processes, "runs": runs}, overwrite=True,
+              command=f"gpuprof.studies.matmul_ladder.run_ladder: {command} in {processes} processes forked from "
+                      f"gpuprof.fork_runs (the first also checks every rung on three shapes; the others pass --no-check)")
+    return find_capture(chapter, filename)
+
+
+def timing_table(data: dict[str, Any]) -> pd.DataFrame:
+    """One row per kernel: median time and rate over the processes (each process's median of its repeats),
+    the range across processes, and its share of cuBLAS's same product and speed-up over the rung before,
+    each computed within a process (one run) and given as the median and the least favourable process."""
+    per: dict[str, list[dict[str, Any]]] = {}
+    for run in data["runs"]:
+        rates = {r["name"]: r["rate"] for r in run["results"]}
+        for r in run["results"]:
+            per.setdefault(r["name"], []).append({"label": r["label"], "rung": r["extra"].get("rung"),
+                                                  "ms": r["median_ms"], "rate": r["rate"], "rates": rates})
+    rows = []
+    previous: str | None = None
+    for name, obs in per.items():
+        shares = [o["rate"] / o["rates"][REFERENCE] for o in obs if REFERENCE in o["rates"]]
+        steps = [o["rate"] / o["rates"][previous] for o in obs if previous and previous in o["rates"]]
+        rows.append({"kernel": obs[0]["label"], "rung": obs[0]["rung"], "ms": statistics.median(o["ms"] for o in obs),
+                     "tflops": statistics.median(o["rate"] for o in obs), "tflops_low": min(o["rate"] for o in obs),
+                     "tflops_high": max(o["rate"] for o in obs),
+                     "of_cublas": statistics.median(shares) if shares else float("nan"),
+                     "of_cublas_low": min(shares) if shares else float("nan"),
+                     "vs_previous": statistics.median(steps) if steps else float("nan"),
+                     "vs_previous_low": min(steps) if steps else float("nan"), "name": name})
+        if obs[0]["rung"] is not None:
+            previous = name
+    return pd.DataFrame(rows).set_index("name")
+
+
+def targets(data: dict[str, Any]) -> dict[str, float]:
+    """The case study's targets, each from the least favourable process: the best rung's share of cuBLAS
+    (same product), naive -> best, and the smallest rung-to-rung step."""
+    table = timing_table(data)
+    rungs = table[table["rung"].notna()].sort_values("rung")
+    best = rungs["tflops"].idxmax()
+    worst_naive_to_best = min(
+        run_rate(run, best) / run_rate(run, rungs.index[0]) for run in data["runs"])
+    return {"best_rung": int(rungs.loc[best, "rung"]), "best_of_cublas_low": float(rungs.loc[best, "of_cublas_low"]),
+            "naive_to_best_low": float(worst_naive_to_best),
+            "smallest_step_low": float(rungs["vs_previous_low"].iloc[1:].min())}
+
+
+def run_rate(run: dict[str, Any], name: str) -> float:
+    return next(r["rate"] for r in run["results"] if r["name"] == name)
+
+
+def check_table(data: dict[str, Any]) -> pd.DataFrame:
+    """Each rung's largest difference from cuBLAS's FP32 product (over that product's largest value), per
+    check shape, from the process that checked."""
+    checks = next(run["checks"] for run in data["runs"] if run.get("checks"))
+    t = pd.DataFrame([{"rung": c["rung"], "shape": " x ".join(map(str, c["shape"])),
+                       "error": c.get("relative_error", float("nan"))} for c in checks])
+    return t.pivot(index="rung", columns="shape", values="error")
+
+
+def profile_ladder(chapter: str, name: str = "rungs", *, size: int = SIZE):  # type: ignore[no-untyped-def]
+    """Every rung once under ncu (no check, no cuBLAS: only the ladder's kernels), one report."""
+    from ..ncu.capture import ncu_capture
+
+    return ncu_capture(chapter, name, SCRIPT, ["--rung", "all", "--size", str(size), "--no-check", "--no-cublas",
+                                               "--warmup", "0", "--repeats", "1"], options=PROFILE_OPTIONS)
+
+
+LINE_RUNGS = (5, 7, 8)  # the rungs whose next step the source page shows
+
+
+def profile_lines(chapter: str, filename: str = "lines.json", *, rungs: Sequence[int] = LINE_RUNGS,
+                  size: int = SIZE) -> FoundCapture:
+    """Per source line of ``rungs``: warp samples and the stall reason of each (ncu's Source page, from
+    SourceCounters with the .cu file imported), as JSON; without ncu, the course's reference."""
+    from ..ncu.plots import SAMPLED_STALLS
+    from ..ncu.runs import source_lines
+    from ..tools import live_tool
+
+    live = live_tool("ncu")
+    if isinstance(live, str):
+        print(f"No live ncu capture: {live}; showing the course's reference lines instead.")
+        return find_capture(chapter, filename, prefer="reference")
+    names = [f"ladder_{r}_" for r in rungs]
+    kernels = _kernel_names(rungs)
+    args = ["--rung", ",".join(map(str, rungs)), "--size", str(size), "--no-check", "--no-cublas", "--warmup", "0",
+            "--repeats", "1"]
+    options = ["--section", "SourceCounters", "--section", "WarpStateStats", "--import-source", "yes",
+               "-k", "regex:" + "|".join(names)]
+    counters = ["smsp__pcsamp_sample_count", *(f"smsp__pcsamp_warps_issue_stalled_{r}" for r in SAMPLED_STALLS)]
+    rows = source_lines(SCRIPT, args, options, kernels, counters, search=[SCRIPT.parent])
+    command = " ".join(portable_command(["ncu", *options, *python_target(SCRIPT, *args)]))
+    save_json(chapter, filename, rows, overwrite=True,
+              command=f"{command} (per-line samples: gpuprof.ncu.runs.source_lines; the report is not kept)")
+    return find_capture(chapter, filename)
+
+
+def _kernel_names(rungs: Sequence[int]) -> list[str]:
+    from ..runner import load_script
+
+    return [load_script(SCRIPT).RUNGS[r].kernel for r in rungs]
+
+
+def hot_lines(rows: list[dict], top: int = 4) -> pd.DataFrame:
+    """Each profiled rung's most sampled source lines: share of the kernel's samples and what they waited on."""
+    lines = nd.sampled_lines(pd.DataFrame(rows))
+    lines["rung"] = [int(str(k).split("_")[1]) for k in lines["kernel"]]
+    return (lines.groupby("rung", sort=True).head(top)[["rung", "line", "share", "waiting_on", "source"]]
+            .reset_index(drop=True))
+
+
+def counter_table(report: str | Path) -> pd.DataFrame:
+    """One row per rung: the counters the chapter reasons with, from one report."""
+    t = nr.metric_table(report, [nd.DURATION, "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+                                 "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
+                                 FMA_PIPE, TENSOR_PIPE, "sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active",
+                                 "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
+                                 "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum",
+                                 "lts__t_bytes.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
+                                 "sm__warps_active.avg.pct_of_peak_sustained_active",
+                                 "smsp__warps_eligible.avg.per_cycle_active",
+                                 "smsp__issue_active.avg.pct_of_peak_sustained_active", "launch__registers_per_thread"],
+                        missing="nan")
+    sched = nd.scheduler_table(report)
+    occ = nd.occupancy_table(report)
+    out = pd.DataFrame({
+        "rung": [int(k.split("_")[1]) for k in t["kernel"]], "kernel": t["kernel"],
+        "ncu_us": t[nd.DURATION] / 1e3,
+        "sm_pct": t["sm__throughput.avg.pct_of_peak_sustained_elapsed"],
+        "memory_pct": t["gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed"],
+        "fma_pipe_pct": t[FMA_PIPE], "tensor_pipe_pct": t[TENSOR_PIPE],
+        "lsu_pct": t["sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active"],
+        "bank_conflicts_M": (t["l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum"]
+                             + t["l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum"]) / 1e6,
+        "l2_GB": t["lts__t_bytes.sum"] / 1e9,
+        "dram_GB": (t["dram__bytes_read.sum"] + t["dram__bytes_write.sum"]) / 1e9,
+        "occupancy_pct": t["sm__warps_active.avg.pct_of_peak_sustained_active"],
+        "limited_by": occ["limiter"].values if "limiter" in occ else None,
+        "eligible_warps": t["smsp__warps_eligible.avg.per_cycle_active"],
+        "issue_pct": t["smsp__issue_active.avg.pct_of_peak_sustained_active"],
+        "registers": t["launch__registers_per_thread"],
+        "top_stalls": sched["top_stalls"].values})
+    return out.set_index("rung").sort_index()
+
+
+def opcode_table(report: str | Path, opcodes: Sequence[str] = OPCODES) -> pd.DataFrame:
+    """Warp-level instructions executed per rung, for the opcodes that tell the rungs apart (Instruction
+    Statistics' ``sass__inst_executed_per_opcode``), in millions."""
+    kernels = nr.kernels(report)
+    rows = {}
+    for i, k in enumerate(kernels["name"]):
+        mix = nr.instances(report, i, "sass__inst_executed_per_opcode")
+        rows[int(str(k).split("_")[1])] = {op: float(mix.get(op, 0.0)) / 1e6 for op in opcodes}
+    return pd.DataFrame.from_dict(rows, orient="index").sort_index().rename_axis("rung")
+
+
+def roofline_points(report: str | Path, flops: float) -> pd.DataFrame:
+    """Per rung, under ncu: achieved TFLOP/s (``flops`` over the kernel's time), FLOP per DRAM byte, and the
+    roofs at the clock each kernel ran at: FP32 FFMA (ncu's roofline), BF16 tensor ops per cycle at peak
+    (HMMA and HGMMA counters' ``peak_sustained``) and DRAM bytes per second at peak."""
+    roof = nd.ncu_roofline(report)
+    t = nr.metric_table(report, [nd.DURATION, "dram__bytes_read.sum", "dram__bytes_write.sum",
+                                 *TENSOR_OPS.values(), *(f"{m}.peak_sustained" for m in TENSOR_OPS.values())],
+                        missing="nan")
+    seconds = t[nd.DURATION] / 1e9
+    dram = t["dram__bytes_read.sum"] + t["dram__bytes_write.sum"]
+    clock = roof["sm_ghz"] * 1e9
+    tensor_ops = sum(t[m] for m in TENSOR_OPS.values())
+    return pd.DataFrame({
+        "rung": [int(k.split("_")[1]) for k in t["kernel"]], "tflops": flops / seconds / 1e12,
+        "intensity": flops / dram, "tensor_ops_over_flops": tensor_ops / flops,
+        "fp32_roof": roof["fp32_peak_tflops"], "hmma_roof": t[f"{TENSOR_OPS['HMMA (mma.sync)']}.peak_sustained"] * clock / 1e12,
+        "hgmma_roof": t[f"{TENSOR_OPS['HGMMA (wgmma)']}.peak_sustained"] * clock / 1e12,
+        "dram_roof_tbps": roof["dram_peak_tbps"], "sm_ghz": roof["sm_ghz"]}).set_index("rung").sort_index()
+
+
+def stall_mix(report: str | Path, top: int = 6) -> pd.DataFrame:
+    """Per rung, each stall reason's share of all stalled warp-cycles per issued instruction; the ``top``
+    reasons across the ladder, the rest summed as ``other``."""
+    st = nd.stall_table(report)
+    names = {stall_metric(r): r for r in STALL_REASONS if r != "selected"}
+    s = st[[c for c in names if c in st.columns]].astype(float).rename(columns=names)
+    s.index = [int(str(k).split("_")[1]) for k in st["kernel"]]
+    share = s.div(s.sum(axis=1), axis=0)
+    keep = share.max().nlargest(top).index
+    out = share[keep].copy()
+    out["other"] = share.drop(columns=keep).sum(axis=1)
+    return out.sort_index().rename_axis("rung")
+
+
+def figure(points: pd.DataFrame, stalls: pd.DataFrame, gpu: str):  # type: ignore[no-untyped-def]
+    """A roofline with every rung's point (and its roofs) beside each rung's stall mix."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [1.2, 1]})
+    x = np.logspace(-1, 4, 200)
+    dram = float(points["dram_roof_tbps"].median())
+    for roof, label, style in ((points["fp32_roof"].median(), "FP32 FFMA peak", ":"),
+                               (points["hmma_roof"].median(), "BF16 mma.sync peak", "--"),
+                               (points["hgmma_roof"].median(), "BF16 wgmma peak", "-")):
+        ax.plot(x, np.minimum(roof, dram * x), style, color="0.4", lw=1)
+        ax.text(x[-1], roof, f" {label} {roof:.0f}", va="center", ha="left", fontsize=8)
+    for rung, p in points.iterrows():
+        ax.plot(p["intensity"], p["tflops"], "o", ms=8)
+        ax.annotate(str(rung), (p["intensity"], p["tflops"]), xytext=(6, -3), textcoords="offset points")
+    ax.set(xscale="log", yscale="log", xlabel="FLOP per DRAM byte", ylabel="TFLOP/s (under ncu)",
+           title=f"Every rung on the roofline ({gpu}, ncu's locked clock)")
+    ax.set_xlim(x[0], x[-1] * 40)
+    stalls.plot.bar(stacked=True, ax=bx, width=0.75, colormap="tab10")
+    bx.set(xlabel="rung", ylabel="share of stalled warp-cycles", title="Why warps waited, per rung")
+    bx.legend(fontsize=8, ncol=2, loc="upper right")
+    fig.tight_layout()
+    return fig
