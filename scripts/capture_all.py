@@ -40,7 +40,7 @@ BUDGET_S = {"00__setting_up.ipynb": 150, "01__nsight_systems.ipynb": 420, "02__n
             "03__weight_streaming.ipynb": 240, "04__nsight_compute.ipynb": 480,
             "05__pytorch_profiler.ipynb": 240, "06__cnn_training.ipynb": 480,
             "07__transformer.ipynb": 540, "08__multi_gpu.ipynb": 360, "09__your_own_captures.ipynb": 120,
-            "10__mixed_precision.ipynb": 420}
+            "10__mixed_precision.ipynb": 420, "11__matmul_ladder.ipynb": 240}
 DEFAULT_BUDGET_S = 120
 CELL_TIMEOUT_S = 540
 

@@ -18,6 +18,7 @@ split into parts, each within that limit on an H100 or H200:
     python scripts/gpu_nbval.py --part 6     # 08 (two GPUs; on one, its two-rank cells show the references)
     python scripts/gpu_nbval.py --part 7     # 00, 02, 09
     python scripts/gpu_nbval.py --part 8     # 10
+    python scripts/gpu_nbval.py --part 9     # 11
 
 or ``--notebooks`` for any list. Logs and a summary (``summary.md``: machine, command and
 closing line per notebook) go to ``--log-dir``; ``--archive`` packs the logs and the small
@@ -45,7 +46,7 @@ PARTS = {1: ["01__nsight_systems.ipynb"],
          2: ["03__weight_streaming.ipynb", "04__nsight_compute.ipynb"], 3: ["05__pytorch_profiler.ipynb"],
          4: ["06__cnn_training.ipynb"], 5: ["07__transformer.ipynb"],
          6: ["08__multi_gpu.ipynb"], 7: ["00__setting_up.ipynb", "02__nvtx.ipynb", "09__your_own_captures.ipynb"],
-         8: ["10__mixed_precision.ipynb"]}
+         8: ["10__mixed_precision.ipynb"], 9: ["11__matmul_ladder.ipynb"]}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
