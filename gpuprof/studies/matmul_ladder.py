@@ -153,8 +153,14 @@ def profile_ladder(chapter: str, name: str = "rungs", *, size: int = SIZE):  # t
     """Every rung once under ncu (no check, no cuBLAS: only the ladder's kernels), one report."""
     from ..ncu.capture import ncu_capture
 
-    return ncu_capture(chapter, name, SCRIPT, ["--rung", "all", "--size", str(size), "--no-check", "--no-cublas",
-                                               "--warmup", "0", "--repeats", "1"], options=PROFILE_OPTIONS)
+    cap = ncu_capture(chapter, name, SCRIPT, ["--rung", "all", "--size", str(size), "--no-check", "--no-cublas",
+                                              "--warmup", "0", "--repeats", "1"], options=PROFILE_OPTIONS, echo=False)
+    if cap.report.source == "this machine":  # the full command (60-odd metric names) is in the provenance entry
+        print(f"$ ncu {' '.join(f'--section {s}' for s in PROFILE_SECTIONS)} --metrics <{len(EXTRA_METRICS)} + the "
+              f"tables' metrics> -k regex:ladder_ -o {name} python {SCRIPT.relative_to(REPO_ROOT)} --rung all "
+              f"--size {size} --no-check --no-cublas --warmup 0 --repeats 1\n  ({len(cap.passes)} kernel launches "
+              f"profiled, report {cap.path.stat().st_size / 2**20:.2f} MiB)")
+    return cap
 
 
 LINE_RUNGS = (5, 7, 8)  # the rungs whose next step the source page shows
