@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""What compiled and CUDA-graphed code looks like in the PyTorch profiler, beside the same step in eager mode.
+
+One training step (forward and backward, no optimizer) of a small MLP block stack
+(LayerNorm -> Linear -> GELU -> Linear, with a residual, --layers times) is run three ways:
+
+  eager      the model as written: one ATen operator, and on a GPU one or more kernels, per op
+  compiled   torch.compile(model): TorchInductor fuses the elementwise work into generated
+             kernels (Triton on a GPU, C++ on a CPU); the profiler shows the compiled region
+             ("Torch-Compiled Region", "CompiledFunction") instead of most ATen operators
+  graphed    torch.compile(model, mode="reduce-overhead"): the compiled step replayed as a
+             CUDA graph; the profiler shows one cudaGraphLaunch where the kernels' launches
+             were (GPU only: on a CPU the mode is skipped, with a sentence saying so)
+
+For each mode: the step time without the profiler (median of --steps after --warmup steps,
+the warm-up includes compiling), then --steps steps under torch.profiler (CPU and, on a GPU,
+CUDA activities), the trace written to --trace-dir and read back: operators, kernels,
+runtime launch calls by name, the compiled-region and generated-kernel names, and the
+profiler's top rows by self time.
+
+  python examples/pytorch_profiler/compiled_and_graphed.py --json compiled.json --trace-dir traces
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere in the repo
+
+from gpuprof import exit_on_error  # noqa: E402
+from gpuprof.cli import output_file, positive_int, require_torch  # noqa: E402
+from gpuprof.errors import GpuprofError  # noqa: E402
+
+MODES = ("eager", "compiled", "graphed")
+LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch")
+TOLERANCE = 1e-3  # relative difference of the first step's loss from eager's (fusion reorders float arithmetic)
+COMPILED_NAMES = ("Torch-Compiled Region", "CompiledFunction", "CompiledFunctionBackward")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {', '.join(MODES)} (default: all)")
+    p.add_argument("--layers", type=positive_int, default=4, help="MLP blocks (default: 4)")
+    p.add_argument("--hidden", type=positive_int, default=1024, help="model width (default: 1024)")
+    p.add_argument("--batch", type=positive_int, default=2048, help="rows per step (default: 2048)")
+    p.add_argument("--warmup", type=positive_int, default=5, help="untimed steps first, compiling included (default: 5)")
+    p.add_argument("--steps", type=positive_int, default=10, help="timed steps, and profiled steps (default: 10)")
+    p.add_argument("--trace-dir", type=Path, default=None, help="keep each mode's trace here (MODE.json.gz)")
+    p.add_argument("--json", type=output_file, default=None, metavar="FILE", help="write the results to FILE")
+    p.add_argument("--cpu", action="store_true", help="run on the CPU even where a GPU is available")
+    args = p.parse_args(argv)
+    args.mode_list = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = [m for m in args.mode_list if m not in MODES]
+    if bad or not args.mode_list:
+        p.error(f"no mode {bad[0] if bad else '(none given)'}; the modes are {', '.join(MODES)}")
+    return args
+
+
+def build(torch, layers: int, hidden: int, device: str):  # type: ignore[no-untyped-def]
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm, self.up, self.down = nn.LayerNorm(hidden), nn.Linear(hidden, 4 * hidden), nn.Linear(4 * hidden, hidden)
+
+        def forward(self, x):  # type: ignore[no-untyped-def]
+            return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+    torch.manual_seed(0)
+    return nn.Sequential(*[Block() for _ in range(layers)]).to(device)
+
+
+def step_fn(torch, model, mode: str):  # type: ignore[no-untyped-def]
+    """One training step (forward, loss, backward) for ``mode``."""
+    run = model if mode == "eager" else torch.compile(model, mode="reduce-overhead" if mode == "graphed" else "default")
+
+    def step(x):  # type: ignore[no-untyped-def]
+        if mode == "graphed":
+            torch.compiler.cudagraph_mark_step_begin()  # each call is a new step: its outputs may be overwritten
+        loss = run(x).float().pow(2).mean()
+        loss.backward()
+        return loss
+
+    return step
+
+
+def timed(torch, step, x, n: int, gpu: bool) -> list[float]:  # type: ignore[no-untyped-def]
+    times = []
+    for _ in range(n):
+        if gpu:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step(x)
+        if gpu:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def summarise(trace_path: Path, averages) -> dict:  # type: ignore[no-untyped-def]
+    """What the trace and key_averages show for one mode."""
+    from gpuprof.torch_profiler.trace import read_trace
+
+    t = read_trace(trace_path)
+    ops = t.cpu_ops()
+    calls = t.runtime_calls()
+    kernels = t.kernels() if t.has_gpu_activity else None
+    names = set(ops["name"]) | set(t.annotations()["name"])
+    launch_counts = {c: int((calls["name"] == c).sum()) for c in LAUNCH_CALLS} if len(calls) else {}
+    top = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)[:8]
+    return {"cpu_ops": int(len(ops)), "aten_ops": int(ops["name"].str.startswith("aten::").sum()),
+            "kernels": int(len(kernels)) if kernels is not None else 0,
+            "generated_kernels": int(kernels["name"].str.startswith("triton_").sum()) if kernels is not None else 0,
+            "launch_calls": {k: v for k, v in launch_counts.items() if v},
+            "compiled_names": sorted(n for n in names if any(n.startswith(c) for c in COMPILED_NAMES)),
+            "top_self_cpu": [{"name": e.key, "calls": int(e.count), "self_cpu_us": float(e.self_cpu_time_total)}
+                             for e in top]}
+
+
+def run_mode(torch, mode: str, args: argparse.Namespace, device: str, trace_dir: Path) -> dict:  # type: ignore[no-untyped-def]
+    gpu = device == "cuda"
+    model = build(torch, args.layers, args.hidden, device)
+    x = torch.randn(args.batch, args.hidden, device=device)
+    step = step_fn(torch, model, mode)
+    t0 = time.perf_counter()
+    loss = float(step(x))  # the first step's loss, the same weights and input in every mode (the check)
+    timed(torch, step, x, args.warmup - 1, gpu)
+    warmup_s = time.perf_counter() - t0
+    untraced = timed(torch, step, x, args.steps, gpu)
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if gpu else [])
+    from gpuprof.torch_profiler.quiet import kineto_lines_filtered
+
+    with warnings.catch_warnings(), kineto_lines_filtered():
+        warnings.simplefilter("ignore")
+        with torch.profiler.profile(activities=activities) as prof:
+            traced = timed(torch, step, x, args.steps, gpu)
+        raw = trace_dir / f"{mode}.json"
+        prof.export_chrome_trace(str(raw))
+        averages = prof.key_averages()
+    with open(raw, "rb") as src, gzip.open(trace_dir / f"{mode}.json.gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    raw.unlink()
+    out = {"mode": mode, "loss": loss, "warmup_s": warmup_s, "step_ms": statistics.median(untraced) * 1e3,
+           "traced_step_ms": statistics.median(traced) * 1e3, **summarise(trace_dir / f"{mode}.json.gz", averages)}
+    print(f"  {mode:<9} {out['step_ms']:8.2f} ms/step untraced, {out['traced_step_ms']:8.2f} traced; "
+          f"{out['aten_ops']:5d} ATen ops, {out['kernels']:5d} kernels ({out['generated_kernels']} generated), launches "
+          f"{out['launch_calls'] or 'none (CPU)'}; warm-up {warmup_s:.1f} s", flush=True)
+    return out
+
+
+@exit_on_error
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch = require_torch("compiled_and_graphed.py")
+    device = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
+    modes = list(args.mode_list)
+    skipped = []
+    if device == "cpu" and "graphed" in modes:
+        modes.remove("graphed")
+        skipped.append("graphed: CUDA graphs need a GPU; on this machine only eager and compiled run")
+        print(f"  skipped {skipped[-1]}")
+    if not modes:
+        raise GpuprofError("nothing to run on this machine.", "Choose eager or compiled with --modes.")
+    print(f"compiled_and_graphed: {args.layers} MLP blocks of width {args.hidden}, batch {args.batch}, on {device}; "
+          f"{args.warmup} warm-up + {args.steps} timed + {args.steps} profiled steps per mode")
+    keep = args.trace_dir
+    with tempfile.TemporaryDirectory() as tmp:
+        trace_dir = keep or Path(tmp)
+        trace_dir.mkdir(parents=True, exist_ok=True)
+        results = [run_mode(torch, m, args, device, trace_dir) for m in modes]
+    eager = next((r["loss"] for r in results if r["mode"] == "eager"), None)
+    if eager is not None:
+        worst = max(abs(r["loss"] - eager) / abs(eager) for r in results)
+        if worst > TOLERANCE:
+            raise GpuprofError(f"a compiled mode's first loss differs from eager's by {worst:.1e} of it, over {TOLERANCE:.0e}.",
+                               "Compilation should not change the result beyond rounding; report it with your torch version.")
+        print(f"result checked: every mode's first loss within {TOLERANCE:.0e} of eager's (largest difference {worst:.1e} of it)")
+    if args.json:
+        import json
+
+        Path(args.json).write_text(json.dumps({"device": device, "torch": torch.__version__, "layers": args.layers,
+                                               "hidden": args.hidden, "batch": args.batch, "steps": args.steps,
+                                               "skipped": skipped, "tolerance": TOLERANCE, "modes": results}, indent=1))
+        print(f"results written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
