@@ -24,8 +24,6 @@ profiler's top rows by self time.
 from __future__ import annotations
 
 import argparse
-import gzip
-import shutil
 import statistics
 import sys
 import tempfile
@@ -144,12 +142,8 @@ def run_mode(torch, mode: str, args: argparse.Namespace, device: str, trace_dir:
         warnings.simplefilter("ignore")
         with torch.profiler.profile(activities=activities) as prof:
             traced = timed(torch, step, x, args.steps, gpu)
-        raw = trace_dir / f"{mode}.json"
-        prof.export_chrome_trace(str(raw))
+        prof.export_chrome_trace(str(trace_dir / f"{mode}.json.gz"))  # torch gzips a path ending in .gz
         averages = prof.key_averages()
-    with open(raw, "rb") as src, gzip.open(trace_dir / f"{mode}.json.gz", "wb") as dst:
-        shutil.copyfileobj(src, dst)
-    raw.unlink()
     out = {"mode": mode, "loss": loss, "warmup_s": warmup_s, "step_ms": statistics.median(untraced) * 1e3,
            "traced_step_ms": statistics.median(traced) * 1e3, **summarise(trace_dir / f"{mode}.json.gz", averages)}
     print(f"  {mode:<9} {out['step_ms']:8.2f} ms/step untraced, {out['traced_step_ms']:8.2f} traced; "
@@ -186,12 +180,11 @@ def main(argv: list[str] | None = None) -> int:
                                "Compilation should not change the result beyond rounding; report it with your torch version.")
         print(f"result checked: every mode's first loss within {TOLERANCE:.0e} of eager's (largest difference {worst:.1e} of it)")
     if args.json:
-        import json
+        from gpuprof.kernels import write_json
 
-        Path(args.json).write_text(json.dumps({"device": device, "torch": torch.__version__, "layers": args.layers,
-                                               "hidden": args.hidden, "batch": args.batch, "steps": args.steps,
-                                               "skipped": skipped, "tolerance": TOLERANCE, "modes": results}, indent=1))
-        print(f"results written to {args.json}")
+        write_json(args.json, {"device": device, "torch": torch.__version__, "layers": args.layers, "hidden": args.hidden,
+                               "batch": args.batch, "steps": args.steps, "skipped": skipped, "tolerance": TOLERANCE,
+                               "modes": results})
     return 0
 
 

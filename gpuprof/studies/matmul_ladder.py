@@ -232,7 +232,7 @@ def counter_table(report: str | Path) -> pd.DataFrame:
         "l2_GB": t["lts__t_bytes.sum"] / 1e9,
         "dram_GB": (t["dram__bytes_read.sum"] + t["dram__bytes_write.sum"]) / 1e9,
         "occupancy_pct": t["sm__warps_active.avg.pct_of_peak_sustained_active"],
-        "limited_by": occ["limiter"].values if "limiter" in occ else None,
+        "limited_by": occ["limiter"].values,
         "eligible_warps": t["smsp__warps_eligible.avg.per_cycle_active"],
         "issue_pct": t["smsp__issue_active.avg.pct_of_peak_sustained_active"],
         "registers": t["launch__registers_per_thread"],
