@@ -13,12 +13,14 @@ One training step (forward and backward, no optimizer) of a small MLP block stac
              were (GPU only: on a CPU the mode is skipped, with a sentence saying so)
 
 For each mode: the step time without the profiler (median of --steps after --warmup steps,
-the warm-up includes compiling), then --steps steps under torch.profiler (CPU and, on a GPU,
-CUDA activities), the trace written to --trace-dir and read back: operators, kernels,
-runtime launch calls by name, the compiled-region and generated-kernel names, and the
-profiler's top rows by self time.
+the warm-up includes compiling), then --profiled-steps steps under torch.profiler (CPU and,
+on a GPU, CUDA activities), each inside record_function("step N"), the trace read back:
+operators, kernels, runtime launch calls by name, the compiled-region and generated-kernel
+names, and the profiler's top rows by self time.
 
-  python examples/pytorch_profiler/compiled_and_graphed.py --json compiled.json --trace-dir traces
+  python examples/pytorch_profiler/compiled_and_graphed.py --json compiled.json --trace steps.json.gz
+
+keeps each mode's trace beside the name given: steps.eager.json.gz, steps.compiled.json.gz, ...
 """
 
 from __future__ import annotations
@@ -51,11 +53,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hidden", type=positive_int, default=1024, help="model width (default: 1024)")
     p.add_argument("--batch", type=positive_int, default=2048, help="rows per step (default: 2048)")
     p.add_argument("--warmup", type=positive_int, default=5, help="untimed steps first, compiling included (default: 5)")
-    p.add_argument("--steps", type=positive_int, default=10, help="timed steps, and profiled steps (default: 10)")
-    p.add_argument("--trace-dir", type=Path, default=None, help="keep each mode's trace here (MODE.json.gz)")
+    p.add_argument("--steps", type=positive_int, default=20, help="timed steps (default: 20)")
+    p.add_argument("--profiled-steps", type=positive_int, default=3, help="steps under the profiler (default: 3)")
+    p.add_argument("--trace", type=Path, default=None, metavar="FILE.json.gz",
+                   help="keep each mode's trace: FILE.MODE.json.gz beside the name given")
     p.add_argument("--json", type=output_file, default=None, metavar="FILE", help="write the results to FILE")
     p.add_argument("--cpu", action="store_true", help="run on the CPU even where a GPU is available")
     args = p.parse_args(argv)
+    if args.trace is not None and not args.trace.name.endswith(".json.gz"):
+        p.error(f"--trace {args.trace}: give a name ending in .json.gz (each mode's trace is written gzipped beside it)")
     args.mode_list = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in args.mode_list if m not in MODES]
     if bad or not args.mode_list:
@@ -92,21 +98,25 @@ def step_fn(torch, model, mode: str):  # type: ignore[no-untyped-def]
     return step
 
 
-def timed(torch, step, x, n: int, gpu: bool) -> list[float]:  # type: ignore[no-untyped-def]
+def timed(torch, step, x, n: int, gpu: bool, *, ranges: bool = False) -> list[float]:  # type: ignore[no-untyped-def]
+    """Wall time of each of ``n`` steps, synchronised on a GPU; ``ranges`` marks each as record_function("step N")."""
+    import contextlib
+
     times = []
-    for _ in range(n):
+    for i in range(n):
         if gpu:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        step(x)
+        with torch.profiler.record_function(f"step {i}") if ranges else contextlib.nullcontext():
+            step(x)
         if gpu:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
     return times
 
 
-def summarise(trace_path: Path, averages) -> dict:  # type: ignore[no-untyped-def]
-    """What the trace and key_averages show for one mode."""
+def summarise(trace_path: Path, averages, steps: int) -> dict:  # type: ignore[no-untyped-def]
+    """What the trace and key_averages show for one mode, per profiled step where a count is meant to be read."""
     from gpuprof.torch_profiler.trace import read_trace
 
     t = read_trace(trace_path)
@@ -116,22 +126,25 @@ def summarise(trace_path: Path, averages) -> dict:  # type: ignore[no-untyped-de
     names = set(ops["name"]) | set(t.annotations()["name"])
     launch_counts = {c: int((calls["name"] == c).sum()) for c in LAUNCH_CALLS} if len(calls) else {}
     top = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)[:8]
-    return {"cpu_ops": int(len(ops)), "aten_ops": int(ops["name"].str.startswith("aten::").sum()),
+    kernel_names = kernels["name"].astype(str) if kernels is not None else None
+    return {"profiled_steps": steps, "cpu_ops": int(len(ops)), "aten_ops": int(ops["name"].str.startswith("aten::").sum()),
             "kernels": int(len(kernels)) if kernels is not None else 0,
-            "generated_kernels": int(kernels["name"].str.startswith("triton_").sum()) if kernels is not None else 0,
+            "generated_kernels": int(kernel_names.str.startswith("triton_").sum()) if kernel_names is not None else 0,
+            "generated_kernel_names": sorted(set(kernel_names[kernel_names.str.startswith("triton_")]))[:12]
+            if kernel_names is not None else [],
             "launch_calls": {k: v for k, v in launch_counts.items() if v},
             "compiled_names": sorted(n for n in names if any(n.startswith(c) for c in COMPILED_NAMES)),
             "top_self_cpu": [{"name": e.key, "calls": int(e.count), "self_cpu_us": float(e.self_cpu_time_total)}
                              for e in top]}
 
 
-def run_mode(torch, mode: str, args: argparse.Namespace, device: str, trace_dir: Path) -> dict:  # type: ignore[no-untyped-def]
+def run_mode(torch, mode: str, args: argparse.Namespace, device: str, trace: Path) -> dict:  # type: ignore[no-untyped-def]
     gpu = device == "cuda"
     model = build(torch, args.layers, args.hidden, device)
     x = torch.randn(args.batch, args.hidden, device=device)
     step = step_fn(torch, model, mode)
     t0 = time.perf_counter()
-    loss = float(step(x))  # the first step's loss, the same weights and input in every mode (the check)
+    loss = float(step(x).detach())  # the first step's loss, the same weights and input in every mode (the check)
     timed(torch, step, x, args.warmup - 1, gpu)
     warmup_s = time.perf_counter() - t0
     untraced = timed(torch, step, x, args.steps, gpu)
@@ -141,11 +154,12 @@ def run_mode(torch, mode: str, args: argparse.Namespace, device: str, trace_dir:
     with warnings.catch_warnings(), kineto_lines_filtered():
         warnings.simplefilter("ignore")
         with torch.profiler.profile(activities=activities) as prof:
-            traced = timed(torch, step, x, args.steps, gpu)
-        prof.export_chrome_trace(str(trace_dir / f"{mode}.json.gz"))  # torch gzips a path ending in .gz
+            traced = timed(torch, step, x, args.profiled_steps, gpu, ranges=True)
+        prof.export_chrome_trace(str(trace))  # torch gzips a path ending in .gz
         averages = prof.key_averages()
     out = {"mode": mode, "loss": loss, "warmup_s": warmup_s, "step_ms": statistics.median(untraced) * 1e3,
-           "traced_step_ms": statistics.median(traced) * 1e3, **summarise(trace_dir / f"{mode}.json.gz", averages)}
+           "step_ms_range": [min(untraced) * 1e3, max(untraced) * 1e3], "traced_step_ms": statistics.median(traced) * 1e3,
+           "trace": trace.name, **summarise(trace, averages, args.profiled_steps)}
     print(f"  {mode:<9} {out['step_ms']:8.2f} ms/step untraced, {out['traced_step_ms']:8.2f} traced; "
           f"{out['aten_ops']:5d} ATen ops, {out['kernels']:5d} kernels ({out['generated_kernels']} generated), launches "
           f"{out['launch_calls'] or 'none (CPU)'}; warm-up {warmup_s:.1f} s", flush=True)
@@ -166,12 +180,12 @@ def main(argv: list[str] | None = None) -> int:
     if not modes:
         raise GpuprofError("nothing to run on this machine.", "Choose eager or compiled with --modes.")
     print(f"compiled_and_graphed: {args.layers} MLP blocks of width {args.hidden}, batch {args.batch}, on {device}; "
-          f"{args.warmup} warm-up + {args.steps} timed + {args.steps} profiled steps per mode")
-    keep = args.trace_dir
+          f"{args.warmup} warm-up + {args.steps} timed + {args.profiled_steps} profiled steps per mode")
     with tempfile.TemporaryDirectory() as tmp:
-        trace_dir = keep or Path(tmp)
-        trace_dir.mkdir(parents=True, exist_ok=True)
-        results = [run_mode(torch, m, args, device, trace_dir) for m in modes]
+        base = args.trace or Path(tmp) / "steps.json.gz"
+        base.parent.mkdir(parents=True, exist_ok=True)
+        stem = base.name[: -len(".json.gz")]
+        results = [run_mode(torch, m, args, device, base.with_name(f"{stem}.{m}.json.gz")) for m in modes]
     eager = next((r["loss"] for r in results if r["mode"] == "eager"), None)
     if eager is not None:
         worst = max(abs(r["loss"] - eager) / abs(eager) for r in results)
@@ -183,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         from gpuprof.kernels import write_json
 
         write_json(args.json, {"device": device, "torch": torch.__version__, "layers": args.layers, "hidden": args.hidden,
-                               "batch": args.batch, "steps": args.steps, "skipped": skipped, "tolerance": TOLERANCE,
+                               "batch": args.batch, "steps": args.steps, "warmup": args.warmup, "skipped": skipped, "tolerance": TOLERANCE,
                                "modes": results})
     return 0
 
