@@ -86,12 +86,18 @@ def build(torch, layers: int, hidden: int, device: str):  # type: ignore[no-unty
 
 def step_fn(torch, model, mode: str):  # type: ignore[no-untyped-def]
     """One training step (forward, loss, backward) for ``mode``."""
-    run = model if mode == "eager" else torch.compile(model, mode="reduce-overhead" if mode == "graphed" else "default")
+    def forward_loss(x):  # type: ignore[no-untyped-def]
+        return model(x).float().pow(2).mean()
+
+    # The loss is inside the compiled function: a CUDA graph's outputs are overwritten by its next replay,
+    # so the graph must not hand out an activation that autograd saves for a backward outside it.
+    run = forward_loss if mode == "eager" else torch.compile(forward_loss,
+                                                             mode="reduce-overhead" if mode == "graphed" else "default")
 
     def step(x):  # type: ignore[no-untyped-def]
         if mode == "graphed":
             torch.compiler.cudagraph_mark_step_begin()  # each call is a new step: its outputs may be overwritten
-        loss = run(x).float().pow(2).mean()
+        loss = run(x)
         loss.backward()
         return loss
 
