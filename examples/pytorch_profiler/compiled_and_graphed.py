@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What compiled and CUDA-graphed code looks like in the PyTorch profiler, beside the same step in eager mode.
 
-One training step (forward and backward, no optimizer) of a small MLP block stack
+One training step (gradients zeroed, forward and backward, no optimizer) of a small MLP block stack
 (LayerNorm -> Linear -> GELU -> Linear, with a residual, --layers times) is run three ways:
 
   eager      the model as written: one ATen operator, and on a GPU one or more kernels, per op
@@ -95,6 +95,9 @@ def step_fn(torch, model, mode: str):  # type: ignore[no-untyped-def]
                                                              mode="reduce-overhead" if mode == "graphed" else "default")
 
     def step(x):  # type: ignore[no-untyped-def]
+        # Gradients set to None, as an optimizer loop's zero_grad does: accumulating into the last step's
+        # .grad would read a backward graph's output that this step's replay overwrites.
+        model.zero_grad(set_to_none=True)
         if mode == "graphed":
             torch.compiler.cudagraph_mark_step_begin()  # each call is a new step: its outputs may be overwritten
         loss = run(x)
