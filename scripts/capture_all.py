@@ -38,7 +38,7 @@ from gpuprof.errors import GpuprofError  # noqa: E402
 # is split with --notebooks (each call refreshes the provenance table and its own rows).
 BUDGET_S = {"00__setting_up.ipynb": 150, "01__nsight_systems.ipynb": 420, "02__nvtx.ipynb": 150,
             "03__weight_streaming.ipynb": 240, "04__nsight_compute.ipynb": 480,
-            "05__pytorch_profiler.ipynb": 240, "06__cnn_training.ipynb": 480,
+            "05__pytorch_profiler.ipynb": 330, "06__cnn_training.ipynb": 480,
             "07__transformer.ipynb": 540, "08__multi_gpu.ipynb": 360, "09__your_own_captures.ipynb": 120,
             "10__mixed_precision.ipynb": 420, "11__matmul_ladder.ipynb": 240}
 DEFAULT_BUDGET_S = 120

@@ -16,7 +16,7 @@ For each mode: the step time without the profiler (median of --steps after --war
 the warm-up includes compiling), then --profiled-steps steps under torch.profiler (CPU and,
 on a GPU, CUDA activities), each inside record_function("step N"), the trace read back:
 operators, kernels, runtime launch calls by name, the compiled-region and generated-kernel
-names, and the profiler's top rows by self time.
+names, the GPU's busy time per step (median), and the profiler's top rows by self time.
 
   python examples/pytorch_profiler/compiled_and_graphed.py --json compiled.json --trace steps.json.gz
 
@@ -40,9 +40,7 @@ from gpuprof.cli import output_file, positive_int, require_torch  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
 
 MODES = ("eager", "compiled", "graphed")
-LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch")
 TOLERANCE = 1e-3  # relative difference of the first step's loss from eager's (fusion reorders float arithmetic)
-COMPILED_NAMES = ("Torch-Compiled Region", "CompiledFunction", "CompiledFunctionBackward")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -126,6 +124,8 @@ def timed(torch, step, x, n: int, gpu: bool, *, ranges: bool = False) -> list[fl
 
 def summarise(trace_path: Path, averages, steps: int) -> dict:  # type: ignore[no-untyped-def]
     """What the trace and key_averages show for one mode, per profiled step where a count is meant to be read."""
+    from gpuprof.torch_profiler.compiled import COMPILED_NAMES, GENERATED_PREFIX, LAUNCH_CALLS
+    from gpuprof.torch_profiler.summary import step_summary
     from gpuprof.torch_profiler.trace import read_trace
 
     t = read_trace(trace_path)
@@ -136,11 +136,13 @@ def summarise(trace_path: Path, averages, steps: int) -> dict:  # type: ignore[n
     launch_counts = {c: int((calls["name"] == c).sum()) for c in LAUNCH_CALLS} if len(calls) else {}
     top = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)[:8]
     kernel_names = kernels["name"].astype(str) if kernels is not None else None
+    busy = step_summary(t, rule="window", pattern=r"step (\d+)")["gpu_busy_ms"] if kernels is not None else None
     return {"profiled_steps": steps, "cpu_ops": int(len(ops)), "aten_ops": int(ops["name"].str.startswith("aten::").sum()),
             "kernels": int(len(kernels)) if kernels is not None else 0,
-            "generated_kernels": int(kernel_names.str.startswith("triton_").sum()) if kernel_names is not None else 0,
-            "generated_kernel_names": sorted(set(kernel_names[kernel_names.str.startswith("triton_")]))[:12]
+            "generated_kernels": int(kernel_names.str.startswith(GENERATED_PREFIX).sum()) if kernel_names is not None else 0,
+            "generated_kernel_names": sorted(set(kernel_names[kernel_names.str.startswith(GENERATED_PREFIX)]))[:12]
             if kernel_names is not None else [],
+            "gpu_busy_ms": float(busy.median()) if busy is not None and len(busy) else None,
             "launch_calls": {k: v for k, v in launch_counts.items() if v},
             "compiled_names": sorted(n for n in names if any(n.startswith(c) for c in COMPILED_NAMES)),
             "top_self_cpu": [{"name": e.key, "calls": int(e.count), "self_cpu_us": float(e.self_cpu_time_total)}
@@ -205,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         from gpuprof.kernels import write_json
 
-        write_json(args.json, {"device": device, "torch": torch.__version__, "layers": args.layers, "hidden": args.hidden,
+        gpu = torch.cuda.get_device_name() if device == "cuda" else None
+        write_json(args.json, {"device": device, "gpu": gpu, "torch": torch.__version__, "layers": args.layers, "hidden": args.hidden,
                                "batch": args.batch, "steps": args.steps, "warmup": args.warmup, "skipped": skipped, "tolerance": TOLERANCE,
                                "modes": results})
     return 0

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-__all__ = ["schedule_figure", "memory_figure"]
+__all__ = ["schedule_figure", "memory_figure", "launch_figure"]
 
 ACTION_COLOURS = {"NONE": "#dddddd", "WARMUP": "#f2c14e", "RECORD": "#4c9be8", "RECORD_AND_SAVE": "#1f5fa8"}
 
@@ -61,4 +61,39 @@ def memory_figure(curve: pd.DataFrame, ends: list[int], phases: list[str], title
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=3, fontsize=8, frameon=False)
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
+    return fig
+
+
+LAUNCH_COLOURS = {"cudaGraphLaunch": "#d62728", "kernel": "#4c9be8", "generated": "#f2a541", "other": "#7f7f7f"}
+
+
+def launch_figure(steps: dict[str, tuple[pd.DataFrame, pd.DataFrame]], title: str) -> Figure:
+    """One panel per mode on one time axis: the step's launch calls on the CPU (one tick each, graph
+    launches in red) above the kernels they launched on the GPU (generated kernels in orange).
+
+    ``steps`` maps a mode to :func:`gpuprof.torch_profiler.compiled.step_launches`' calls and kernels.
+    """
+    fig, axes = plt.subplots(len(steps), 1, figsize=(9, 0.9 + 1.15 * len(steps)), sharex=True)
+    axes = np.atleast_1d(axes)
+    right = max(max(c["end_ms"].max(), k["end_ms"].max() if len(k) else 0) for c, k in steps.values())
+    for ax, (mode, (calls, kernels)) in zip(axes, steps.items()):
+        graph = calls["name"] == "cudaGraphLaunch"
+        for rows, colour in ((calls[~graph], LAUNCH_COLOURS["other"]), (calls[graph], LAUNCH_COLOURS["cudaGraphLaunch"])):
+            ax.broken_barh(list(zip(rows["start_ms"], (rows["end_ms"] - rows["start_ms"]).clip(lower=right / 600))),
+                           (1.1, 0.8), color=colour)
+        for rows, colour in ((kernels[~kernels["generated"]], LAUNCH_COLOURS["kernel"]),
+                             (kernels[kernels["generated"]], LAUNCH_COLOURS["generated"])):
+            ax.broken_barh(list(zip(rows["start_ms"], (rows["end_ms"] - rows["start_ms"]).clip(lower=right / 600))),
+                           (0.0, 0.8), color=colour)
+        ax.set_yticks([0.4, 1.5], ["GPU kernels", "CPU launches"], fontsize=8)
+        ax.set_ylim(-0.2, 2.1)
+        ax.set_title(f"{mode}: {len(calls)} launch calls, {len(kernels)} kernels", fontsize=9, loc="left")
+        ax.spines[["top", "right"]].set_visible(False)
+    axes[-1].set_xlim(0, right * 1.02)
+    axes[-1].set_xlabel("ms from the start of the step (record_function range on the CPU)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in LAUNCH_COLOURS.values()]
+    labels = ["cudaGraphLaunch", "kernel (cuBLAS, PyTorch)", "generated kernel (triton_...)", "kernel launch call"]
+    fig.suptitle(title, fontsize=10)
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     return fig

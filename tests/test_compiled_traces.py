@@ -1,0 +1,93 @@
+"""Chapter 5's readers of eager, compiled and CUDA-graphed steps (gpuprof.torch_profiler.compiled).
+
+A hand-built trace in Kineto's format, whose answers are known by construction, checks
+that a graph launch's kernels are linked to the one ``cudaGraphLaunch`` through their
+shared correlation id, that calls outside the step are left out, and that generated
+kernels are told apart. The stored GPU reference (made by ``compiled_and_graphed.py``)
+is checked against what its own traces say where both exist.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from gpuprof.artifacts import REPO_ROOT
+from gpuprof.torch_profiler import read_trace
+from gpuprof.torch_profiler.compiled import GRAPH_LAUNCH, mode_table, step_launches
+
+REF = REPO_ROOT / "artifacts" / "ch05"
+
+
+def _x(cat, name, ts, dur, pid, tid, **args):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": pid, "tid": tid, "args": args}
+
+
+def graphed_trace(tmp_path):
+    """Steps 0 and 1 (record_function 'step N'); step 1 makes one ordinary launch (k0) and one graph launch
+    that runs three kernels (one generated), and a launch from the autograd thread; a launch after the step."""
+    ev = [
+        _x("user_annotation", "step 0", 0.0, 50.0, 100, 1),
+        _x("cuda_runtime", "cudaLaunchKernel", 10.0, 2.0, 100, 1, correlation=1),
+        _x("kernel", "k_prev", 15.0, 3.0, 0, 7, device=0, stream=7, correlation=1),
+        _x("user_annotation", "step 1", 100.0, 100.0, 100, 1),
+        _x("cuda_runtime", "cudaLaunchKernel", 110.0, 2.0, 100, 1, correlation=2),
+        _x("cuda_runtime", GRAPH_LAUNCH, 120.0, 10.0, 100, 1, correlation=3),
+        _x("cuda_runtime", "cuLaunchKernel", 150.0, 2.0, 100, 2, correlation=4),
+        _x("cuda_runtime", "cudaLaunchKernel", 250.0, 2.0, 100, 1, correlation=5),
+        _x("kernel", "k0", 115.0, 5.0, 0, 7, device=0, stream=7, correlation=2),
+        _x("kernel", "gemm", 131.0, 8.0, 0, 7, device=0, stream=7, correlation=3),
+        _x("kernel", "triton_poi_fused_add_0", 140.0, 2.0, 0, 7, device=0, stream=7, correlation=3),
+        _x("kernel", "gemm", 143.0, 8.0, 0, 7, device=0, stream=7, correlation=3),
+        _x("kernel", "triton_red_fused_sum_1", 155.0, 4.0, 0, 7, device=0, stream=7, correlation=4),
+        _x("kernel", "k_after", 255.0, 3.0, 0, 7, device=0, stream=7, correlation=5),
+    ]
+    path = tmp_path / "g.json.gz"
+    path.write_bytes(gzip.compress(json.dumps({"schemaVersion": 1, "traceEvents": ev}).encode()))
+    return read_trace(path)
+
+
+def test_a_graph_launch_owns_its_kernels_and_the_step_window_holds(tmp_path):
+    calls, kernels, start = step_launches(graphed_trace(tmp_path), 1)
+    assert start == 100_000  # ns
+    assert list(calls["name"]) == ["cudaLaunchKernel", GRAPH_LAUNCH, "cuLaunchKernel"]  # not step 0's, not the one after
+    assert list(calls["kernels"]) == [1, 3, 1]
+    assert calls["start_ms"].tolist() == pytest.approx([0.010, 0.020, 0.050])
+    assert list(kernels["name"]) == ["k0", "gemm", "triton_poi_fused_add_0", "gemm", "triton_red_fused_sum_1"]
+    assert list(kernels["launched_by"]) == ["cudaLaunchKernel", GRAPH_LAUNCH, GRAPH_LAUNCH, GRAPH_LAUNCH, "cuLaunchKernel"]
+    assert list(kernels["generated"]) == [False, False, True, False, True]
+    with pytest.raises(KeyError, match="no step 7"):
+        step_launches(graphed_trace(tmp_path), 7)
+
+
+def test_mode_table_counts_per_step_and_the_busy_share_uses_the_unprofiled_time():
+    run = {"modes": [
+        {"mode": "eager", "profiled_steps": 2, "step_ms": 4.0, "traced_step_ms": 8.0, "aten_ops": 100, "kernels": 40,
+         "generated_kernels": 0, "launch_calls": {"cudaLaunchKernel": 30, "cuLaunchKernel": 10}, "gpu_busy_ms": 1.0},
+        {"mode": "graphed", "profiled_steps": 2, "step_ms": 2.0, "traced_step_ms": 2.5, "aten_ops": 10, "kernels": 42,
+         "generated_kernels": 12, "launch_calls": {"cudaLaunchKernel": 6, GRAPH_LAUNCH: 4}, "gpu_busy_ms": 1.0},
+        {"mode": "compiled", "profiled_steps": 2, "step_ms": 1.0, "traced_step_ms": 1.0, "aten_ops": 20, "kernels": 0,
+         "generated_kernels": 0, "launch_calls": {}, "gpu_busy_ms": None},  # a CPU run: no GPU activity
+    ]}
+    t = mode_table(run)
+    assert t.loc["eager", "kernel launches"] == 20 and t.loc["eager", "graph launches"] == 0
+    assert t.loc["graphed", "kernel launches"] == 3 and t.loc["graphed", "graph launches"] == 2
+    assert t.loc["graphed", "ATen ops"] == 5 and t.loc["graphed", "generated"] == 6
+    assert t.loc["eager", "busy share"] == 0.25 and t.loc["graphed", "busy share"] == 0.5
+    assert t.loc["compiled", "busy share"] is None or t["busy share"].isna()["compiled"]
+
+
+@pytest.mark.skipif(not (REF / "compiled_64.json").exists(), reason="no stored reference of compiled_and_graphed.py")
+def test_the_stored_reference_agrees_with_its_own_traces():
+    run = json.loads((REF / "compiled_64.json").read_text())
+    assert run["device"] == "cuda" and [m["mode"] for m in run["modes"]] == ["eager", "compiled", "graphed"]
+    for m in run["modes"]:
+        trace = read_trace(REF / m["trace"])
+        steps = trace.steps(r"step (\d+)")
+        assert len(steps) == m["profiled_steps"]
+        launched = sum(step_launches(trace, s)[0]["kernels"].sum() for s in steps["step"])
+        assert launched == m["kernels"]  # every kernel of the trace is linked to a launch call inside a step
+        graph = sum((step_launches(trace, s)[0]["name"] == GRAPH_LAUNCH).sum() for s in steps["step"])
+        assert graph == m["launch_calls"].get(GRAPH_LAUNCH, 0)
