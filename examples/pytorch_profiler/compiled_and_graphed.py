@@ -12,9 +12,11 @@ One training step (gradients zeroed, forward and backward, no optimizer) of a sm
              CUDA graph; the profiler shows one cudaGraphLaunch where the kernels' launches
              were (GPU only: on a CPU the mode is skipped, with a sentence saying so)
 
-For each mode: the step time without the profiler (median of --steps after --warmup steps,
-the warm-up includes compiling), then --profiled-steps steps under torch.profiler (CPU and,
-on a GPU, CUDA activities), each inside record_function("step N"), the trace read back:
+Every mode is built and warmed up first (--warmup steps, compiling included); then the
+modes are timed without the profiler in turn, --rounds rounds of --steps steps each (the
+step time is the median of all; the per-round medians show the drift); then each mode has
+--profiled-steps steps under torch.profiler (CPU and, on a GPU, CUDA activities), each
+inside record_function("step N"), and its trace is read back:
 operators, kernels, runtime launch calls by name, the compiled-region and generated-kernel
 names, the GPU's busy time per step (median), and the profiler's top rows by self time.
 
@@ -31,7 +33,9 @@ import sys
 import tempfile
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere in the repo
 
@@ -51,7 +55,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hidden", type=positive_int, default=1024, help="model width (default: 1024)")
     p.add_argument("--batch", type=positive_int, default=2048, help="rows per step (default: 2048)")
     p.add_argument("--warmup", type=positive_int, default=5, help="untimed steps first, compiling included (default: 5)")
-    p.add_argument("--steps", type=positive_int, default=20, help="timed steps (default: 20)")
+    p.add_argument("--steps", type=positive_int, default=10, help="timed steps per mode in each round (default: 10)")
+    p.add_argument("--rounds", type=positive_int, default=5, help="rounds of timing, the modes in turn (default: 5)")
     p.add_argument("--profiled-steps", type=positive_int, default=3, help="steps under the profiler (default: 3)")
     p.add_argument("--trace", type=Path, default=None, metavar="FILE.json.gz",
                    help="keep each mode's trace: FILE.MODE.json.gz beside the name given")
@@ -149,31 +154,63 @@ def summarise(trace_path: Path, averages, steps: int) -> dict:  # type: ignore[n
                              for e in top]}
 
 
-def run_mode(torch, mode: str, args: argparse.Namespace, device: str, trace: Path) -> dict:  # type: ignore[no-untyped-def]
-    gpu = device == "cuda"
+@dataclass
+class Prepared:
+    """One mode's step, ready to time: compiled (where it compiles) and warmed up."""
+
+    mode: str
+    step: Any
+    x: Any
+    loss: float
+    warmup_s: float
+
+
+def prepare(torch, mode: str, args: argparse.Namespace, device: str) -> Prepared:  # type: ignore[no-untyped-def]
     model = build(torch, args.layers, args.hidden, device)
-    x = torch.randn(args.batch, args.hidden, device=device)
+    x = torch.randn(args.batch, args.hidden, device=device, generator=torch.Generator(device).manual_seed(1))
     step = step_fn(torch, model, mode)
     t0 = time.perf_counter()
     loss = float(step(x).detach())  # the first step's loss, the same weights and input in every mode (the check)
-    timed(torch, step, x, args.warmup - 1, gpu)
+    timed(torch, step, x, args.warmup - 1, device == "cuda")
     warmup_s = time.perf_counter() - t0
-    untraced = timed(torch, step, x, args.steps, gpu)
+    print(f"  {mode:<9} ready: first loss {loss:.6f}, warm-up {warmup_s:.1f} s (compiling included)", flush=True)
+    return Prepared(mode, step, x, loss, warmup_s)
+
+
+def time_interleaved(torch, prepared: list[Prepared], args: argparse.Namespace, gpu: bool) -> dict[str, list[list[float]]]:  # type: ignore[no-untyped-def]
+    """--rounds rounds of --steps steps per mode, the modes' order rotated each round.
+
+    A host-bound step's time drifts between and within processes (other processes, clocks,
+    caches); timing the modes in turn, in one process, puts every mode under the same drift,
+    and the per-round medians show how large it was.
+    """
+    times: dict[str, list[list[float]]] = {p.mode: [] for p in prepared}
+    for r in range(args.rounds):
+        for p in prepared[r % len(prepared):] + prepared[:r % len(prepared)]:
+            times[p.mode].append(timed(torch, p.step, p.x, args.steps, gpu))
+    return times
+
+
+def profile_mode(torch, p: Prepared, rounds: list[list[float]], args: argparse.Namespace, gpu: bool,  # type: ignore[no-untyped-def]
+                 trace: Path) -> dict:
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if gpu else [])
     from gpuprof.torch_profiler.quiet import kineto_lines_filtered
 
     with warnings.catch_warnings(), kineto_lines_filtered():
         warnings.simplefilter("ignore")
         with torch.profiler.profile(activities=activities) as prof:
-            traced = timed(torch, step, x, args.profiled_steps, gpu, ranges=True)
+            traced = timed(torch, p.step, p.x, args.profiled_steps, gpu, ranges=True)
         prof.export_chrome_trace(str(trace))  # torch gzips a path ending in .gz
         averages = prof.key_averages()
-    out = {"mode": mode, "loss": loss, "warmup_s": warmup_s, "step_ms": statistics.median(untraced) * 1e3,
+    untraced = [t for r in rounds for t in r]
+    out = {"mode": p.mode, "loss": p.loss, "warmup_s": p.warmup_s, "step_ms": statistics.median(untraced) * 1e3,
+           "step_ms_rounds": [statistics.median(r) * 1e3 for r in rounds],
            "step_ms_range": [min(untraced) * 1e3, max(untraced) * 1e3], "traced_step_ms": statistics.median(traced) * 1e3,
            "trace": trace.name, **summarise(trace, averages, args.profiled_steps)}
-    print(f"  {mode:<9} {out['step_ms']:8.2f} ms/step untraced, {out['traced_step_ms']:8.2f} traced; "
-          f"{out['aten_ops']:5d} ATen ops, {out['kernels']:5d} kernels ({out['generated_kernels']} generated), launches "
-          f"{out['launch_calls'] or 'none (CPU)'}; warm-up {warmup_s:.1f} s", flush=True)
+    spread = out["step_ms_rounds"]
+    print(f"  {p.mode:<9} {out['step_ms']:8.2f} ms/step untraced (rounds {min(spread):.2f}-{max(spread):.2f}), "
+          f"{out['traced_step_ms']:8.2f} traced; {out['aten_ops']:5d} ATen ops, {out['kernels']:5d} kernels "
+          f"({out['generated_kernels']} generated), launches {out['launch_calls'] or 'none (CPU)'}", flush=True)
     return out
 
 
@@ -191,12 +228,16 @@ def main(argv: list[str] | None = None) -> int:
     if not modes:
         raise GpuprofError("nothing to run on this machine.", "Choose eager or compiled with --modes.")
     print(f"compiled_and_graphed: {args.layers} MLP blocks of width {args.hidden}, batch {args.batch}, on {device}; "
-          f"{args.warmup} warm-up + {args.steps} timed + {args.profiled_steps} profiled steps per mode")
+          f"{args.warmup} warm-up steps, {args.rounds} rounds of {args.steps} timed steps (the modes in turn), "
+          f"{args.profiled_steps} profiled steps per mode")
     with tempfile.TemporaryDirectory() as tmp:
         base = args.trace or Path(tmp) / "steps.json.gz"
         base.parent.mkdir(parents=True, exist_ok=True)
         stem = base.name[: -len(".json.gz")]
-        results = [run_mode(torch, m, args, device, base.with_name(f"{stem}.{m}.json.gz")) for m in modes]
+        prepared = [prepare(torch, m, args, device) for m in modes]
+        times = time_interleaved(torch, prepared, args, device == "cuda")
+        results = [profile_mode(torch, p, times[p.mode], args, device == "cuda", base.with_name(f"{stem}.{p.mode}.json.gz"))
+                   for p in prepared]
     eager = next((r["loss"] for r in results if r["mode"] == "eager"), None)
     if eager is not None:
         worst = max(abs(r["loss"] - eager) / abs(eager) for r in results)
@@ -209,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
 
         gpu = torch.cuda.get_device_name() if device == "cuda" else None
         write_json(args.json, {"device": device, "gpu": gpu, "torch": torch.__version__, "layers": args.layers, "hidden": args.hidden,
-                               "batch": args.batch, "steps": args.steps, "warmup": args.warmup, "skipped": skipped, "tolerance": TOLERANCE,
+                               "batch": args.batch, "steps": args.steps, "rounds": args.rounds, "warmup": args.warmup, "skipped": skipped, "tolerance": TOLERANCE,
                                "modes": results})
     return 0
 
