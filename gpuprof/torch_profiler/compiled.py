@@ -38,7 +38,8 @@ GENERATED_PREFIX = "triton_"  # TorchInductor's kernels on a GPU
 def mode_table(run: dict[str, Any]) -> pd.DataFrame:
     """One row per mode of a ``compiled_and_graphed.py`` JSON: step times (ms), and counts per profiled step.
 
-    ``step ms`` is the unprofiled median, ``profiled ms`` the median under the profiler;
+    ``step ms`` is the unprofiled median, ``rounds`` the range of its per-round medians (the
+    modes were timed in turn, round after round), ``profiled ms`` the median under the profiler;
     ``generated`` counts TorchInductor's kernels. Counts are divided by the number of profiled steps, so runs with different step counts
     compare; ``kernel launches`` counts the calls that launch one kernel each, ``graph
     launches`` the ``cudaGraphLaunch`` calls (each of which runs many kernels). ``busy
@@ -50,7 +51,9 @@ def mode_table(run: dict[str, Any]) -> pd.DataFrame:
     for m in run["modes"]:
         n = m["profiled_steps"]
         launches = m.get("launch_calls", {})
-        rows.append({"mode": m["mode"], "step ms": m["step_ms"], "profiled ms": m["traced_step_ms"],
+        rounds = m.get("step_ms_rounds") or [m["step_ms"]]
+        rows.append({"mode": m["mode"], "step ms": m["step_ms"], "rounds": f"{min(rounds):.2f}-{max(rounds):.2f}",
+                     "profiled ms": m["traced_step_ms"],
                      "ATen ops": m["aten_ops"] / n, "kernels": m["kernels"] / n, "generated": m["generated_kernels"] / n,
                      "kernel launches": sum(v for k, v in launches.items() if k in KERNEL_LAUNCHES) / n,
                      "graph launches": launches.get(GRAPH_LAUNCH, 0) / n, "GPU busy ms": m.get("gpu_busy_ms"),
