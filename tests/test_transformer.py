@@ -395,3 +395,39 @@ def test_run_benchmarks_forks_each_run_and_reports_a_failure(tmp_path):
     assert [r["config"]["attention"] for r in runs] == ["manual", "sdpa"] and runs[1]["config"]["forward_only"]
     with pytest.raises(GpuprofError, match="failed"):
         tr.run_benchmarks([["--d-model", "100", "--num-heads", "12", "--cpu"]])
+
+
+def _sweep_row(size: str, context: int, *, weights: int, per_token: float, layers: int = 2, width: int = 8,
+               status: str = "ok") -> dict:
+    """A sweep row whose forward leaves 2 bytes per weight plus ``per_token`` bytes per token (batch 4)."""
+    start = 16 * weights
+    saved = 2 * weights + per_token * 4 * context
+    return {"name": size, "context_length": context, "status": status, "peak_memory_bytes": start + saved + 100,
+            "config": {"batch_size": 4, "num_layers": layers, "d_model": width},
+            "memory": {"parameter_bytes": 4 * weights, "optimizer_state_bytes": 8 * weights, "step_start": start,
+                       "forward_end": start + saved, "forward_peak": start + saved + 10, "backward_end": start + 4 * weights,
+                       "backward_peak": start + saved + 20, "optimizer_peak": start + 8 * weights,
+                       "optimizer_end": start}}
+
+
+def test_activation_fit_recovers_a_known_line_and_leaves_out_short_sizes():
+    data = {"rows": [_sweep_row("a", c, weights=1000, per_token=320.0) for c in (128, 256, 512)]
+            + [_sweep_row("b", 128, weights=10, per_token=1.0), _sweep_row("b", 256, weights=10, per_token=1.0),
+               _sweep_row("b", 512, weights=10, per_token=1.0, status="out of memory")]}
+    fit = tr.activation_fit(data)
+    assert list(fit.index) == ["a"]  # b has two contexts that ran
+    assert fit.loc["a", "intercept / bf16 copies"] == pytest.approx(1.0)
+    assert fit.loc["a", "bytes per token-layer-width"] == pytest.approx(320.0 / (2 * 8))
+    assert fit.loc["a", "worst residual"] < 1e-9
+    mem = tr.memory_by_context(data, "a")
+    assert list(mem.index) == [128, 256, 512] and list(mem["tokens"]) == [512, 1024, 2048]
+    assert (mem["forward peak"].diff().dropna() > 0).all()
+
+
+def test_the_stored_sweep_s_activations_are_linear_in_tokens():
+    """The chapter's reading of its own sweep: the intercept is autocast's bf16 weight copies, and the
+    activations per token, layer and unit of width are the same at every size from medium up."""
+    sweep = json.loads((REPO_ROOT / "artifacts" / "ch07" / "sweep.json").read_text())
+    fit = tr.activation_fit(sweep).drop(index="small")
+    assert fit["intercept / bf16 copies"].between(0.95, 1.05).all()
+    assert fit["bytes per token-layer-width"].between(30, 45).all() and (fit["worst residual"] < 0.02).all()

@@ -33,7 +33,7 @@ from ..errors import GpuprofError
 __all__ = ["BENCHMARK", "LAYER", "SIZES", "CAPTURE_ARGS", "MEASURED_RANGE", "BACKTRACES", "capture_benchmark",
            "capture_layer", "step_table", "measured", "phase_summary", "kinds_per_step", "matmul_kernels",
            "tensor_cores", "events_vs_nvtx", "backtrace_coverage", "sweep_table", "sweep_figure", "layer_table",
-           "layer_figure", "LAUNCH_CALLS", "memory_by_category", "compare_optimizers", "optimizer_table",
+           "layer_figure", "LAUNCH_CALLS", "memory_by_category", "memory_by_context", "activation_fit", "compare_optimizers", "optimizer_table",
            "run_benchmarks", "WARMUPS", "warmup_table", "ATTENTION_PARTS", "attention_split", "matmul_share"]
 
 BENCHMARK = REPO_ROOT / "examples" / "nsys" / "transformer_benchmark.py"
@@ -361,6 +361,50 @@ def memory_by_category(result: dict[str, Any]) -> dict[str, float]:
             "saved by forward (activations, bf16 weight copies)": (m["forward_end"] - m["step_start"]) / gib,
             "optimizer temporaries (peak)": (m["optimizer_peak"] - m["backward_end"]) / gib,
             "peak": result["peak_memory_bytes"] / gib}
+
+
+def memory_by_context(data: dict[str, Any], size: str) -> pd.DataFrame:
+    """One size's training-step memory at each context length of a sweep, in GiB: the categories of
+    :func:`memory_by_category` and the peak of each phase (the last measured step of each run)."""
+    rows = []
+    for r in data["rows"]:
+        if r["name"] != size or r["status"] != "ok" or not r.get("memory"):
+            continue
+        m = r["memory"]
+        rows.append({"context": r["context_length"], "tokens": r["context_length"] * r["config"]["batch_size"],
+                     **memory_by_category(r), **{f"{p} peak": m[f"{p}_peak"] / 2**30 for p in ("forward", "backward", "optimizer")}})
+    return pd.DataFrame(rows).set_index("context")
+
+
+def activation_fit(data: dict[str, Any]) -> pd.DataFrame:
+    """Per size, what forward leaves for backward, fitted as a straight line in the tokens of the step.
+
+    Under bf16 autocast the memory forward leaves allocated is autocast's bf16 copies of the
+    weights (2 bytes per weight, whatever the context) plus the activations autograd saves
+    (in proportion to the tokens, if nothing of the attention grows with the square of the
+    context). The fit says whether that holds: ``intercept / bf16 copies`` near 1, the slope
+    per token, and the slope per token, per layer and per unit of model width (``bytes per
+    token-layer-width``: a transformer's saved activations are a fixed number of tensors of
+    the model's width per layer). ``worst residual`` is the largest distance from the line,
+    as a share of the largest value. Sizes with fewer than three contexts that ran are left out.
+    """
+    import numpy as np
+
+    rows = []
+    for size in dict.fromkeys(r["name"] for r in data["rows"]):
+        ok = [r for r in data["rows"] if r["name"] == size and r["status"] == "ok" and r.get("memory")]
+        if len(ok) < 3:
+            continue
+        tokens = np.array([r["context_length"] * r["config"]["batch_size"] for r in ok], dtype=float)
+        saved = np.array([r["memory"]["forward_end"] - r["memory"]["step_start"] for r in ok], dtype=float)
+        slope, intercept = np.polyfit(tokens, saved, 1)
+        weights = ok[0]["memory"]["parameter_bytes"] / 4  # FP32 weights
+        cfg = ok[0]["config"]
+        rows.append({"size": size, "contexts": len(ok), "intercept GiB": intercept / 2**30,
+                     "intercept / bf16 copies": intercept / (2 * weights), "MiB per token": slope / 2**20,
+                     "bytes per token-layer-width": slope / (cfg["num_layers"] * cfg["d_model"]),
+                     "worst residual": float(np.abs(saved - (intercept + slope * tokens)).max() / saved.max())})
+    return pd.DataFrame(rows).set_index("size")
 
 
 def compare_optimizers(size: str, context: int, *, rounds: int = 2, impls: tuple[str, ...] = ("foreach", "fused"),
