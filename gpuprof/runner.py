@@ -27,7 +27,7 @@ from .artifacts import REPO_ROOT, overwrite_allowed
 from .errors import CaptureExists, GpuprofError
 from .tools import COUNTER_PERMISSION_HINT, Tool
 
-__all__ = ["Capture", "ProfilerFailed", "run_profiler", "python_target", "torchrun_target", "portable_command", "run_with_limit", "run_streaming",
+__all__ = ["Capture", "ProfilerFailed", "run_profiler", "python_target", "torchrun_target", "portable_command", "run_with_limit", "run_streaming", "child_env",
            "load_script", "TORCHRUN"]
 
 OUTPUT = "{output}"
@@ -74,6 +74,19 @@ def torchrun_target(script: str | Path, *args: str, nproc: int = 2) -> list[str]
     return [sys.executable, *TORCHRUN, "--standalone", f"--nproc-per-node={nproc}", str(script), *map(str, args)]
 
 
+def child_env(cmd: Sequence[str], env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for a child process: this one's, updated by ``env``.
+
+    A torchrun launch (directly or under nsys) gets ``OMP_NUM_THREADS=1`` unless it is set:
+    the value torchrun itself gives its workers when it is unset, so nothing changes but the
+    five-line banner torchrun prints to say so, which otherwise heads every transcript.
+    """
+    out = {**os.environ, **(env or {})}
+    if TORCHRUN[1] in [str(c) for c in cmd]:
+        out.setdefault("OMP_NUM_THREADS", "1")
+    return out
+
+
 def _descendants(pid: int) -> list[int]:
     """Every process below ``pid`` (Linux /proc), children first found breadth-first."""
     children: dict[int, list[int]] = {}
@@ -113,7 +126,7 @@ def run_with_limit(cmd: Sequence[str], timeout_s: float, env: dict[str, str] | N
     t0 = time.perf_counter()
     with tempfile.TemporaryFile(mode="w+") as out:
         proc = subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                                env={**os.environ, **(env or {})})
+                                env=child_env(cmd, env))
         try:
             code: int | None = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -140,7 +153,7 @@ def run_streaming(cmd: Sequence[str], timeout_s: float, *, name: str, echo: bool
     ``name`` is what a time-out message calls the program.
     """
     lines: list[str] = []
-    with subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+    with subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env(cmd)) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:
             lines.append(line.rstrip())
@@ -247,7 +260,7 @@ def run_profiler(
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False,
-                              env={**os.environ, **(env or {})})
+                              env=child_env(command, env))
     except subprocess.TimeoutExpired as exc:
         _append(log_path, f"$ {' '.join(shown)}\n{exc.stdout or ''}{exc.stderr or ''}\n(timed out after {timeout:.0f} s)\n")
         shutil.rmtree(tmp, ignore_errors=True)

@@ -98,3 +98,15 @@ def test_arguments_are_passed_literally_never_through_a_shell(fake, tmp_path):
 def test_bad_capture_names(fake, tmp_path, name):
     with pytest.raises(GpuprofError, match="Invalid capture name"):
         run_profiler(fake[0], [], ["a"], out_dir=tmp_path, name=name)
+
+
+def test_a_torchrun_child_gets_torchrun_s_own_thread_default_and_nothing_else_changes(monkeypatch):
+    from gpuprof.runner import child_env, python_target, torchrun_target
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert child_env(torchrun_target("x.py", "--a"))["OMP_NUM_THREADS"] == "1"  # what torchrun would set, minus its banner
+    assert child_env(["nsys", "profile", *torchrun_target("x.py")])["OMP_NUM_THREADS"] == "1"
+    assert "OMP_NUM_THREADS" not in child_env(python_target("x.py"))
+    monkeypatch.setenv("OMP_NUM_THREADS", "8")
+    assert child_env(torchrun_target("x.py"))["OMP_NUM_THREADS"] == "8"  # a reader's own setting wins
+    assert child_env(python_target("x.py"), {"A": "b"})["A"] == "b"
