@@ -57,6 +57,7 @@ HTA_EXACT = [REPO / "artifacts" / "ch05" / "train_steps.json.gz", REPO / "artifa
 
 
 def _hta(path, tmp_path):
+    """HTA's temporal breakdown (None where HTA stops on its own assertion) and kernel breakdown of one trace."""
     import logging
     import shutil
     import warnings
@@ -71,7 +72,10 @@ def _hta(path, tmp_path):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # HTA 0.5's own pandas deprecations (inplace=True), not ours
             ta = TraceAnalysis(trace_dir=str(folder))
-            temporal = ta.get_temporal_breakdown(visualize=False).iloc[0]
+            try:
+                temporal = ta.get_temporal_breakdown(visualize=False).iloc[0]
+            except AssertionError:  # HTA's check that non-compute time is not negative: see the test below
+                temporal = None
             _, kernels = ta.get_gpu_kernel_breakdown(visualize=False, num_kernels=100_000, duration_ratio=1.0,
                                                      include_memory_kernels=True)
     finally:
@@ -86,7 +90,15 @@ def test_idle_time_and_kernel_breakdown_equal_htas(path, tmp_path):
     temporal, kernels = _hta(path, tmp_path)
     t = read_trace(path)
     mine = hc.temporal_breakdown(t, rounding="hta", include_sync=True)
-    assert mine["idle_us"] == temporal["idle_time(us)"] and mine["span_us"] == temporal["kernel_time(us)"]
+    if temporal is None:
+        # HTA 0.5 stops on its own assertion (non_compute_time >= 0) only when its rounding (start up, end down)
+        # has given some GPU event a negative duration: a copy or memset shorter than a microsecond that lies
+        # inside one. Chapter 5's training trace of 2026-11-24 has four such memsets; the others here have none
+        # that break the check. The kernel breakdown below still holds, negative sums included.
+        w = hc.gpu_intervals(t, rounding="hta", include_sync=True)
+        assert (w["end"] < w["start"]).any()
+    else:
+        assert mine["idle_us"] == temporal["idle_time(us)"] and mine["span_us"] == temporal["kernel_time(us)"]
     kb = hc.kernel_breakdown(t, rounding="hta", include_sync=True).set_index("name")
     both = kernels.join(kb, how="outer")
     assert len(both) == len(kernels) == len(kb)

@@ -10,8 +10,11 @@ choices of HTA's must be known to compare them:
   *down* to a whole microsecond (``round_down_time_stamps``, because some traces' events
   overlapped at nanosecond resolution: pytorch/pytorch#122425), so an event shorter than
   a microsecond can get a duration of -1 and every interval loses up to 2 µs. Busy time
-  comes out lower and idle time higher than the nanoseconds in the file say: on chapter 5's
-  training trace HTA reports 3,872 µs idle where the file's nanoseconds give 3,720 µs.
+  comes out lower and idle time higher than the nanoseconds in the file say (chapter 9
+  prints both on chapter 5's training trace). A copy or memset with a negative duration can
+  also make HTA 0.5's temporal breakdown stop on its own check that non-compute time is not
+  negative: it does on chapter 5's training trace of 2026-11-24 (four memsets of 0.7-0.8 µs),
+  where this module still gives HTA's definition's answer.
 * **What counts as GPU work**: every event with a stream, i.e. kernels, copies and memsets,
   and also ``cuda_sync`` events (a stream or event wait that Kineto records on the stream)
   where the trace has them; gpuprof's own measures count kernels, copies and memsets.
