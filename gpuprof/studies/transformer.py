@@ -388,8 +388,6 @@ def activation_fit(data: dict[str, Any]) -> pd.DataFrame:
     the model's width per layer). ``worst residual`` is the largest distance from the line,
     as a share of the largest value. Sizes with fewer than three contexts that ran are left out.
     """
-    import numpy as np
-
     rows = []
     for size in dict.fromkeys(r["name"] for r in data["rows"]):
         ok = [r for r in data["rows"] if r["name"] == size and r["status"] == "ok" and r.get("memory")]

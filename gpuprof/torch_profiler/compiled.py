@@ -23,12 +23,12 @@ from typing import Any
 
 import pandas as pd
 
+from .summary import KERNEL_LAUNCHES
 from .trace import Trace
 
 __all__ = ["KERNEL_LAUNCHES", "GRAPH_LAUNCH", "LAUNCH_CALLS", "COMPILED_NAMES", "GENERATED_PREFIX",
            "mode_table", "step_launches"]
 
-KERNEL_LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
 GRAPH_LAUNCH = "cudaGraphLaunch"
 LAUNCH_CALLS = (*KERNEL_LAUNCHES, GRAPH_LAUNCH)
 COMPILED_NAMES = ("Torch-Compiled Region", "CompiledFunction", "CompiledFunctionBackward")

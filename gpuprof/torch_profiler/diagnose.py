@@ -30,13 +30,13 @@ import numpy as np
 import pandas as pd
 
 from .. import activity
-from .summary import gpu_activity, kernel_summary, op_summary, step_summary
+from .summary import KERNEL_LAUNCHES, gpu_activity, kernel_summary, op_summary, step_summary
 from .trace import Trace
 
 __all__ = ["checks", "report", "SYNC_CALLS"]
 
 SYNC_CALLS = re.compile(r"^cuda(Stream|Device|Event)Synchronize|^cudaMemcpy(?!Async)|^cuStreamSynchronize|^cuCtxSynchronize")
-LAUNCH_CALLS = re.compile(r"^(cudaLaunchKernel|cuLaunchKernel|cudaLaunchKernelExC|cuLaunchKernelEx)")
+LAUNCH_CALLS = re.compile("^(" + "|".join(KERNEL_LAUNCHES) + ")")
 
 
 def checks(trace: Trace) -> pd.DataFrame:

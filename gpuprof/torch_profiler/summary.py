@@ -27,9 +27,12 @@ from ..errors import GpuprofError
 from .trace import STEP_PATTERN, Trace
 
 __all__ = ["self_times", "op_summary", "kernel_summary", "step_summary", "launch_latency", "gpu_activity",
-           "key_name", "kernel_lineage", "LAUNCH_FIELDS"]
+           "key_name", "kernel_lineage", "LAUNCH_FIELDS", "KERNEL_LAUNCHES"]
 
 CPU_KINDS = ("cpu_op", "user_annotation")
+# The runtime and driver calls that launch one kernel each, as Kineto names them (PyTorch's own kernels,
+# cuBLAS's and cuDNN's, generated Triton kernels); cudaGraphLaunch runs many and is not one of them.
+KERNEL_LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
 
 
 def key_name(name: str) -> str:
