@@ -14,7 +14,15 @@ It refuses a cell whose new output names the reference fallback ("the course's r
 such a cell reports where its data came from, which differs between a GPU run and this one.
 Record what was re-executed in artifacts/capture_run.md.
 
+With ``--context`` only the context cells (a chapter's imports, say) and the named cells run,
+in the notebook's order, and nothing else: that is how new cells that make a capture of
+their own get their outputs from a GPU without re-running the chapter's other captures
+(run it on the GPU machine, with ``GPUPROF_OUTPUT_DIR=artifacts`` so that the capture
+becomes the reference the cells read). The named cells must then need nothing from the
+cells left out.
+
   python scripts/reexecute_cells.py notebooks/04__nsight_compute.ipynb --cells 91db783c,4f2a11d0
+  python scripts/reexecute_cells.py notebooks/06__cnn_training.ipynb --context 40a7e82d --cells c6tf32r1,c6tf32t1
 """
 
 from __future__ import annotations
@@ -39,6 +47,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("notebook", type=Path, help="the committed notebook, changed in place")
     p.add_argument("--cells", required=True, help="comma-separated ids of the cells whose outputs are replaced")
+    p.add_argument("--context", default="", help="comma-separated ids of cells to run first (imports); with it, "
+                   "no other cell runs")
     p.add_argument("--timeout", type=int, default=600, help="seconds each cell may take (default: 600)")
     return p.parse_args(argv)
 
@@ -60,15 +70,20 @@ def main(argv: list[str] | None = None) -> int:
     if not args.notebook.is_file():
         raise GpuprofError(f"{args.notebook} is not a notebook file.")
     wanted = [c.strip() for c in args.cells.split(",") if c.strip()]
+    context = [c.strip() for c in args.context.split(",") if c.strip()]
     nb = nbformat.read(args.notebook, as_version=4)
     by_id = {c.get("id"): c for c in nb.cells}
-    unknown = [c for c in wanted if c not in by_id]
+    unknown = [c for c in wanted + context if c not in by_id]
     if unknown:
         raise GpuprofError(f"no cell with id {', '.join(unknown)} in {args.notebook}.")
     if any(by_id[c].cell_type != "code" for c in wanted):
         raise GpuprofError("only code cells have outputs to replace.")
     scratch = copy.deepcopy(nb)
-    print(f"executing a copy of {args.notebook.name} here ...", flush=True)
+    if context:
+        keep = set(context) | set(wanted)
+        scratch.cells = [c for c in scratch.cells if c.get("id") in keep and c.cell_type == "code"]
+    print(f"executing a copy of {args.notebook.name} here" + (f" (only {len(scratch.cells)} cells)" if context else "")
+          + " ...", flush=True)
     NotebookClient(scratch, timeout=args.timeout, kernel_name="python3",
                    resources={"metadata": {"path": str(args.notebook.parent)}}).execute()
     fresh = {c.get("id"): c for c in scratch.cells}
