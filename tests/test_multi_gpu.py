@@ -344,3 +344,30 @@ def test_nccl_choices_are_read_from_its_tuning_log():
         {"device": 1, "collective": "AllReduce", "bytes": 536870912, "algorithm": "RING", "protocol": "SIMPLE",
          "channels": 32, "calls": 1}]
     assert mg.parse_nccl_choices("no tuning lines here").empty
+
+
+def _rank(rank: int, starts: list[int], ends: list[int], names: list[str]) -> mg.RankData:
+    k = pd.DataFrame({"start": starts, "end": ends, "name": names})
+    k["nccl"] = k["name"].str.match(mg.NCCL_KERNEL)
+    return mg.RankData(rank, rank, k, pd.DataFrame(), "made up")
+
+
+def test_collective_end_skew_matches_by_order_and_keeps_only_the_named_collective():
+    ar = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+    bc = "ncclDevKernel_Broadcast_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+    r0 = _rank(0, [100, 200, 500], [400, 300, 900], [bc, ar, ar])
+    # rank 1 arrives late at the first all-reduce and early at the second; both end within 5 ns of rank 0's
+    r1 = _rank(1, [150, 290, 350, 700], [401, 295, 905, 800], [bc, ar, ar, "volta_sgemm_128x64_nn"])
+    skew = mg.collective_end_skew({0: r0, 1: r1})
+    assert skew["end_skew_ns"].tolist() == [-5, 5] and skew["start_skew_ns"].tolist() == [90, -150]
+    with pytest.raises(Exception, match="cannot be matched by order"):
+        mg.collective_end_skew({0: r0, 1: _rank(1, [290], [295], [ar])})
+
+
+def test_stored_reports_share_one_axis_after_the_shift():
+    paths = [REF / "buckets_rank0.sqlite", REF / "buckets_rank1.sqlite"]
+    skew = mg.collective_end_skew(mg.rank_data(paths))
+    offset = ns.session_start(paths[1]) - ns.session_start(paths[0])
+    median = skew["end_skew_ns"].median()
+    assert len(skew) > 100 and abs(median) < 50_000
+    assert abs(median - offset) > 4 * abs(median)  # without the shift the pairs sit the sessions' offset apart

@@ -31,7 +31,7 @@ from ..artifacts import REPO_ROOT, FoundCapture
 from ..nsys import sqlite as ns
 
 __all__ = ["DDP", "ALLREDUCE", "NPROC", "NCCL_KERNEL", "gpus_here", "enough_gpus", "capture_ranks", "capture_launcher",
-           "run_json", "pid_of", "RankData", "rank_data", "step_windows", "overlap_table", "overlap_by_rank", "straggler_table",
+           "run_json", "pid_of", "RankData", "rank_data", "collective_end_skew", "step_windows", "overlap_table", "overlap_by_rank", "straggler_table",
            "bandwidth_table", "bandwidth_figure", "overlap_figure", "rank_timeline", "torch_trace_table", "load",
            "run_script", "ncu_on_collective", "parse_nccl_choices", "nccl_choices", "nccl_choice_table"]
 
@@ -254,6 +254,43 @@ def rank_data(paths: str | Path | Sequence[str | Path]) -> dict[int, RankData]:
             out[rank] = RankData(rank, pid, kernels[kpid == pid].reset_index(drop=True),
                                  ranges[ranges["pid"] == pid].reset_index(drop=True), str(path))
     return dict(sorted(out.items()))
+
+
+def collective_end_skew(data: dict[int, RankData], pattern: str = "AllReduce") -> pd.DataFrame:
+    """Each rank's n-th collective kernel (name containing ``pattern``) against rank 0's n-th, on the shared axis.
+
+    Every rank issues the same collectives in the same order, and a collective's kernel ends
+    almost together on all of them (its last step needs every rank's data), whatever time each
+    rank reached it. So once :func:`rank_data` has put the reports on one axis, the ends of
+    matched kernels should agree within microseconds; a wrong shift between the reports' clocks
+    shows as the same offset on every pair. This is the check that catches clock skew when the
+    reports come from several hosts. Returns one row per rank and collective: rank, index,
+    end_skew_ns (its end minus rank 0's) and start_skew_ns (its start minus rank 0's: who arrived
+    first). Refuses ranks with different numbers of such kernels (reports that started or
+    stopped at different points cannot be matched by order).
+    """
+    from ..errors import GpuprofError
+
+    first = min(data)
+
+    def collectives(d: RankData) -> pd.DataFrame:
+        n = d.nccl
+        return n[n["name"].astype(str).str.contains(pattern)].sort_values("start", kind="stable")
+
+    ref = collectives(data[first])
+    rows = []
+    for rank, d in data.items():
+        if rank == first:
+            continue
+        k = collectives(d)
+        if len(k) != len(ref):
+            raise GpuprofError(f"rank {rank} ran {len(k)} {pattern} kernels and rank {first} {len(ref)}: they cannot be "
+                               "matched by order.", "Capture the ranks over the same range of the program.")
+        rows.append(pd.DataFrame({"rank": rank, "index": np.arange(len(k)),
+                                  "end_skew_ns": k["end"].to_numpy() - ref["end"].to_numpy(),
+                                  "start_skew_ns": k["start"].to_numpy() - ref["start"].to_numpy()}))
+    return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=["rank", "index", "end_skew_ns",
+                                                                              "start_skew_ns"])
 
 
 def step_windows(ranges: pd.DataFrame) -> pd.DataFrame:
