@@ -371,3 +371,13 @@ def test_stored_reports_share_one_axis_after_the_shift():
     median = skew["end_skew_ns"].median()
     assert len(skew) > 100 and abs(median) < 50_000
     assert abs(median - offset) > 4 * abs(median)  # without the shift the pairs sit the sessions' offset apart
+
+
+def test_bucket_model_on_known_numbers():
+    # a made-up sweep: 20 us per call plus 1 us per kB; 1 MB of gradients, backward 1 ms
+    sweep = {"rows": [{"bytes": b, "time_us": 20 + b / 1e3} for b in (500_000, 1_000_000)]}
+    m = mg.bucket_model(sweep, 1_000_000, {1.0: 1, 0.5: 2}, backward_ms=1.0).set_index("bucket_mb")
+    assert m.loc[1.0, "exposed_ms"] == pytest.approx(1.02)  # one bucket: all of it after backward
+    # two buckets: the first (ready at 0.5 ms) ends at 1.02, the second starts then and ends at 1.54
+    assert m.loc[0.5, "per_call_ms"] == pytest.approx(0.52) and m.loc[0.5, "exposed_ms"] == pytest.approx(0.54)
+    assert m.loc[0.5, "comm_ms"] == pytest.approx(1.04)

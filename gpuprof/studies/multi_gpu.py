@@ -31,7 +31,7 @@ from ..artifacts import REPO_ROOT, FoundCapture
 from ..nsys import sqlite as ns
 
 __all__ = ["DDP", "ALLREDUCE", "NPROC", "NCCL_KERNEL", "gpus_here", "enough_gpus", "capture_ranks", "capture_launcher",
-           "run_json", "pid_of", "RankData", "rank_data", "collective_end_skew", "step_windows", "overlap_table", "overlap_by_rank", "straggler_table",
+           "run_json", "pid_of", "RankData", "rank_data", "collective_end_skew", "bucket_model", "step_windows", "overlap_table", "overlap_by_rank", "straggler_table",
            "bandwidth_table", "bandwidth_figure", "overlap_figure", "rank_timeline", "torch_trace_table", "load",
            "run_script", "ncu_on_collective", "parse_nccl_choices", "nccl_choices", "nccl_choice_table"]
 
@@ -343,6 +343,34 @@ def overlap_table(data: dict[int, RankData]) -> pd.DataFrame:
                                  **_comm_overlap(nccl, compute), "nccl_kernels": len(nccl)})
             med = pd.DataFrame(per_step).median()
             rows.append({"bucket_mb": bucket, "rank": rank, "steps": len(steps), **{k: float(v) for k, v in med.items()}})
+    return pd.DataFrame(rows)
+
+
+def bucket_model(sweep: dict[str, Any], gradient_bytes: int, buckets: dict[float, int], backward_ms: float) -> pd.DataFrame:
+    """The exposed all-reduce time per step that the all-reduce sweep alone predicts for each bucket size.
+
+    A model of bucketed overlap of the kind Stanford CS336's second assignment asks for (a latency per
+    call plus size over bandwidth), simulated: bucket k of n
+    (``gradient_bytes``/n bytes each) is ready when backward has produced its share, at
+    ``backward_ms``·k/n (gradients come at an even rate, the last layer's first); NCCL runs the
+    buckets one after another, each taking the time the sweep measured for its size (interpolated
+    in log size: a per-call latency, then size over bandwidth); whatever is still running when
+    backward ends is exposed. ``buckets`` maps each bucket size (MB) to the number of buckets DDP
+    made. It leaves out what overlap costs the computation (NCCL's kernels take SMs and memory
+    bandwidth from backward's) and DDP's own per-bucket work. Returns bucket_mb, buckets,
+    per_call_ms, comm_ms (all the calls, one after another) and exposed_ms.
+    """
+    rows_in = sorted(sweep["rows"], key=lambda r: r["bytes"])
+    log_size = np.log([r["bytes"] for r in rows_in])
+    call_ms = np.array([r["time_us"] for r in rows_in]) / 1e3
+    rows = []
+    for mb, n in sorted(buckets.items(), reverse=True):
+        per_call = float(np.interp(np.log(gradient_bytes / n), log_size, call_ms))
+        finish = 0.0
+        for k in range(1, n + 1):
+            finish = max(finish, backward_ms * k / n) + per_call
+        rows.append({"bucket_mb": mb, "buckets": n, "per_call_ms": per_call, "comm_ms": n * per_call,
+                     "exposed_ms": finish - backward_ms})
     return pd.DataFrame(rows)
 
 
