@@ -381,3 +381,21 @@ def test_bucket_model_on_known_numbers():
     # two buckets: the first (ready at 0.5 ms) ends at 1.02, the second starts then and ends at 1.54
     assert m.loc[0.5, "per_call_ms"] == pytest.approx(0.52) and m.loc[0.5, "exposed_ms"] == pytest.approx(0.54)
     assert m.loc[0.5, "comm_ms"] == pytest.approx(1.04)
+
+
+def test_ddp_knobs_run_on_two_cpu_processes(tmp_path):
+    out = tmp_path / "k.json"
+    p = run(torchrun_target(mg.DDP, "--cpu", "--width", "64", "--depth", "3", "--batch-size", "8", "--warmup", "1",
+                            "--steps", "2", "--grad-as-bucket-view", "--static-graph", "--comm-hook", "fp16",
+                            "--json", str(out), nproc=2))
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "DDP: gradient_as_bucket_view, static_graph, fp16_compress_hook" in p.stdout
+    assert "identical on all 2 rank(s)" in p.stdout  # a compressed all-reduce still gives every rank the same average
+    config = json.loads(out.read_text())["config"]
+    assert config["grad_as_bucket_view"] and config["static_graph"] and config["comm_hook"] == "fp16"
+
+
+def test_ddp_bf16_hook_on_the_cpu_is_refused_in_one_sentence():
+    p = run([sys.executable, str(mg.DDP), "--cpu", "--comm-hook", "bf16", "--width", "32", "--depth", "2"])
+    assert p.returncode != 0 and "--comm-hook bf16 needs NCCL on CUDA GPUs" in p.stdout + p.stderr
+    assert "Traceback" not in p.stdout + p.stderr

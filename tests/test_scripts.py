@@ -122,7 +122,7 @@ BAD_INPUT = {
                                  (["--dtype", "fp8"], "invalid choice")],
     "launch_bound_layer.py": [(["--layers", "0"], "must be at least 1"), (["--json", "/no/such/dir/l.json"], "does not exist"),
                               (["--d-model", "100", "--heads", "12"], "not divisible")],
-    "ddp_training.py": [(["--steps", "0"], "must be at least 1"), (["--json", "/no/such/dir/d.json"], "does not exist"),
+    "ddp_training.py": [(["--comm-hook", "powersgd"], "invalid choice"), (["--steps", "0"], "must be at least 1"), (["--json", "/no/such/dir/d.json"], "does not exist"),
                         (["--bucket-mb", "0"], "must be positive")],
     "allreduce_bandwidth.py": [(["--sizes", "1T"], "expected sizes"), (["--iterations", "0"], "must be at least 1"),
                                (["--json", "/no/such/dir/a.json"], "does not exist")],

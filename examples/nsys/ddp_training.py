@@ -20,6 +20,15 @@ Levers:
   --bf16                  autocast to bfloat16 (gradients stay FP32)
   --slow-rank R           make rank R a straggler: it sleeps --slow-ms before each backward
 
+DDP's own knobs (each off by default, as in DDP):
+  --grad-as-bucket-view   DDP(gradient_as_bucket_view=True): gradients are views into the
+                          all-reduce buckets, so DDP copies no gradient into a bucket and back
+  --static-graph          DDP(static_graph=True): the same parameters are used every step
+  --comm-hook HOOK        register a communication hook: bf16 or fp16 (compress each bucket
+                          to 16 bits for the all-reduce: half the bytes, rounded gradients)
+  --find-unused-parameters  DDP(find_unused_parameters=True): walks the autograd graph every
+                          step to find parameters that got no gradient (none do here: its cost alone)
+
 Examples:
   torchrun --standalone --nproc-per-node 2 examples/nsys/ddp_training.py
   torchrun --standalone --nproc-per-node 2 examples/nsys/ddp_training.py --bucket-mb 1,25,1000
@@ -75,6 +84,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="DDP bucket_cap_mb; several sizes run one after another (default: 25)")
     p.add_argument("--accumulate", type=positive_int, default=1, help="micro-batches per optimizer step (default: 1)")
     p.add_argument("--bf16", action="store_true", help="autocast to bfloat16")
+    p.add_argument("--grad-as-bucket-view", action="store_true", help="DDP(gradient_as_bucket_view=True)")
+    p.add_argument("--static-graph", action="store_true", help="DDP(static_graph=True)")
+    p.add_argument("--comm-hook", choices=("none", "bf16", "fp16"), default="none",
+                   help="compress buckets to bf16 or fp16 for the all-reduce (default: none)")
+    p.add_argument("--find-unused-parameters", action="store_true", help="DDP(find_unused_parameters=True)")
     p.add_argument("--slow-rank", type=nonnegative_int, default=None, help="the rank to slow down (default: none)")
     p.add_argument("--slow-ms", type=positive_float, default=10.0, help="its sleep before each backward (default: 10)")
     p.add_argument("--warmup", type=positive_int, default=3, help="untimed steps first, per bucket size (default: 3)")
@@ -133,7 +147,14 @@ def train(args: argparse.Namespace, torch: Any, rank: int, device: str, bucket_m
 
     gpu = device.startswith("cuda")
     model = build_model(args, torch, device)
-    ddp = DDP(model, device_ids=[int(device.split(":")[1])] if gpu else None, bucket_cap_mb=bucket_mb)
+    ddp = DDP(model, device_ids=[int(device.split(":")[1])] if gpu else None, bucket_cap_mb=bucket_mb,
+              gradient_as_bucket_view=args.grad_as_bucket_view, static_graph=args.static_graph,
+              find_unused_parameters=args.find_unused_parameters)
+    if args.comm_hook != "none":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        hook = {"bf16": default_hooks.bf16_compress_hook, "fp16": default_hooks.fp16_compress_hook}[args.comm_hook]
+        ddp.register_comm_hook(None, hook)  # None: the default process group
     opt = torch.optim.SGD(ddp.parameters(), lr=1e-4)
     gen = torch.Generator(device=device).manual_seed(1 + rank)  # each rank its own data shard
     x = torch.randn(args.batch_size, args.width, device=device, generator=gen)
@@ -207,6 +228,14 @@ def train(args: argparse.Namespace, torch: Any, rank: int, device: str, bucket_m
     return {"bucket_mb": bucket_mb, "steps": steps, "weights_identical_across_ranks": same, "buckets": buckets}
 
 
+def knobs(args: argparse.Namespace) -> str:
+    """DDP's knobs this run turned on, for the first line of its output."""
+    on = [name for name, flag in (("gradient_as_bucket_view", args.grad_as_bucket_view), ("static_graph", args.static_graph),
+                                  ("find_unused_parameters", args.find_unused_parameters)) if flag]
+    on += [f"{args.comm_hook}_compress_hook"] if args.comm_hook != "none" else []
+    return f", DDP: {', '.join(on)}" if on else ""
+
+
 def trace_file(prefix: Path, rank: int) -> str:
     return f"{prefix}_rank{rank}.json.gz"
 
@@ -235,12 +264,17 @@ def main(argv: list[str] | None = None) -> int:
     torch, rank, world, device = setup(args)
     import torch.distributed as dist
 
+    if args.comm_hook == "bf16" and not device.startswith("cuda"):
+        dist.destroy_process_group()
+        raise GpuprofError("--comm-hook bf16 needs NCCL on CUDA GPUs; this run uses gloo on the CPU.",
+                           "Use --comm-hook fp16 here, or run on GPUs.")
+
     try:
         if rank == 0:
             where = f"{world} x {torch.cuda.get_device_name()}" if device.startswith("cuda") else f"{world} CPU process(es)"
             print(f"ddp_training: {args.depth} layers of {args.width}, batch {args.batch_size} per rank, "
                   f"buckets {', '.join(f'{b:g}' for b in args.bucket_mb)} MB, accumulate {args.accumulate}"
-                  f"{', bf16' if args.bf16 else ''}, on {where} ({dist.get_backend()})", flush=True)
+                  f"{', bf16' if args.bf16 else ''}{knobs(args)}, on {where} ({dist.get_backend()})", flush=True)
             if world == 1:
                 print("  one process: DDP has no other rank to all-reduce with, so communication is not exercised "
                       "(start it with torchrun --nproc-per-node N)", flush=True)
