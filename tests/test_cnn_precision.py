@@ -6,6 +6,7 @@ import json
 import pytest
 
 from gpuprof.artifacts import REPO_ROOT
+from gpuprof.runner import load_script
 from gpuprof.studies import cnn_precision as cp
 
 REF = REPO_ROOT / "artifacts" / "ch06" / "precision.json"
@@ -55,7 +56,8 @@ def test_variant_table_on_known_numbers():
 def test_stored_reference_every_kernel_attributed_and_the_switches_do_what_they_say():
     data = json.loads(REF.read_text())
     t = cp.variant_table(data)
-    assert set(t.index) == {(a, lay) for a in cp.ARITHMETIC for lay in ("nchw", "nhwc")}
+    script = load_script(cp.SCRIPT)
+    assert set(t.index) == {(a, lay) for a in script.ARITHMETIC for lay in script.LAYOUTS}
     assert (t["unattributed_ms"] < 0.01 * t["kernel_ms"]).all()  # the eager step ran the graph's kernels
     assert (t.loc["fp32", "conv_tf32"] == 0).all() and (t.loc["default", "conv_tf32"] > 0).all()
     assert "tf32" in set(t.loc["tf32", "linear_precision"].str.split("+").sum())

@@ -65,6 +65,7 @@ class Variant:
     arithmetic: str
     layout: str
     trainer: Any = None
+    batch: tuple[Any, Any] | None = None  # one fixed batch, on the device, in the variant's layout
     first_loss: float = float("nan")
     op_of: dict[str, str] | None = None  # kernel name -> the ATen operator that launched it (GPU only)
 
@@ -116,8 +117,7 @@ def build(torch: Any, cnn: Any, v: Variant, batch: int, gpu: bool) -> list[str]:
     device = "cuda" if gpu else "cpu"
     said = set_switches(torch, v.arithmetic)
     v.trainer = cnn.Trainer(cnn.parse_args(flags), device)  # seeds the weights: every variant starts from the same ones
-    x, y = v.trainer.place(*synthetic_batch(batch, device, seed=0))
-    v.trainer.batch = (x, y)
+    x, y = v.batch = v.trainer.place(*synthetic_batch(batch, device, seed=0))
     if gpu:
         # The first step, eager and profiled, under this variant's switches (the flags are global: the
         # next variant changes them): which operator launches each kernel. Its autograd graph is freed
@@ -144,7 +144,7 @@ def step(v: Variant) -> None:
     if v.trainer.graph is not None:
         v.trainer.graph.replay()
     else:
-        v.trainer.eager_step(*v.trainer.batch)
+        v.trainer.eager_step(*v.batch)
 
 
 def time_rounds(torch: Any, variants: list[Variant], steps: int, rounds: int, gpu: bool) -> dict[str, list[float]]:
@@ -203,7 +203,7 @@ def eager_attribution(torch: Any, v: Variant) -> tuple[float, dict[str, str]]:
     replay kernel that the eager step did not run is left unattributed, and the table says so).
     """
     losses: list[Any] = []
-    trace = _profile(torch, lambda: losses.append(v.trainer.eager_step(*v.trainer.batch)))
+    trace = _profile(torch, lambda: losses.append(v.trainer.eager_step(*v.batch)))
     k, ops = trace.kernels(), trace.cpu_ops()
     op_of: dict[str, str] = {}
     if not k.empty and "externalId" in k and "externalId" in ops:

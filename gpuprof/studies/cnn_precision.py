@@ -24,10 +24,9 @@ import pandas as pd
 from ..artifacts import REPO_ROOT, FoundCapture
 from ..kernel_kinds import kernel_kind, precision
 
-__all__ = ["SCRIPT", "ARITHMETIC", "run_study", "layer_of", "kernel_table", "variant_table"]
+__all__ = ["SCRIPT", "run_study", "layer_of", "kernel_table", "variant_table"]
 
 SCRIPT = REPO_ROOT / "examples" / "nsys" / "cnn_precision.py"
-ARITHMETIC = ("fp32", "default", "tf32", "bf16")
 LAYER_RULES = (("convolution", r"conv"), ("linear", r"^aten::(addmm|mm|linear|matmul)$"))
 
 
