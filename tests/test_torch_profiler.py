@@ -280,3 +280,13 @@ def test_steps_by_a_name_pattern_when_there_is_no_profiler_step(cpu_run):
     assert list(numbered["step"]) == list(default["step"])
     assert trace.steps("no_such_range").empty
     assert list(ts.step_summary(trace, pattern="train_step", rule="window")["step"]) == [0, 1]
+
+
+def test_kernel_operators_of_a_stored_gpu_trace_agree_with_each_kernels_lineage():
+    trace = tt.read_trace(CH05 / "train_steps.json.gz")
+    ops = ts.kernel_operators(trace)
+    kernels = trace.kernels()
+    assert ops.index.equals(kernels.index) and ops.notna().mean() > 0.9  # almost every kernel has its operator
+    for label in kernels["duration_ns"].nlargest(5).index:  # the longest kernels, followed one by one
+        assert ops[label] == ts.kernel_lineage(trace, label)["operator"]["name"]
+    assert ops[kernels["name"].str.contains("conv|wgrad|dgrad|fprop", case=False)].str.contains("conv").all()

@@ -204,12 +204,10 @@ def eager_attribution(torch: Any, v: Variant) -> tuple[float, dict[str, str]]:
     """
     losses: list[Any] = []
     trace = _profile(torch, lambda: losses.append(v.trainer.eager_step(*v.batch)))
-    k, ops = trace.kernels(), trace.cpu_ops()
-    op_of: dict[str, str] = {}
-    if not k.empty and "externalId" in k and "externalId" in ops:
-        named = k.merge(ops[["externalId", "name"]].rename(columns={"name": "op"}).drop_duplicates("externalId"),
-                        on="externalId", how="left").dropna(subset=["op"])
-        op_of = named.groupby("name")["op"].agg(lambda s: s.mode().iat[0]).to_dict()
+    from gpuprof.torch_profiler import kernel_operators
+
+    named = trace.kernels().assign(op=kernel_operators(trace)).dropna(subset=["op"])
+    op_of = named.groupby("name")["op"].agg(lambda s: s.mode().iat[0]).to_dict() if not named.empty else {}
     return float(losses[0]), op_of
 
 

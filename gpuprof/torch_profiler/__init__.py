@@ -11,7 +11,7 @@
   breakdowns, with HTA's definitions or the file's nanoseconds, read a fraction of the memory
 """
 
-from .summary import kernel_lineage, kernel_summary, launch_latency, op_summary, step_summary
+from .summary import kernel_lineage, kernel_operators, kernel_summary, launch_latency, op_summary, step_summary
 from .trace import Trace, read_trace
 
-__all__ = ["Trace", "read_trace", "op_summary", "kernel_summary", "step_summary", "launch_latency", "kernel_lineage"]
+__all__ = ["Trace", "read_trace", "op_summary", "kernel_summary", "step_summary", "launch_latency", "kernel_lineage", "kernel_operators"]

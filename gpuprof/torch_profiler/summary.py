@@ -14,7 +14,9 @@ launch latency, with the same definitions the Nsight Systems chapters use
 * :func:`kernel_summary`: per kernel name, calls and GPU time (``key_averages``' self
   device time of the kernel's row);
 * :func:`step_summary`: per ``ProfilerStep#N``, CPU time, launches, GPU busy time and share;
-* :func:`launch_latency`: per kernel, from the launch call to the kernel's start.
+* :func:`launch_latency`: per kernel, from the launch call to the kernel's start;
+* :func:`kernel_operators`: per kernel, the operator that launched it (:func:`kernel_lineage`
+  follows one kernel the whole way).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from ..errors import GpuprofError
 from .trace import STEP_PATTERN, Trace
 
 __all__ = ["self_times", "op_summary", "kernel_summary", "step_summary", "launch_latency", "gpu_activity",
-           "key_name", "kernel_lineage", "LAUNCH_FIELDS", "KERNEL_LAUNCHES"]
+           "key_name", "kernel_lineage", "kernel_operators", "LAUNCH_FIELDS", "KERNEL_LAUNCHES"]
 
 CPU_KINDS = ("cpu_op", "user_annotation")
 # The runtime and driver calls that launch one kernel each, as Kineto names them (PyTorch's own kernels,
@@ -205,6 +207,17 @@ def step_summary(trace: Trace, *, rule: str, pattern: str | None = None) -> pd.D
 # What Kineto records about each kernel launch (the "args" of a kernel event), as the trace names them.
 LAUNCH_FIELDS = ["grid", "block", "registers per thread", "shared memory", "blocks per SM", "warps per SM",
                  "est. achieved occupancy %"]
+
+
+def kernel_operators(trace: Trace) -> pd.Series:
+    """For every kernel (the index of ``trace.kernels()``), the name of the CPU operator that was running when it
+    was launched: the one whose ``externalId`` the kernel carries (NaN where none does: a kernel a library
+    launched outside any operator, or every kernel of a CUDA graph replay, which hang off one ``cudaGraphLaunch``)."""
+    kernels, ops = trace.kernels(), trace.cpu_ops()
+    if kernels.empty or "externalId" not in kernels or "externalId" not in ops:
+        return pd.Series(np.nan, index=kernels.index, dtype=object, name="op")
+    name_of = ops.drop_duplicates("externalId").set_index("externalId")["name"]
+    return kernels["externalId"].map(name_of).rename("op")
 
 
 def kernel_lineage(trace: Trace, kernel: int | None = None) -> dict:
