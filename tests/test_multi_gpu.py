@@ -399,3 +399,57 @@ def test_ddp_bf16_hook_on_the_cpu_is_refused_in_one_sentence():
     p = run([sys.executable, str(mg.DDP), "--cpu", "--comm-hook", "bf16", "--width", "32", "--depth", "2"])
     assert p.returncode != 0 and "--comm-hook bf16 needs NCCL on CUDA GPUs" in p.stdout + p.stderr
     assert "Traceback" not in p.stdout + p.stderr
+
+
+def test_ddp_knobs_interleaves_the_variants_on_two_cpu_processes(tmp_path):
+    out = tmp_path / "k.json"
+    p = run(torchrun_target(mg.KNOBS, "--cpu", "--width", "64", "--depth", "3", "--batch-size", "8", "--warmup", "1",
+                            "--steps", "2", "--rounds", "2", "--variants", "fp32,fp32+nosync,fp32+fp16-hook+bucket-view",
+                            "--json", str(out), nproc=2))
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "identical on all 2 rank(s)" in p.stdout
+    result = json.loads(out.read_text())
+    runs = result["ranks"][0]["runs"]
+    # round 2 starts one variant later: each variant twice, in rotated order
+    assert [r["variant"] for r in runs] == ["fp32", "fp32+nosync", "fp32+fp16-hook+bucket-view",
+                                            "fp32+nosync", "fp32+fp16-hook+bucket-view", "fp32"]
+    assert all(len(r["steps"]) == 2 for r in runs)
+    # without sync the two ranks trained on their own data, so their weights differ; with it they agree
+    assert [r["weights_identical_across_ranks"] for r in runs if r["variant"] == "fp32+nosync"] == [False, False]
+    table = mg.knob_table([result])
+    assert list(table.index) == ["fp32", "fp32+nosync", "fp32+fp16-hook+bucket-view"]
+    assert table.loc["fp32", "vs_fp32"] == 1.0 and table.loc["fp32+nosync", "sync_cost_ms"] == 0.0
+
+
+def test_ddp_knobs_bad_variants_are_one_sentence():
+    for bad, said in (("fp64", "starts with its precision"), ("bf16+warp", "unknown knob 'warp'"),
+                      ("fp32,fp32", "named twice"), ("fp32+bf16-hook+fp16-hook", "two hooks")):
+        p = run([sys.executable, str(mg.KNOBS), "--cpu", "--variants", bad])
+        assert p.returncode == 2 and said in p.stderr and "Traceback" not in p.stderr, (bad, p.stderr)
+    p = run([sys.executable, str(mg.KNOBS), "--cpu", "--variants", "fp32+bf16-hook", "--width", "32", "--depth", "2"])
+    assert p.returncode != 0 and "bf16-hook variants need NCCL" in p.stdout + p.stderr and "Traceback" not in p.stderr
+
+
+def _job(times: dict[str, list[list[float]]]) -> dict:
+    """A ddp_knobs.py result with two ranks: per variant, one list of step times per round (rank 1 0.1 ms slower)."""
+    runs = {0: [], 1: []}
+    for rnd in range(2):
+        for variant, per_round in times.items():
+            for rank in (0, 1):
+                runs[rank].append({"variant": variant, "round": rnd, "weights_identical_across_ranks": True,
+                                   "steps": [{"step": t + 0.1 * rank} for t in per_round[rnd]]})
+    return {"ranks": [{"rank": r, "runs": runs[r]} for r in (0, 1)]}
+
+
+def test_knob_table_takes_the_slower_rank_and_ratios_within_each_job():
+    a = _job({"fp32": [[10, 10, 10], [10, 10, 12]], "fp32+nosync": [[8, 8, 8], [8, 8, 8]], "bf16": [[4, 4, 4], [5, 5, 5]]})
+    b = _job({"fp32": [[12, 12, 12], [12, 12, 12]], "fp32+nosync": [[9, 9, 9], [9, 9, 9]], "bf16": [[6, 6, 6], [6, 6, 6]]})
+    t = mg.knob_table([a, b])
+    assert t.loc["fp32", "step_lo"] == pytest.approx(10.1) and t.loc["fp32", "step_hi"] == pytest.approx(12.1)
+    assert t.loc["fp32", "step_ms"] == pytest.approx(11.1)  # the median of the two jobs
+    assert t.loc["fp32+nosync", "sync_cost_ms"] == 0 and t.loc["fp32", "sync_cost_lo"] == pytest.approx(2.0)
+    assert t.loc["fp32", "sync_cost_hi"] == pytest.approx(3.0)
+    assert t.loc["bf16", "vs_fp32_lo"] == pytest.approx(4.6 / 10.1)  # job a: bf16's 6 steps' median 4.6 (4.1 and 5.1)
+    assert t.loc["bf16", "vs_fp32_hi"] == pytest.approx(6.1 / 12.1)
+    assert t.loc["bf16", "round_spread"] == pytest.approx(1.0 / 4.6)  # job a: rounds 4.1 and 5.1
+    assert pd.isna(t.loc["bf16", "sync_cost_ms"]) and (t["jobs"] == 2).all()

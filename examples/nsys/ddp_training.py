@@ -28,6 +28,11 @@ DDP's own knobs (each off by default, as in DDP):
                           to 16 bits for the all-reduce: half the bytes, rounded gradients)
   --find-unused-parameters  DDP(find_unused_parameters=True): walks the autograd graph every
                           step to find parameters that got no gradient (none do here: its cost alone)
+  --no-sync               every backward under DDP's no_sync(): the same step with no all-reduce,
+                          to measure what gradient synchronisation costs (the ranks' weights then
+                          drift apart, each trained on its own data, so they are not checked)
+
+``ddp_knobs.py``, beside this script, times these knobs against each other in one job.
 
 Examples:
   torchrun --standalone --nproc-per-node 2 examples/nsys/ddp_training.py
@@ -89,6 +94,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--comm-hook", choices=("none", "bf16", "fp16"), default="none",
                    help="compress buckets to bf16 or fp16 for the all-reduce (default: none)")
     p.add_argument("--find-unused-parameters", action="store_true", help="DDP(find_unused_parameters=True)")
+    p.add_argument("--no-sync", action="store_true", help="never all-reduce the gradients (DDP's no_sync())")
     p.add_argument("--slow-rank", type=nonnegative_int, default=None, help="the rank to slow down (default: none)")
     p.add_argument("--slow-ms", type=positive_float, default=10.0, help="its sleep before each backward (default: 10)")
     p.add_argument("--warmup", type=positive_int, default=3, help="untimed steps first, per bucket size (default: 3)")
@@ -138,15 +144,17 @@ def build_model(args: argparse.Namespace, torch: Any, device: str | None) -> Any
     return model if device is None else model.to(device)
 
 
-def train(args: argparse.Namespace, torch: Any, rank: int, device: str, bucket_mb: float) -> dict[str, Any]:
+def train(args: argparse.Namespace, torch: Any, rank: int, device: str, bucket_mb: float,
+          model: Any = None) -> dict[str, Any]:
     """Warm up, then time --steps optimizer steps with one bucket size; per step the phases in ms.
 
     Times are host clock around synchronised phases: a step's wall time as the CPU sees it.
+    ``model``: the module to wrap (trained in place); None builds a fresh one from seed 0.
     """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     gpu = device.startswith("cuda")
-    model = build_model(args, torch, device)
+    model = build_model(args, torch, device) if model is None else model
     ddp = DDP(model, device_ids=[int(device.split(":")[1])] if gpu else None, bucket_cap_mb=bucket_mb,
               gradient_as_bucket_view=args.grad_as_bucket_view, static_graph=args.static_graph,
               find_unused_parameters=args.find_unused_parameters)
@@ -170,8 +178,8 @@ def train(args: argparse.Namespace, torch: Any, rank: int, device: str, bucket_m
     def step() -> dict[str, float]:
         t = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
         for micro in range(args.accumulate):
-            last = micro == args.accumulate - 1
-            with contextlib.nullcontext() if last else ddp.no_sync():
+            sync_now = micro == args.accumulate - 1 and not args.no_sync
+            with contextlib.nullcontext() if sync_now else ddp.no_sync():
                 t0 = time.perf_counter()
                 with annotate("forward"), autocast():
                     loss = torch.nn.functional.mse_loss(ddp(x).float(), y)
@@ -233,6 +241,7 @@ def knobs(args: argparse.Namespace) -> str:
     on = [name for name, flag in (("gradient_as_bucket_view", args.grad_as_bucket_view), ("static_graph", args.static_graph),
                                   ("find_unused_parameters", args.find_unused_parameters)) if flag]
     on += [f"{args.comm_hook}_compress_hook"] if args.comm_hook != "none" else []
+    on += ["no gradient sync"] if args.no_sync else []
     return f", DDP: {', '.join(on)}" if on else ""
 
 
@@ -292,11 +301,15 @@ def main(argv: list[str] | None = None) -> int:
     if rank != 0:
         return 0
     print("\n".join(summary_lines(results)))
-    if not all(c["weights_identical_across_ranks"] for r in results for c in r["configs"]):
-        raise GpuprofError("the ranks' weights differ after training: the gradients were not averaged alike.")
     grad = gradient_bytes(args)
-    print(f"result checked: the weights are identical on all {world} rank(s) after {args.warmup + args.steps} steps "
-          f"per bucket size; {grad / 2**20:.3g} MiB of gradients per optimizer step")
+    if args.no_sync:
+        print(f"--no-sync: no gradient was all-reduced, so the ranks' weights are not compared; "
+              f"{grad / 2**20:.3g} MiB of gradients per optimizer step stayed on their GPUs")
+    else:
+        if not all(c["weights_identical_across_ranks"] for r in results for c in r["configs"]):
+            raise GpuprofError("the ranks' weights differ after training: the gradients were not averaged alike.")
+        print(f"result checked: the weights are identical on all {world} rank(s) after {args.warmup + args.steps} steps "
+              f"per bucket size; {grad / 2**20:.3g} MiB of gradients per optimizer step")
     if args.torch_trace is not None:
         print(f"torch.profiler traces: {', '.join(trace_file(args.torch_trace, r) for r in range(world))}")
     if args.json:

@@ -12,6 +12,7 @@ holds what the chapter would otherwise spell out in cells:
 * :func:`overlap_table`: per bucket size and rank, how much of the all-reduce time ran
   under compute kernels, the same measure as the copy/compute overlap of the Nsight
   Systems chapter (:func:`gpuprof.activity.copy_compute_overlap`);
+* :func:`knob_table`: DDP's knobs timed side by side (``ddp_knobs.py``), over several jobs;
 * :func:`straggler_table`, :func:`bandwidth_table`, :func:`torch_trace_table`, and the figures.
 """
 
@@ -30,12 +31,13 @@ from .. import activity as ta
 from ..artifacts import REPO_ROOT, FoundCapture
 from ..nsys import sqlite as ns
 
-__all__ = ["DDP", "ALLREDUCE", "NPROC", "NCCL_KERNEL", "gpus_here", "enough_gpus", "capture_ranks", "capture_launcher",
-           "run_json", "pid_of", "RankData", "rank_data", "collective_end_skew", "bucket_model", "step_windows", "overlap_table", "overlap_by_rank", "straggler_table",
+__all__ = ["DDP", "KNOBS", "ALLREDUCE", "knob_table", "NPROC", "NCCL_KERNEL", "gpus_here", "enough_gpus", "capture_ranks", "capture_launcher",
+           "run_json", "knob_jobs", "untraced_steps", "by_bucket", "pid_of", "RankData", "rank_data", "collective_end_skew", "bucket_model", "step_windows", "overlap_table", "overlap_by_rank", "straggler_table",
            "bandwidth_table", "bandwidth_figure", "overlap_figure", "rank_timeline", "torch_trace_table", "load",
            "run_script", "ncu_on_collective", "parse_nccl_choices", "nccl_choices", "nccl_choice_table"]
 
 DDP = REPO_ROOT / "examples" / "nsys" / "ddp_training.py"
+KNOBS = REPO_ROOT / "examples" / "nsys" / "ddp_knobs.py"
 ALLREDUCE = REPO_ROOT / "examples" / "nsys" / "allreduce_bandwidth.py"
 NPROC = 2
 NCCL_KERNEL = re.compile(r"^nccl", re.IGNORECASE)  # ncclDevKernel_AllReduce_Sum_f32_RING_LL, ncclKernel_...
@@ -82,6 +84,32 @@ def run_json(chapter: str, filename: str, script: Path, args: Sequence[str], **k
     from ..script_results import run_for_json
 
     return run_for_json(chapter, filename, script, args, nproc=NPROC, **kw)
+
+
+def knob_jobs(chapter: str, args: Sequence[str], jobs: int = 3) -> list[dict[str, Any]]:
+    """``ddp_knobs.py args`` through torchrun ``jobs`` times, each in processes started afresh (``knobs_<i>.json``).
+
+    Between-process noise is larger than the noise within one, so a knob's effect is read
+    over several jobs (:func:`knob_table`). Where this machine has fewer GPUs than ranks,
+    the course's reference jobs, with the reason said once.
+    """
+    import time
+
+    from ..artifacts import find_capture
+    from ..runner import portable_command, torchrun_target
+
+    reason = enough_gpus()
+    if reason:
+        print(f"No live run: {reason}; showing the course's reference results ({jobs} jobs).")
+        return [load(find_capture(chapter, f"knobs_{i}.json", prefer="reference")) for i in range(1, jobs + 1)]
+    shown = " ".join(portable_command(torchrun_target(KNOBS, *args, nproc=NPROC)))
+    print(f"$ {shown} --json knobs_<i>.json   # {jobs} times", flush=True)
+    results = []
+    for i in range(1, jobs + 1):
+        t0 = time.perf_counter()
+        results.append(load(run_json(chapter, f"knobs_{i}.json", KNOBS, args, echo=False)))
+        print(f"  job {i}/{jobs} done in {time.perf_counter() - t0:.0f} s", flush=True)
+    return results
 
 
 def run_script(script: Path, args: Sequence[str] = (), timeout_s: int = 300) -> str:
@@ -346,6 +374,27 @@ def overlap_table(data: dict[int, RankData]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def untraced_steps(result: dict[str, Any]) -> pd.DataFrame:
+    """``ddp_training.py --json``'s results as bucket_mb, rank, untraced_step_ms (the median over its timed steps)."""
+    return pd.DataFrame([{"bucket_mb": c["bucket_mb"], "rank": r["rank"],
+                          "untraced_step_ms": float(np.median([s["step"] for s in c["steps"]]))}
+                         for r in result["ranks"] for c in r["configs"]])
+
+
+def by_bucket(overlap: pd.DataFrame) -> pd.DataFrame:
+    """:func:`overlap_table` (merged with :func:`untraced_steps`) summed up per bucket size over the ranks.
+
+    The untraced step is the slower rank's; ``hidden`` is given averaged over the ranks, on the
+    worse and on the better rank, and the exposed time on the worse and the better rank: a
+    rank whose peer arrives late waits inside NCCL, so one rank's figures alone mislead.
+    """
+    per = overlap.groupby("bucket_mb", sort=False)
+    return pd.DataFrame({"untraced_step_ms": per["untraced_step_ms"].max(), "compute_ms": per["compute_ms"].mean(),
+                         "comm_ms": per["comm_ms"].mean(), "hidden_mean": per["hidden"].mean(),
+                         "hidden_worst": per["hidden"].min(), "hidden_best": per["hidden"].max(),
+                         "exposed_worst": per["exposed_ms"].max(), "exposed_least": per["exposed_ms"].min()})
+
+
 def bucket_model(sweep: dict[str, Any], gradient_bytes: int, buckets: dict[float, int], backward_ms: float) -> pd.DataFrame:
     """The exposed all-reduce time per step that the all-reduce sweep alone predicts for each bucket size.
 
@@ -372,6 +421,46 @@ def bucket_model(sweep: dict[str, Any], gradient_bytes: int, buckets: dict[float
         rows.append({"bucket_mb": mb, "buckets": n, "per_call_ms": per_call, "comm_ms": n * per_call,
                      "exposed_ms": finish - backward_ms})
     return pd.DataFrame(rows)
+
+
+def knob_table(jobs: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """Per variant of ``ddp_knobs.py``: its step time over the jobs given, against fp32's and against its no-sync step.
+
+    Within a job (one torchrun launch: the variants interleaved in the same processes) a step
+    takes as long as the slower rank's, and a variant's time is the median over all its rounds'
+    steps; ``round_spread`` is the range of its rounds' medians over their median (the worst
+    job's): the noise within a process. Over jobs (processes started afresh, whose noise is
+    larger) the table gives the median and the range (``step_lo``, ``step_hi``). Ratios are taken
+    within each job first, where the variants ran side by side: ``vs_fp32`` is the step over
+    the fp32 variant's, ``sync_cost_ms`` the step minus its precision's ``+nosync`` step (what
+    all-reducing the gradients costs, waits included). A job without the partner variant gives NaN.
+    """
+    rows = []
+    order: list[str] = []
+    for job, result in enumerate(jobs):
+        by_rank = {res["rank"]: res["runs"] for res in result["ranks"]}
+        steps: dict[str, list[float]] = {}
+        rounds: dict[str, list[float]] = {}
+        for i, run in enumerate(by_rank[min(by_rank)]):
+            slowest = np.max([[s["step"] for s in by_rank[r][i]["steps"]] for r in by_rank], axis=0)
+            steps.setdefault(run["variant"], []).extend(slowest.tolist())
+            rounds.setdefault(run["variant"], []).append(float(np.median(slowest)))
+        order += [v for v in steps if v not in order]
+        times = {v: float(np.median(s)) for v, s in steps.items()}
+        for v, t in times.items():
+            nosync = times.get(f"{v.split('+')[0]}+nosync")
+            rows.append({"job": job, "variant": v, "step_ms": t,
+                         "round_spread": (max(rounds[v]) - min(rounds[v])) / float(np.median(rounds[v])),
+                         "vs_fp32": t / times["fp32"] if "fp32" in times else np.nan,
+                         "sync_cost_ms": t - nosync if nosync is not None else np.nan})
+    per = pd.DataFrame(rows).groupby("variant", sort=False)
+    table = pd.DataFrame({"step_ms": per["step_ms"].median(), "step_lo": per["step_ms"].min(),
+                          "step_hi": per["step_ms"].max(), "round_spread": per["round_spread"].max(),
+                          "vs_fp32": per["vs_fp32"].median(), "vs_fp32_lo": per["vs_fp32"].min(),
+                          "vs_fp32_hi": per["vs_fp32"].max(), "sync_cost_ms": per["sync_cost_ms"].median(),
+                          "sync_cost_lo": per["sync_cost_ms"].min(), "sync_cost_hi": per["sync_cost_ms"].max(),
+                          "jobs": per.size()})
+    return table.loc[order]
 
 
 def overlap_by_rank(data: dict[int, RankData], window: tuple[int, int] | None = None) -> pd.DataFrame:
