@@ -97,7 +97,8 @@ def test_a_truncated_gzip_trace_is_said_to_be_truncated(tmp_path):
 
 def test_a_folder_is_read_for_its_captures_and_refused_when_it_has_none(tmp_path):
     found = dict((p.name, k) for p, k in captures_in(ART / "ch08"))
-    assert found == {"buckets_rank0.sqlite": "nsys", "buckets_rank1.sqlite": "nsys", "ddp_trace_rank0.json.gz": "kineto",
+    assert found == {"buckets_rank0.sqlite": "nsys", "buckets_rank1.sqlite": "nsys", "buckets_bf16_rank0.sqlite": "nsys",
+                     "buckets_bf16_rank1.sqlite": "nsys", "ddp_trace_rank0.json.gz": "kineto",
                      "ddp_trace_rank1.json.gz": "kineto", "straggler.sqlite": "nsys"}  # its JSON results are skipped
     (tmp_path / "notes.txt").write_text("hello")
     with pytest.raises(NotACapture, match="holds no capture the report reads: 1 file"):
