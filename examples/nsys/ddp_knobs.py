@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             raise GpuprofError("the bf16-hook variants need NCCL on CUDA GPUs; this run uses gloo on the CPU.",
                                "Use fp16-hook here, or run on GPUs.")
         if rank == 0:
-            where = f"{world} x {torch.cuda.get_device_name()}" if gpu else f"{world} CPU process(es)"
+            where = ddp_training.placement(torch, world, device)
             print(f"ddp_knobs: {len(variants)} variants x {args.rounds} rounds of {args.warmup} + {args.steps} steps, "
                   f"{base.depth} layers of {base.width}, batch {base.batch_size} per rank, buckets {args.bucket_mb:g} MB, "
                   f"on {where} ({dist.get_backend()})", flush=True)

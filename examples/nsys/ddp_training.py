@@ -245,6 +245,11 @@ def knobs(args: argparse.Namespace) -> str:
     return f", DDP: {', '.join(on)}" if on else ""
 
 
+def placement(torch: Any, world: int, device: str) -> str:
+    """Where the ranks run, for a script's first line: ``2 x NVIDIA H200`` or ``2 CPU process(es)``."""
+    return f"{world} x {torch.cuda.get_device_name()}" if device.startswith("cuda") else f"{world} CPU process(es)"
+
+
 def trace_file(prefix: Path, rank: int) -> str:
     return f"{prefix}_rank{rank}.json.gz"
 
@@ -280,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if rank == 0:
-            where = f"{world} x {torch.cuda.get_device_name()}" if device.startswith("cuda") else f"{world} CPU process(es)"
+            where = placement(torch, world, device)
             print(f"ddp_training: {args.depth} layers of {args.width}, batch {args.batch_size} per rank, "
                   f"buckets {', '.join(f'{b:g}' for b in args.bucket_mb)} MB, accumulate {args.accumulate}"
                   f"{', bf16' if args.bf16 else ''}{knobs(args)}, on {where} ({dist.get_backend()})", flush=True)
