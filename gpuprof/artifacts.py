@@ -24,14 +24,15 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
-from .backend import describe_machine
+from .backend import describe_machine, gpu_available
 from .errors import CaptureExists, GpuprofError, ReferenceMissing
 
 __all__ = [
     "REPO_ROOT", "reference_dir", "output_dir", "chapter_output", "overwrite_allowed", "atomic_write_bytes",
     "save_json", "record_file", "load_provenance", "find_capture", "FoundCapture", "git_commit",
+    "measure_or_reference",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -201,3 +202,35 @@ def find_capture(chapter: str, filename: str, *, prefer: str = "this machine") -
     raise ReferenceMissing(f"No capture named {filename} for {chapter}: neither this machine's "
                            f"({live}) nor the course's reference ({reference_dir() / chapter}).",
                            "Restore the reference with `git checkout -- artifacts/`, or capture it on a GPU machine.")
+
+
+def measure_or_reference(chapter: str, filename: str, measure: Callable[[], Any], *,
+                         command: Sequence[str] | str, live: bool | None = None) -> FoundCapture:
+    """Measure on this machine's GPU and keep the result; in any case return the capture to show.
+
+    Many cells of the course measure something with a GPU, save it as JSON with its
+    provenance, and then read whichever capture exists: this machine's, else the course's
+    reference. Written out, that is a ``LIVE`` switch, a ``try``/``except``, a save and a
+    find in every such cell, which buries the one line a reader came for (the call that
+    measures). Here it is once:
+
+    * ``live`` (default: whether a GPU is usable here) false: nothing runs; the
+      reference is returned, as on a CPU-only machine.
+    * otherwise ``measure()`` runs and its JSON-serialisable result is saved as
+      ``<chapter>/<filename>`` in this machine's output folder with ``command`` as its
+      provenance, replacing this machine's earlier capture of the same name.
+    * a :class:`GpuprofError` from ``measure`` (a missing tool, counters not permitted, a
+      script that failed) is reported in one line, and the latest capture found is
+      returned instead, so the chapter reads on. Any other exception is a bug and raises.
+    * ``GPUPROF_STRICT=1`` (set by the course's own GPU runs, ``scripts/capture_all.py`` and
+      ``scripts/gpu_nbval.py``) makes that error raise too: a capture run must not pass
+      with a measurement that silently fell back to the old reference.
+    """
+    if gpu_available() if live is None else live:
+        try:
+            save_json(chapter, filename, measure(), command=command, overwrite=True)
+        except GpuprofError as exc:
+            if os.environ.get("GPUPROF_STRICT", "") == "1":
+                raise
+            print(f"Could not measure here: {exc}")
+    return find_capture(chapter, filename)

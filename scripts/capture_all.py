@@ -204,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"capture: {machine.summary()}", flush=True)
     notebooks = [Path(p).resolve() for p in args.notebooks] if args.notebooks else sorted((ROOT / "notebooks").glob("*.ipynb"))
     args.log_dir.mkdir(parents=True, exist_ok=True)
-    env = {"GPUPROF_OUTPUT_DIR": str(ROOT / "artifacts"), "GPUPROF_OVERWRITE": "1", "KINETO_LOG_LEVEL": "6",
+    env = {"GPUPROF_OUTPUT_DIR": str(ROOT / "artifacts"), "GPUPROF_OVERWRITE": "1", "GPUPROF_STRICT": "1",
+           "KINETO_LOG_LEVEL": "6",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))}
     over_budget = []
     failed = []

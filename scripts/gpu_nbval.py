@@ -80,7 +80,8 @@ def check_one(nb: Path, log_dir: Path, scratch: Path) -> tuple[str, int, float]:
     """Strict nbval over one notebook; returns its closing line, exit status and seconds."""
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--nbval", "--nbval-current-env",
            "--nbval-sanitize-with", str(ROOT / "tests" / "nbval_sanitize.cfg"), str(nb)]
-    env = {**os.environ, "GPUPROF_OUTPUT_DIR": str(scratch), "GPUPROF_OVERWRITE": "1", "KINETO_LOG_LEVEL": "6",
+    env = {**os.environ, "GPUPROF_OUTPUT_DIR": str(scratch), "GPUPROF_OVERWRITE": "1", "GPUPROF_STRICT": "1",
+           "KINETO_LOG_LEVEL": "6",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))}
     log = log_dir / f"{nb.stem}.log"
     t0 = time.perf_counter()

@@ -3,7 +3,8 @@ import json
 import pytest
 
 from gpuprof import artifacts
-from gpuprof.artifacts import atomic_write_bytes, find_capture, load_provenance, record_file, save_json
+from gpuprof.artifacts import (atomic_write_bytes, find_capture, load_provenance, measure_or_reference, record_file,
+                               save_json)
 from gpuprof.errors import CaptureExists, GpuprofError, ReferenceMissing
 
 REF = artifacts.REPO_ROOT / "artifacts"
@@ -72,6 +73,69 @@ def test_record_keeps_entries_for_other_files(isolated_dirs):
     prov = load_provenance(out / "chY")
     assert set(prov["files"]) == {"a.sqlite", "b.csv"}
     assert prov["files"]["a.sqlite"]["bytes"] == 10
+
+
+def _reference(ref, chapter="chM", filename="m.json", data=None):
+    (ref / chapter).mkdir()
+    (ref / chapter / filename).write_text(json.dumps(data or {"from": "reference"}))
+    prov = {"chapter": chapter, "files": {filename: {"captured_at": "2026-11-21T10:00:00Z",
+            "machine": {"gpu_name": "NVIDIA H100 80GB HBM3"}, "command": "the reference run"}}}
+    (ref / chapter / "provenance.json").write_text(json.dumps(prov))
+
+
+def test_measure_or_reference_without_a_gpu_runs_nothing(isolated_dirs):
+    _, ref = isolated_dirs
+    _reference(ref)
+    ran = []
+    found = measure_or_reference("chM", "m.json", lambda: ran.append(1), command="x", live=False)
+    assert ran == [] and found.source == "reference"
+    assert json.loads(found.path.read_text()) == {"from": "reference"}
+
+
+def test_measure_or_reference_saves_what_it_measured(isolated_dirs):
+    out, ref = isolated_dirs
+    _reference(ref)
+    (out / "chM").mkdir()
+    (out / "chM" / "m.json").write_text("{}")  # an earlier capture on this machine is replaced
+    (out / "chM" / "provenance.json").write_text(json.dumps({"chapter": "chM", "files": {"m.json": {}}}))
+    found = measure_or_reference("chM", "m.json", lambda: {"rows": [1, 2]}, command="python measure.py", live=True)
+    assert found.source == "this machine" and found.path == out / "chM" / "m.json"
+    assert json.loads(found.path.read_text()) == {"rows": [1, 2]}
+    assert found.provenance["command"] == "python measure.py"
+
+
+def test_measure_or_reference_reports_a_tool_error_and_shows_the_reference(isolated_dirs, capsys, monkeypatch):
+    out, ref = isolated_dirs
+    monkeypatch.delenv("GPUPROF_STRICT", raising=False)
+    _reference(ref)
+
+    def fails():
+        raise GpuprofError("ncu is not on PATH.", "Install Nsight Compute.")
+
+    found = measure_or_reference("chM", "m.json", fails, command="x", live=True)
+    assert found.source == "reference"
+    printed = capsys.readouterr().out
+    assert printed.startswith("Could not measure here: ncu is not on PATH.") and "Traceback" not in printed
+    assert not (out / "chM" / "m.json").exists()
+
+
+def test_measure_or_reference_in_the_courses_own_gpu_runs_raises(isolated_dirs, monkeypatch):
+    _, ref = isolated_dirs
+    _reference(ref)
+    monkeypatch.setenv("GPUPROF_STRICT", "1")
+
+    def fails():
+        raise GpuprofError("ncu is not on PATH.")
+
+    with pytest.raises(GpuprofError, match="ncu is not on PATH"):
+        measure_or_reference("chM", "m.json", fails, command="x", live=True)
+
+
+def test_measure_or_reference_lets_a_bug_raise(isolated_dirs):
+    _, ref = isolated_dirs
+    _reference(ref)
+    with pytest.raises(ZeroDivisionError):
+        measure_or_reference("chM", "m.json", lambda: 1 / 0, command="x", live=True)
 
 
 # --- the committed reference captures -------------------------------------------------

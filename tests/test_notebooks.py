@@ -75,6 +75,23 @@ def test_test_scaffolding_stays_out_of_the_rendered_code(nb):
         assert not {"nbval-check-output", "nbval-ignore-output"} <= set(tags(c))
 
 
+def test_measuring_cells_read_as_the_call_that_measures(nb):
+    """The capture plumbing (a GPU switch, a try/except around a save, then a find) is written once, in
+    gpuprof.artifacts.measure_or_reference, so that a cell shows the call a reader would type."""
+    data, _ = nb
+    for c in cells(data):
+        src = "".join(c["source"])
+        assert not re.search(r"^\s*if LIVE\b|^\s*except\b", src, re.M), src[:80]
+
+
+def test_the_setup_cell_is_folded(nb):
+    """A chapter's import block is folded on the page (its output, the machine line, stays shown); chapter 0
+    shows it, since setting up is its subject."""
+    data, path = nb
+    first = cells(data)[0]
+    assert path.name.startswith("00__") or "hide-input" in tags(first)
+
+
 def test_cells_whose_output_depends_on_the_run_say_why(nb):
     """An ignored output must be explained to the reader in the cell itself (a first-line comment)."""
     data, _ = nb
