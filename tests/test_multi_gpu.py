@@ -51,6 +51,25 @@ def test_ddp_one_process_says_communication_is_not_exercised(tmp_path):
     assert configs[0]["buckets"] is None or configs[0]["buckets"] > configs[1]["buckets"]
 
 
+def test_ddp_bucket_layouts_on_a_model_with_known_answers(tmp_path, capsys):
+    """4 layers of 512: each 1 MiB of weight gradient + 2 KiB of bias. DDP's default caps the first bucket at 1 MiB,
+    so it holds one layer and the rest share a 25 MiB bucket; 25 given explicitly holds all four; a 1 MiB cap
+    gives one bucket per layer (a bucket closes once it holds at least the cap). The first step: one bucket."""
+    layer = (512 * 512 + 512) * 4
+    layouts = mg.bucket_layouts(["--width", "512", "--depth", "4", "--bucket-mb", "default,25,1"])
+    assert "$ python examples/nsys/ddp_buckets.py --width 512" in capsys.readouterr().out
+    assert layouts["gradient_bytes"] == 4 * layer
+    steps = {row["bucket_cap_mb"]: row["steps"] for row in layouts["layouts"]}
+    assert all(by_step[0] == [4 * layer] for by_step in steps.values())
+    assert steps[None][1:] == [[layer, 3 * layer]] * 2
+    assert steps[25.0][1:] == [[4 * layer]] * 2
+    assert steps[1.0][1:] == [[layer] * 4] * 2
+    table = mg.layout_table(layouts)
+    assert table.index.tolist() == ["not given", "25", "1"]
+    assert table["buckets"].tolist() == [2, 1, 4] and (table["first_step_buckets"] == 1).all() and table["stable"].all()
+    assert table.loc["not given", "first_bucket_mib"] == pytest.approx(layer / 2**20)
+
+
 def test_ddp_two_processes_average_gradients_and_write_torch_traces(tmp_path):
     out = tmp_path / "d.json"
     p = run(torchrun_target(mg.DDP, "--cpu", "--width", "64", "--depth", "3", "--batch-size", "8", "--warmup", "1",

@@ -14,7 +14,9 @@ step ``forward``, ``backward`` (DDP launches its all-reduces from it) and ``opti
 ``straggling`` where --slow-rank sleeps.
 
 Levers:
-  --bucket-mb MB[,MB...]  DDP's gradient bucket size (default: 25, DDP's own default)
+  --bucket-mb MB[,MB...]  DDP's gradient bucket cap, bucket_cap_mb, in MiB (default: 25, the cap DDP uses
+                          when none is given; given, it also caps the first bucket, which DDP's unset
+                          default keeps small: ddp_buckets.py shows the layouts)
   --accumulate K          K micro-batches per optimizer step, the first K-1 under no_sync()
                           (gradients all-reduced once per step instead of once per micro-batch)
   --bf16                  autocast to bfloat16 (gradients stay FP32)

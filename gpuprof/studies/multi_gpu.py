@@ -13,6 +13,9 @@ holds what the chapter would otherwise spell out in cells:
   under compute kernels, the same measure as the copy/compute overlap of the Nsight
   Systems chapter (:func:`gpuprof.activity.copy_compute_overlap`);
 * :func:`knob_table`: DDP's knobs timed side by side (``ddp_knobs.py``), over several jobs;
+* :func:`bucket_layouts`: which gradients share a bucket, per ``bucket_cap_mb``, as DDP
+  itself all-reduces them (``ddp_buckets.py``; on the CPU, since a layout depends on the
+  parameters' sizes alone), and :func:`layout_table`;
 * :func:`straggler_table`, :func:`bandwidth_table`, :func:`torch_trace_table`, and the figures.
 """
 
@@ -34,10 +37,11 @@ from ..nsys import sqlite as ns
 __all__ = ["DDP", "KNOBS", "ALLREDUCE", "knob_table", "NPROC", "NCCL_KERNEL", "gpus_here", "enough_gpus", "capture_ranks", "capture_launcher",
            "run_json", "knob_jobs", "untraced_steps", "by_bucket", "pid_of", "RankData", "rank_data", "collective_end_skew", "bucket_model", "step_windows", "overlap_table", "overlap_by_rank", "straggler_table",
            "bandwidth_table", "bandwidth_figure", "overlap_figure", "rank_timeline", "torch_trace_table", "load",
-           "run_script", "ncu_on_collective", "parse_nccl_choices", "nccl_choices", "nccl_choice_table"]
+           "run_script", "ncu_on_collective", "BUCKET_LAYOUT", "bucket_layouts", "layout_table", "parse_nccl_choices", "nccl_choices", "nccl_choice_table"]
 
 DDP = REPO_ROOT / "examples" / "nsys" / "ddp_training.py"
 KNOBS = REPO_ROOT / "examples" / "nsys" / "ddp_knobs.py"
+BUCKET_LAYOUT = REPO_ROOT / "examples" / "nsys" / "ddp_buckets.py"
 ALLREDUCE = REPO_ROOT / "examples" / "nsys" / "allreduce_bandwidth.py"
 NPROC = 2
 NCCL_KERNEL = re.compile(r"^nccl", re.IGNORECASE)  # ncclDevKernel_AllReduce_Sum_f32_RING_LL, ncclKernel_...
@@ -112,18 +116,50 @@ def knob_jobs(chapter: str, args: Sequence[str], jobs: int = 3) -> list[dict[str
     return results
 
 
-def run_script(script: Path, args: Sequence[str] = (), timeout_s: int = 300) -> str:
-    """Run a course script as one process on this machine, its output shown as it comes; returns the output."""
+def run_script(script: Path, args: Sequence[str] = (), timeout_s: int = 300, shown: Sequence[str] | None = None) -> str:
+    """Run a course script as one process on this machine, its output shown as it comes; returns the output.
+
+    ``shown``: the arguments to print instead of ``args`` (a temporary file's path named by its file name).
+    """
     from ..runner import portable_command, python_target, run_streaming
 
     cmd = python_target(script, *args)
-    print("$ " + " ".join(portable_command(cmd)), flush=True)
+    print("$ " + " ".join(portable_command(python_target(script, *(args if shown is None else shown)))), flush=True)
     code, lines = run_streaming(cmd, timeout_s, name=Path(script).name)
     if code != 0:
         from ..errors import GpuprofError
 
         raise GpuprofError(f"{Path(script).name} failed (exit {code}): {' | '.join(lines[-3:])}")
     return "\n".join(lines)
+
+
+def bucket_layouts(args: Sequence[str] = ()) -> dict[str, Any]:
+    """``ddp_buckets.py args`` run here as one process, its transcript shown; returns its JSON.
+
+    It runs on the CPU on any machine: which gradients share a bucket depends on the
+    parameters' sizes and the order backward produces them, not on the device.
+    """
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "ddp_buckets.json"
+        run_script(BUCKET_LAYOUT, [*args, "--json", str(out)], shown=[*args, "--json", out.name])
+        return json.loads(out.read_text())
+
+
+def layout_table(layouts: dict[str, Any]) -> pd.DataFrame:
+    """One row per ``bucket_cap_mb`` (``"not given"``: DDP's default): buckets in the first step and from the
+    second on, whether the later steps all kept one layout, and the first (the first all-reduced) and largest
+    bucket in MiB."""
+    rows = []
+    for row in layouts["layouts"]:
+        first, later = row["steps"][0], row["steps"][1:]
+        cap = "not given" if row["bucket_cap_mb"] is None else f"{row['bucket_cap_mb']:g}"
+        rows.append({"bucket_cap_mb": cap, "first_step_buckets": len(first),
+                     "buckets": len(later[0]), "stable": all(step == later[0] for step in later),
+                     "first_bucket_mib": later[0][0] / 2**20, "largest_mib": max(later[0]) / 2**20,
+                     "total_mib": sum(later[0]) / 2**20})
+    return pd.DataFrame(rows).set_index("bucket_cap_mb")
 
 
 def ncu_on_collective(chapter: str, name: str = "ncu_nccl", timeout_s: int = 45) -> tuple[str, FoundCapture]:
