@@ -6,9 +6,10 @@ gradients are ready. Which gradients share a bucket is decided in two stages, wh
 script shows for ``ddp_training.py``'s model (the layout depends on the parameters' sizes
 and order alone, not on the device, so it runs on the CPU):
 
-* the first step runs with ONE bucket holding every gradient (DDP's initial layout when
-  neither find_unused_parameters nor static_graph is set): nothing is all-reduced until
-  backward has finished, which is one more reason to leave the first steps out of a timing;
+* the first step runs with ONE bucket holding every gradient (DDP's initial layout unless
+  find_unused_parameters=True without static_graph: it does not yet know the order backward
+  produces the gradients in): nothing is all-reduced until backward has finished, one more
+  reason to leave the first steps out of a timing;
 * from the second step on, DDP rebuilds its buckets in the order the gradients became
   ready in the first backward (the last layer's first), filling each up to the cap.
 
