@@ -414,6 +414,34 @@ def test_ddp_knobs_run_on_two_cpu_processes(tmp_path):
     assert config["grad_as_bucket_view"] and config["static_graph"] and config["comm_hook"] == "fp16"
 
 
+def test_ddp_default_buckets_leaves_the_cap_to_ddp(tmp_path):
+    """--default-buckets passes no bucket_cap_mb. On 4 layers of 512 (1 MiB + 2 KiB of gradients each) DDP's own
+    default caps the first bucket at 1 MiB, so it holds one layer and the other three share a second bucket; 25 MB
+    given explicitly holds all four in one. The count is DDP's own (its logging data), read by the script."""
+    counts = {}
+    for flag in ([], ["--default-buckets"]):
+        out = tmp_path / f"d{len(flag)}.json"
+        p = run([sys.executable, str(mg.DDP), "--cpu", "--width", "512", "--depth", "4", "--batch-size", "4",
+                 "--warmup", "2", "--steps", "3", *flag, "--json", str(out)])
+        assert p.returncode == 0, p.stderr
+        d = json.loads(out.read_text())
+        assert d["config"]["default_buckets"] == bool(flag)
+        counts[bool(flag)] = d["ranks"][0]["configs"][0]["buckets"]
+    assert counts == {False: 1, True: 2}
+    assert "bucket_cap_mb unset (small first bucket)" in p.stdout
+
+
+def test_ddp_knobs_times_the_default_layout_against_25_given(tmp_path):
+    out = tmp_path / "k.json"
+    p = run(torchrun_target(mg.KNOBS, "--cpu", "--width", "512", "--depth", "4", "--batch-size", "4", "--warmup", "2",
+                            "--steps", "3", "--rounds", "1", "--variants", "fp32,fp32+default-buckets",
+                            "--json", str(out), nproc=2))
+    assert p.returncode == 0, p.stderr[-2000:]
+    runs = {r["variant"]: r for r in json.loads(out.read_text())["ranks"][0]["runs"]}
+    assert runs["fp32"]["buckets"] == 1 and runs["fp32+default-buckets"]["buckets"] == 2
+    assert runs["fp32+default-buckets"]["weights_identical_across_ranks"]
+
+
 def test_ddp_bf16_hook_on_the_cpu_is_refused_in_one_sentence():
     p = run([sys.executable, str(mg.DDP), "--cpu", "--comm-hook", "bf16", "--width", "32", "--depth", "2"])
     assert p.returncode != 0 and "--comm-hook bf16 needs NCCL on CUDA GPUs" in p.stdout + p.stderr

@@ -16,7 +16,9 @@ and order alone, not on the device, so it runs on the CPU):
 ``bucket_cap_mb`` (in MiB, whatever its name says) left unset is DDP's default: 25 MiB
 buckets, but the FIRST bucket capped at 1 MiB (``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``),
 so that the first all-reduce can start early. Any value given explicitly, 25 included,
-applies to the first bucket too. ``--bucket-mb default`` asks for DDP's own default.
+applies to the first bucket too. ``--bucket-mb default`` asks for DDP's own default here;
+``ddp_training.py --default-buckets`` trains with it, and ``ddp_knobs.py``'s ``default-buckets``
+variant times it against 25 given.
 
 A bucket closes once it holds at least the cap, so a parameter larger than the cap (here
 each layer's 16 MiB weight against a 1 MiB cap) gets a bucket of its own.

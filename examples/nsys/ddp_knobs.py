@@ -12,6 +12,8 @@ variant is a precision and the knobs turned on, joined by ``+``:
   bucket-view   DDP(gradient_as_bucket_view=True)
   static-graph  DDP(static_graph=True)
   find-unused   DDP(find_unused_parameters=True)
+  default-buckets  bucket_cap_mb left unset: DDP's real default, its first bucket capped at 1 MiB
+                (with --bucket-mb 25 only, the size that default uses)
   bf16-hook     bf16_compress_hook (NCCL only); fp16-hook: fp16_compress_hook
 
 The variants run in turn, --rounds times, in the same processes (each round starts one
@@ -50,7 +52,8 @@ import ddp_training  # noqa: E402
 PRECISIONS = ("fp32", "bf16")
 KNOBS = {"nosync": {"no_sync": True}, "bucket-view": {"grad_as_bucket_view": True},
          "static-graph": {"static_graph": True}, "find-unused": {"find_unused_parameters": True},
-         "bf16-hook": {"comm_hook": "bf16"}, "fp16-hook": {"comm_hook": "fp16"}}
+         "bf16-hook": {"comm_hook": "bf16"}, "fp16-hook": {"comm_hook": "fp16"},
+         "default-buckets": {"default_buckets": True}}
 GPU_VARIANTS = ["fp32", "fp32+nosync", "fp32+bucket-view", "fp32+static-graph", "fp32+find-unused", "fp32+bf16-hook",
                 "bf16", "bf16+nosync", "bf16+bf16-hook", "bf16+bf16-hook+bucket-view+static-graph"]
 CPU_VARIANTS = [v.replace("bf16-hook", "fp16-hook") for v in GPU_VARIANTS]
@@ -102,7 +105,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cpu", action="store_true", help="run on the CPU (gloo) even where GPUs are available")
     p.add_argument("--json", type=output_file, default=None, metavar="FILE",
                    help="rank 0 writes the configuration and every rank's step times to FILE")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.bucket_mb != ddp_training.DDP_DEFAULT_BUCKET_MB and any("default-buckets" in v for v in args.variants or []):
+        p.error(f"the default-buckets variants are DDP's own {ddp_training.DDP_DEFAULT_BUCKET_MB:g} MB default: "
+                f"give --bucket-mb {ddp_training.DDP_DEFAULT_BUCKET_MB:g}, not {args.bucket_mb:g}")
+    return args
 
 
 def base_options(args: argparse.Namespace) -> argparse.Namespace:

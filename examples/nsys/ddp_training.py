@@ -30,6 +30,9 @@ DDP's own knobs (each off by default, as in DDP):
                           to 16 bits for the all-reduce: half the bytes, rounded gradients)
   --find-unused-parameters  DDP(find_unused_parameters=True): walks the autograd graph every
                           step to find parameters that got no gradient (none do here: its cost alone)
+  --default-buckets       DDP without bucket_cap_mb, its real default: 25 MiB buckets with the
+                          first one capped at 1 MiB (with --bucket-mb 25 only; ddp_buckets.py
+                          shows both layouts)
   --no-sync               every backward under DDP's no_sync(): the same step with no all-reduce,
                           to measure what gradient synchronisation costs (the ranks' weights then
                           drift apart, each trained on its own data, so they are not checked)
@@ -66,6 +69,7 @@ from gpuprof.cli import join_group, nonnegative_int, output_file, positive_float
 from gpuprof.errors import GpuprofError  # noqa: E402
 from gpuprof.ranges import annotate  # noqa: E402
 
+DDP_DEFAULT_BUCKET_MB = 25.0  # DDP's bucket_cap_mb when none is given (its first bucket is then capped at 1 MiB)
 GPU_SIZES = {"width": 2048, "depth": 32, "batch_size": 512}
 CPU_SIZES = {"width": 256, "depth": 8, "batch_size": 32}
 
@@ -87,7 +91,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--width", type=positive_int, default=None, help="features of every layer (default: see below)")
     p.add_argument("--depth", type=positive_int, default=None, help="linear layers (default: see below)")
     p.add_argument("--batch-size", type=positive_int, default=None, help="samples per micro-batch per rank")
-    p.add_argument("--bucket-mb", type=bucket_sizes, default=[25.0], metavar="MB[,MB...]",
+    p.add_argument("--bucket-mb", type=bucket_sizes, default=[DDP_DEFAULT_BUCKET_MB], metavar="MB[,MB...]",
                    help="DDP bucket_cap_mb; several sizes run one after another (default: 25)")
     p.add_argument("--accumulate", type=positive_int, default=1, help="micro-batches per optimizer step (default: 1)")
     p.add_argument("--bf16", action="store_true", help="autocast to bfloat16")
@@ -96,6 +100,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--comm-hook", choices=("none", "bf16", "fp16"), default="none",
                    help="compress buckets to bf16 or fp16 for the all-reduce (default: none)")
     p.add_argument("--find-unused-parameters", action="store_true", help="DDP(find_unused_parameters=True)")
+    p.add_argument("--default-buckets", action="store_true",
+                   help="leave bucket_cap_mb unset (DDP's default layout: 25 MiB, the first bucket 1 MiB)")
     p.add_argument("--no-sync", action="store_true", help="never all-reduce the gradients (DDP's no_sync())")
     p.add_argument("--slow-rank", type=nonnegative_int, default=None, help="the rank to slow down (default: none)")
     p.add_argument("--slow-ms", type=positive_float, default=10.0, help="its sleep before each backward (default: 10)")
@@ -110,6 +116,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.torch_trace is not None and len(args.bucket_mb) > 1:
         p.error("--torch-trace records one configuration: give one --bucket-mb")
+    if args.default_buckets and args.bucket_mb != [DDP_DEFAULT_BUCKET_MB]:
+        p.error(f"--default-buckets is DDP's own {DDP_DEFAULT_BUCKET_MB:g} MB default: give no other --bucket-mb")
     return args
 
 
@@ -157,7 +165,8 @@ def train(args: argparse.Namespace, torch: Any, rank: int, device: str, bucket_m
 
     gpu = device.startswith("cuda")
     model = build_model(args, torch, device) if model is None else model
-    ddp = DDP(model, device_ids=[int(device.split(":")[1])] if gpu else None, bucket_cap_mb=bucket_mb,
+    ddp = DDP(model, device_ids=[int(device.split(":")[1])] if gpu else None,
+              bucket_cap_mb=None if args.default_buckets else bucket_mb,
               gradient_as_bucket_view=args.grad_as_bucket_view, static_graph=args.static_graph,
               find_unused_parameters=args.find_unused_parameters)
     if args.comm_hook != "none":
@@ -241,7 +250,8 @@ def train(args: argparse.Namespace, torch: Any, rank: int, device: str, bucket_m
 def knobs(args: argparse.Namespace) -> str:
     """DDP's knobs this run turned on, for the first line of its output."""
     on = [name for name, flag in (("gradient_as_bucket_view", args.grad_as_bucket_view), ("static_graph", args.static_graph),
-                                  ("find_unused_parameters", args.find_unused_parameters)) if flag]
+                                  ("find_unused_parameters", args.find_unused_parameters),
+                                  ("bucket_cap_mb unset (small first bucket)", args.default_buckets)) if flag]
     on += [f"{args.comm_hook}_compress_hook"] if args.comm_hook != "none" else []
     on += ["no gradient sync"] if args.no_sync else []
     return f", DDP: {', '.join(on)}" if on else ""
