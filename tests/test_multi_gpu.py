@@ -51,7 +51,7 @@ def test_ddp_one_process_says_communication_is_not_exercised(tmp_path):
     assert configs[0]["buckets"] is None or configs[0]["buckets"] > configs[1]["buckets"]
 
 
-def test_ddp_bucket_layouts_on_a_model_with_known_answers(tmp_path, capsys):
+def test_ddp_bucket_layouts_on_a_model_with_known_answers(capsys):
     """4 layers of 512: each 1 MiB of weight gradient + 2 KiB of bias. DDP's default caps the first bucket at 1 MiB,
     so it holds one layer and the rest share a 25 MiB bucket; 25 given explicitly holds all four; a 1 MiB cap
     gives one bucket per layer (a bucket closes once it holds at least the cap). The first step: one bucket."""

@@ -144,8 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     # parameters, their gradients and DDP's bucket copy of them; activations of a batch of 2 are negligible
     require_training_memory(lambda: ddp_training.build_model(model_args, torch, None), (args.width,), 2, "cpu",
                             "--width or --depth", optimizer_states=1)
-    with torch.device("meta"):  # sizes only, no memory
-        grad_bytes = sum(p.numel() * p.element_size() for p in ddp_training.build_model(model_args, torch, None).parameters())
+    grad_bytes = ddp_training.gradient_bytes(model_args)
     print(f"ddp_buckets: {args.depth} layers of {args.width} ({grad_bytes / MIB:.0f} MiB of FP32 gradients), "
           f"torch {torch.__version__}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:  # a file rendezvous: no port to collide with
