@@ -31,6 +31,7 @@ import argparse
 import copy
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  cell {cid}: {len(outputs)} output(s) replaced")
     from capture_all import shrink_figures  # beside this script: figures stored as a capture run stores them
 
-    shrink_figures(nb)
+    shrink_figures(SimpleNamespace(cells=[by_id[cid] for cid in wanted]))  # only the replaced cells' figures
     nbformat.write(nb, args.notebook)
     print(f"{args.notebook}: {len(wanted)} cell(s) re-executed; every other cell keeps its stored output")
     return 0

@@ -355,3 +355,27 @@ def test_the_ladders_shape_rules():
     assert all(ml.fits(1, m, n, k) is None for m, n, k in ml.CHECK_SHAPES)
     # at least one check shape is a multiple of no rung's tile
     assert any(all(m % r.tile[0] or n % r.tile[1] for r in ml.RUNGS.values()) for m, n, _ in ml.CHECK_SHAPES)
+
+
+def test_reexecute_cells_leaves_other_cells_byte_for_byte(tmp_path):
+    """Only the named cells change: another cell's stored figure keeps its bytes, even one the capture run would shrink."""
+    import base64
+    import io
+
+    import nbformat
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGBA", (64, 32), (10, 20, 30, 255)).save(buf, format="PNG")  # opaque RGBA: shrink_figures would recode it
+    png = base64.b64encode(buf.getvalue()).decode()
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("print(6 * 7)", id="wanted"),
+                nbformat.v4.new_code_cell("x = 1", id="other",
+                                          outputs=[nbformat.v4.new_output("display_data", data={"image/png": png})])]
+    path = tmp_path / "nb.ipynb"
+    nbformat.write(nb, path)
+    proc = run(REPO_ROOT / "scripts" / "reexecute_cells.py", str(path), "--cells", "wanted")
+    assert proc.returncode == 0, proc.stderr
+    after = nbformat.read(path, as_version=4)
+    assert after.cells[0].outputs[0]["text"] == "42\n"
+    assert after.cells[1].outputs[0]["data"]["image/png"] == png
