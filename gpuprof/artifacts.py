@@ -32,11 +32,14 @@ from .errors import CaptureExists, GpuprofError, ReferenceMissing
 __all__ = [
     "REPO_ROOT", "reference_dir", "output_dir", "chapter_output", "overwrite_allowed", "atomic_write_bytes",
     "save_json", "record_file", "load_provenance", "find_capture", "FoundCapture", "git_commit",
-    "measure_or_reference",
+    "measure_or_reference", "stored_file", "gzip_reference",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PROVENANCE_FILE = "provenance.json"
+# Exports the course commits gzipped (a third of the size): ``x.sqlite.gz`` stands for ``x.sqlite``, and the
+# readers (gpuprof.nsys.sqlite.open_export) open either.
+GZIPPED_KINDS = (".sqlite",)
 
 
 def reference_dir() -> Path:
@@ -179,6 +182,44 @@ def _relative(path: Path) -> str:
         return str(path)
 
 
+def stored_file(path: Path) -> Path | None:
+    """``path`` if it exists, else its gzipped copy (``x.sqlite.gz`` for ``x.sqlite``), else None."""
+    if path.exists():
+        return path
+    gz = path.with_name(path.name + ".gz")
+    if path.suffix in GZIPPED_KINDS and gz.exists():
+        return gz
+    return None
+
+
+def gzip_reference(path: Path) -> Path:
+    """Replace a reference export by its gzipped copy and move its provenance entry to the new name.
+
+    ``make capture`` writes plain exports into ``artifacts/``; the course commits the sqlite ones
+    gzipped, which keeps the tree small enough to travel to a GPU machine (see tests/test_artifacts.py).
+    """
+    import gzip
+    import shutil
+
+    folder = path.parent
+    prov = load_provenance(folder)
+    entry = prov.get("files", {}).pop(path.name, None)
+    if entry is None:
+        raise GpuprofError(f"{path} has no entry in {folder / PROVENANCE_FILE}.", "Record it before gzipping it.")
+    target = path.with_name(path.name + ".gz")
+    tmp = target.with_name(f".{target.name}.tmp")
+    with path.open("rb") as src, gzip.GzipFile(tmp, "wb", compresslevel=9, mtime=0) as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+    os.replace(tmp, target)
+    entry["stored"] = f"gzip -9 {path.name} ({entry.get('bytes', path.stat().st_size):,} bytes before)"
+    entry["bytes"] = target.stat().st_size
+    prov["files"][target.name] = entry
+    atomic_write_bytes(folder / PROVENANCE_FILE, (json.dumps(prov, indent=2, sort_keys=True) + "\n").encode(),
+                       overwrite=True)
+    path.unlink()
+    return target
+
+
 def find_capture(chapter: str, filename: str, *, prefer: str = "this machine") -> FoundCapture:
     """Find ``filename`` for ``chapter``: this machine's capture first, else the reference.
 
@@ -192,9 +233,9 @@ def find_capture(chapter: str, filename: str, *, prefer: str = "this machine") -
     elif prefer == "this machine":
         candidates = [("this machine", live)]
     for source, folder in candidates:
-        path = folder / filename
-        if path.exists():
-            entry = load_provenance(folder).get("files", {}).get(filename)
+        path = stored_file(folder / filename)
+        if path is not None:
+            entry = load_provenance(folder).get("files", {}).get(path.name)
             if entry is None:
                 raise GpuprofError(f"{path} exists but {folder / PROVENANCE_FILE} does not describe it.",
                                    "Regenerate it with `make capture`, which records every file it writes.")

@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 from gpuprof import exit_on_error  # noqa: E402
 from gpuprof.cli import bounded_int, output_file  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
+from gpuprof.nsys.sqlite import ensure_sqlite  # noqa: E402
 from fresh_process import measure  # noqa: E402  (beside this script)
 
 
@@ -115,12 +116,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--source", type=Path, default=ROOT / "artifacts" / "ch01" / "transfer.sqlite", help="capture to replicate")
     p.add_argument("--json", type=output_file, default=None, metavar="FILE", help="also write the results here")
     args = p.parse_args(argv)
-    if not args.source.exists():
+    source = ensure_sqlite(args.source)  # the course's references are committed gzipped
+    if not source.exists():
         raise GpuprofError(f"{args.source} does not exist.", "Pass --source with an nsys sqlite export.")
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "million.sqlite"
         t0 = time.perf_counter()
-        n = build(args.source, path, args.rows)
+        n = build(source, path, args.rows)
         print(f"built {path.name}: {n:,} kernel rows, {path.stat().st_size / 2**20:.0f} MiB, in {time.perf_counter() - t0:.1f} s")
         toolkit = measure(TOOLKIT, path)
         summary = measure(TOOLKIT_SUMMARY, path)

@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gpuprof import describe_machine, exit_on_error  # noqa: E402
+from gpuprof.artifacts import gzip_reference  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
 
 # Seconds each notebook may take on an H100/H200. A run over every notebook plus strict
@@ -127,6 +128,8 @@ def provenance_markdown(artifacts: Path) -> str:
             libs = ", ".join(f"{k} {v}" for k, v in m.get("libraries", {}).items())
             tools = ", ".join(f"{k} {v}" for k, v in e.get("tools", {}).items()) or "-"
             cmd = e["command"] if isinstance(e["command"], str) else " ".join(e["command"])
+            if e.get("stored"):  # a reference committed gzipped (gpuprof.artifacts.gzip_reference)
+                cmd += f"; stored as {e['stored']}"
             rows.append(f"| `{prov_path.parent.name}/{name}` | {m.get('gpu_name') or 'CPU'} | {m.get('driver_version') or '-'} "
                         f"| {m.get('cuda_runtime') or '-'} | {libs} | {tools} | {e.get('captured_at', '?')} "
                         f"| `{cmd.replace('|', '&#124;')}` |")
@@ -224,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  done in {seconds:.0f} s{flag}", flush=True)
         if flag:
             over_budget.append(nb.name)
+    packed = [gzip_reference(p) for p in sorted((ROOT / "artifacts").glob("*/*.sqlite"))]
+    if packed:  # the sqlite references are committed gzipped: the tree must fit the GPU machine's carry limit
+        print(f"gzipped {len(packed)} sqlite export(s) in artifacts/", flush=True)
     (ROOT / "artifacts" / "provenance.md").write_text(provenance_markdown(ROOT / "artifacts"))
     print("wrote artifacts/provenance.md", flush=True)
     tools = tool_facts(ROOT / "artifacts")

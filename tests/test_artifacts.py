@@ -173,3 +173,38 @@ def test_the_tree_still_fits_the_gpu_machines_carry_limit():
     paths = [artifacts.REPO_ROOT / p for p in listed.stdout.decode().split("\0") if p]
     total = sum(p.stat().st_size for p in paths if p.is_file())
     assert total < 54 * 2**20, f"tracked files take {total / 2**20:.1f} MiB: shrink or gzip captures under artifacts/"
+
+
+def test_a_gzipped_reference_is_found_under_its_plain_name_and_read(isolated_dirs, monkeypatch, tmp_path):
+    """The course commits its sqlite exports gzipped: gzip_reference packs one and moves its provenance entry,
+    find_capture answers for the plain name with the .gz (the page names the file that is there), and the
+    nsys readers open either name."""
+    import gzip
+    import sqlite3
+    from contextlib import closing
+
+    from gpuprof.artifacts import gzip_reference, stored_file
+    from gpuprof.nsys import sqlite as ns
+
+    monkeypatch.setenv("GPUPROF_CACHE_DIR", str(tmp_path / "cache"))
+    out, _ = isolated_dirs
+    export = out / "chX" / "run.sqlite"
+    export.parent.mkdir()
+    with sqlite3.connect(export) as con:
+        con.execute("CREATE TABLE StringIds (id INTEGER, value TEXT)")
+        con.execute("INSERT INTO StringIds VALUES (1, 'step_0')")
+    con.close()
+    raw = export.read_bytes()
+    record_file("chX", "run.sqlite", "nsys export --type sqlite -o run.sqlite run.nsys-rep")
+    packed = gzip_reference(export)
+    assert packed.name == "run.sqlite.gz" and not export.exists() and gzip.decompress(packed.read_bytes()) == raw
+    entry = load_provenance(out / "chX")["files"]
+    assert "run.sqlite" not in entry and entry["run.sqlite.gz"]["stored"].startswith("gzip -9 run.sqlite (")
+    assert stored_file(export) == packed and stored_file(out / "chX" / "other.sqlite") is None
+    found = find_capture("chX", "run.sqlite")
+    assert found.path == packed and "run.sqlite.gz" in found.describe()
+    with closing(ns.open_export(export)) as con:  # the plain name, which no longer exists
+        assert con.execute("SELECT value FROM StringIds").fetchall() == [("step_0",)]
+    with pytest.raises(GpuprofError, match="has no entry"):
+        (out / "chX" / "loose.sqlite").write_bytes(raw)
+        gzip_reference(out / "chX" / "loose.sqlite")

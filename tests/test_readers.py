@@ -10,7 +10,7 @@ from gpuprof.artifacts import REPO_ROOT
 from gpuprof.errors import GpuprofError
 from gpuprof.ncu.csv_reader import metric, read_details, to_seconds
 
-SQLITE = REPO_ROOT / "artifacts" / "ch00" / "tiny_kernels.sqlite"
+SQLITE = REPO_ROOT / "artifacts" / "ch00" / "tiny_kernels.sqlite"  # committed as tiny_kernels.sqlite.gz; read either way
 NCU_CSV = REPO_ROOT / "artifacts" / "ch00" / "saxpy_sol.csv"
 
 
@@ -83,7 +83,7 @@ def test_report_given_instead_of_export_is_exported_with_nsys(tmp_path, clean_to
     from conftest import write_exe
 
     # a stand-in nsys: "export --type sqlite -o OUT REPORT" copies the reference export to OUT
-    write_exe(clean_tool_env / "nsys", f'out=""; while [ $# -gt 0 ]; do [ "$1" = "-o" ] && out="$2"; shift; done; cp "{SQLITE}" "$out"')
+    write_exe(clean_tool_env / "nsys", f'out=""; while [ $# -gt 0 ]; do [ "$1" = "-o" ] && out="$2"; shift; done; cp "{ns.ensure_sqlite(SQLITE)}" "$out"')
     rep = tmp_path / "run.nsys-rep"
     rep.write_bytes(b"\x00QDSTRM binary report")
     assert len(ns.kernels(rep)) == len(ns.kernels(SQLITE))
@@ -99,7 +99,7 @@ def test_not_sqlite_at_all(tmp_path):
 
 def test_truncated_export(tmp_path):
     f = tmp_path / "cut.sqlite"
-    f.write_bytes(SQLITE.read_bytes()[:20000])
+    f.write_bytes(ns.ensure_sqlite(SQLITE).read_bytes()[:20000])
     with pytest.raises(GpuprofError, match="damaged|malformed|not an SQLite"):
         ns.kernels(f)
 
@@ -117,7 +117,7 @@ def test_capture_without_kernels_says_why(tmp_path):
 
 def test_export_is_opened_read_only(tmp_path):
     copy = tmp_path / "ro.sqlite"
-    shutil.copy(SQLITE, copy)
+    shutil.copy(ns.ensure_sqlite(SQLITE), copy)
     con = ns.open_export(copy)
     with pytest.raises(sqlite3.OperationalError):
         con.execute("DELETE FROM StringIds")
@@ -157,7 +157,7 @@ def test_unknown_time_unit():
 def test_trim_reference_keeps_the_kernels_of_the_named_ranges_and_says_what_went(tmp_path):
     import shutil
 
-    src = REPO_ROOT / "artifacts" / "ch06" / "rung0.sqlite"
+    src = ns.ensure_sqlite(REPO_ROOT / "artifacts" / "ch06" / "rung0.sqlite")
     path = tmp_path / "r.sqlite"
     shutil.copy(src, path)
     ranges = ns.nvtx_ranges(path)

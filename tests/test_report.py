@@ -36,7 +36,7 @@ def run_cli(*args: str, cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess:
 # ---- recognised by content --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("source,kind", [
-    (CH06 / "rung0.sqlite", "nsys"), (CH04 / "ladder.ncu-rep", "ncu"), (CH04 / "ladder.details.csv", "ncu-csv"),
+    (CH06 / "rung0.sqlite.gz", "nsys"), (CH04 / "ladder.ncu-rep", "ncu"), (CH04 / "ladder.details.csv", "ncu-csv"),
     (CH05 / "train_steps.json.gz", "kineto"), (THIRD / "hta_minitoy_mi250.json.gz", "kineto"),
 ])
 def test_a_capture_is_recognised_by_its_content_not_its_name(tmp_path, source, kind):
@@ -97,9 +97,10 @@ def test_a_truncated_gzip_trace_is_said_to_be_truncated(tmp_path):
 
 def test_a_folder_is_read_for_its_captures_and_refused_when_it_has_none(tmp_path):
     found = dict((p.name, k) for p, k in captures_in(ART / "ch08"))
-    assert found == {"buckets_rank0.sqlite": "nsys", "buckets_rank1.sqlite": "nsys", "buckets_bf16_rank0.sqlite": "nsys",
-                     "buckets_bf16_rank1.sqlite": "nsys", "ddp_trace_rank0.json.gz": "kineto",
-                     "ddp_trace_rank1.json.gz": "kineto", "straggler.sqlite": "nsys"}  # its JSON results are skipped
+    assert found == {"buckets_rank0.sqlite.gz": "nsys", "buckets_rank1.sqlite.gz": "nsys",
+                     "buckets_bf16_rank0.sqlite.gz": "nsys", "buckets_bf16_rank1.sqlite.gz": "nsys",
+                     "ddp_trace_rank0.json.gz": "kineto", "ddp_trace_rank1.json.gz": "kineto",
+                     "straggler.sqlite.gz": "nsys"}  # its JSON results are skipped
     (tmp_path / "notes.txt").write_text("hello")
     with pytest.raises(NotACapture, match="holds no capture the report reads: 1 file"):
         captures_in(tmp_path)
@@ -280,7 +281,7 @@ def test_report_writes_one_self_contained_html_page(tmp_path):
 def test_wrong_input_is_one_sentence_not_a_traceback(tmp_path, args, said):
     (tmp_path / "empty.sqlite").write_bytes(b"")
     (tmp_path / "notes.json").write_text('{"a": 1}')
-    (tmp_path / "cut.sqlite").write_bytes((CH06 / "rung0.sqlite").read_bytes()[:8192])
+    (tmp_path / "cut.sqlite").write_bytes(ns.ensure_sqlite(CH06 / "rung0.sqlite").read_bytes()[:8192])
     (tmp_path / "capture.bin").write_bytes(b"NVIDIA Tegra Profiler Report 363\x00\x01" + bytes(64))  # a .nsys-rep's head
     (tmp_path / "nothing").mkdir()
     (tmp_path / "nothing" / "notes.txt").write_text("hello")

@@ -36,10 +36,12 @@ class NoKernelRows(GpuprofError):
 
 
 def ensure_sqlite(path: str | Path) -> Path:
-    """The sqlite export for ``path``: itself if it is one; for a ``.nsys-rep``, its sibling
-    ``.sqlite``, exported with nsys first when that file does not exist yet and nsys is
+    """The sqlite export for ``path``: itself if it is one (a ``.sqlite.gz``, or a ``.sqlite`` stored only
+    gzipped, is decompressed into a cache first); for a ``.nsys-rep``, its sibling ``.sqlite``, exported with nsys first when that file does not exist yet and nsys is
     installed (otherwise an error that says how to export it)."""
     path = Path(path)
+    if path.suffix == ".sqlite" and not path.exists() and path.with_name(path.name + ".gz").exists():
+        path = path.with_name(path.name + ".gz")  # a reference the course commits gzipped
     if path.name.endswith(".sqlite.gz"):
         return _gunzipped(path)
     if path.suffix not in (".nsys-rep", ".qdrep"):

@@ -23,6 +23,7 @@ import gzip
 import zlib
 from pathlib import Path
 
+from ..artifacts import stored_file
 from ..errors import GpuprofError
 
 __all__ = ["KINDS", "capture_kind", "captures_in", "NotACapture"]
@@ -54,7 +55,7 @@ def _head(path: Path, n: int = 4096) -> bytes:
 
 def capture_kind(path: str | Path) -> str:
     """``"nsys"`` (sqlite export), ``"nsys-rep"``, ``"ncu"`` (.ncu-rep), ``"ncu-csv"`` or ``"kineto"``."""
-    path = Path(path)
+    path = stored_file(Path(path)) or Path(path)  # x.sqlite may be committed as x.sqlite.gz
     if not path.exists():
         raise NotACapture(f"{path} does not exist.", "Check the path.")
     if path.is_dir():

@@ -208,10 +208,9 @@ def events_vs_nvtx(result: dict[str, Any], steps: pd.DataFrame) -> pd.Series:
 
 def backtrace_coverage(path: str | Path) -> pd.DataFrame:
     """Per launching API (cudaLaunchKernel, cuLaunchKernelEx...): launches in the capture and how many carry a backtrace."""
-    import sqlite3
     from contextlib import closing
 
-    with closing(sqlite3.connect(str(path))) as conn:
+    with closing(ns.open_export(path)) as conn:
         cols = {r[1] for r in conn.execute(f"PRAGMA table_info({ns.RUNTIME_TABLE})")}
         if "callchainId" not in cols:
             return pd.DataFrame(columns=["api", "calls", "with_backtrace"])
