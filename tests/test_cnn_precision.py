@@ -52,7 +52,6 @@ def test_variant_table_on_known_numbers():
     assert (fp32["low"], fp32["high"]) == (pytest.approx(5.94), pytest.approx(6.06))
 
 
-@pytest.mark.skipif(not REF.exists(), reason="no stored reference of cnn_precision.py")
 def test_stored_reference_every_kernel_attributed_and_the_switches_do_what_they_say():
     data = json.loads(REF.read_text())
     t = cp.variant_table(data)

@@ -79,7 +79,6 @@ def test_mode_table_counts_per_step_and_the_busy_share_uses_the_unprofiled_time(
     assert t.loc["compiled", "busy share"] is None or t["busy share"].isna()["compiled"]
 
 
-@pytest.mark.skipif(not (REF / "compiled_64.json").exists(), reason="no stored reference of compiled_and_graphed.py")
 def test_the_stored_reference_agrees_with_its_own_traces():
     run = json.loads((REF / "compiled_64.json").read_text())
     assert run["device"] == "cuda" and [m["mode"] for m in run["modes"]] == ["eager", "compiled", "graphed"]

@@ -303,10 +303,6 @@ def _cmdline(pid: str) -> str:
 
 # --- the course's references from two H200s ----------------------------------------------------------
 
-needs_ref = pytest.mark.skipif(not (REF / "buckets_rank0.sqlite").exists(), reason="no ch08 references")
-
-
-@needs_ref
 def test_reference_per_rank_reports_share_one_axis_after_alignment():
     """Every all-reduce needs both ranks: once aligned, each of rank 0's NCCL kernels overlaps rank 1's of the same order."""
     data = mg.rank_data([REF / "buckets_rank0.sqlite", REF / "buckets_rank1.sqlite"])
@@ -323,7 +319,6 @@ def test_reference_per_rank_reports_share_one_axis_after_alignment():
         assert (aligned["start"] - raw_nccl["start"]).eq(starts[rank] - min(starts.values())).all()
 
 
-@needs_ref
 def test_reference_capture_agrees_with_the_scripts_own_bucket_count():
     """DDP's own count of buckets (the script's JSON) equals the NCCL kernels per step nsys recorded."""
     data = mg.rank_data([REF / "buckets_rank0.sqlite", REF / "buckets_rank1.sqlite"])
@@ -337,7 +332,6 @@ def test_reference_capture_agrees_with_the_scripts_own_bucket_count():
     assert (one["hidden"] < 0.05).all() and (one["nccl_kernels"] == 1).all()
 
 
-@needs_ref
 def test_reference_straggler_and_traces():
     s = mg.straggler_table(mg.rank_data(REF / "straggler.sqlite")).set_index("rank")
     assert s["waited_for"].tolist() == [False, True]
