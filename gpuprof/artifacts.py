@@ -37,7 +37,7 @@ __all__ = [
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PROVENANCE_FILE = "provenance.json"
-# Exports the course commits gzipped (a third of the size): ``x.sqlite.gz`` stands for ``x.sqlite``, and the
+# Exports the course commits gzipped (about a quarter of the size): ``x.sqlite.gz`` stands for ``x.sqlite``, and the
 # readers (gpuprof.nsys.sqlite.open_export) open either.
 GZIPPED_KINDS = (".sqlite",)
 
@@ -208,9 +208,13 @@ def gzip_reference(path: Path) -> Path:
         raise GpuprofError(f"{path} has no entry in {folder / PROVENANCE_FILE}.", "Record it before gzipping it.")
     target = path.with_name(path.name + ".gz")
     tmp = target.with_name(f".{target.name}.tmp")
-    with path.open("rb") as src, gzip.GzipFile(tmp, "wb", compresslevel=9, mtime=0) as dst:
-        shutil.copyfileobj(src, dst, 1 << 20)
-    os.replace(tmp, target)
+    try:
+        with path.open("rb") as src, gzip.GzipFile(tmp, "wb", compresslevel=9, mtime=0) as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     entry["stored"] = f"gzip -9 {path.name} ({entry.get('bytes', path.stat().st_size):,} bytes before)"
     entry["bytes"] = target.stat().st_size
     prov["files"][target.name] = entry

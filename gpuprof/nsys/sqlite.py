@@ -19,6 +19,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from ..artifacts import stored_file
 from ..errors import GpuprofError
 
 __all__ = ["NoKernelRows", "open_export", "table_names", "kernels", "nvtx_ranges", "runtime_calls", "scrub_environment",
@@ -37,11 +38,10 @@ class NoKernelRows(GpuprofError):
 
 def ensure_sqlite(path: str | Path) -> Path:
     """The sqlite export for ``path``: itself if it is one (a ``.sqlite.gz``, or a ``.sqlite`` stored only
-    gzipped, is decompressed into a cache first); for a ``.nsys-rep``, its sibling ``.sqlite``, exported with nsys first when that file does not exist yet and nsys is
-    installed (otherwise an error that says how to export it)."""
-    path = Path(path)
-    if path.suffix == ".sqlite" and not path.exists() and path.with_name(path.name + ".gz").exists():
-        path = path.with_name(path.name + ".gz")  # a reference the course commits gzipped
+    gzipped as the course's references are, is decompressed into a cache first); for a ``.nsys-rep``, its
+    sibling ``.sqlite``, exported with nsys first when that file does not exist yet and nsys is installed
+    (otherwise an error that says how to export it)."""
+    path = stored_file(Path(path)) or Path(path)
     if path.name.endswith(".sqlite.gz"):
         return _gunzipped(path)
     if path.suffix not in (".nsys-rep", ".qdrep"):
