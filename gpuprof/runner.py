@@ -147,13 +147,16 @@ def run_with_limit(cmd: Sequence[str], timeout_s: float, env: dict[str, str] | N
         return code, out.read(), time.perf_counter() - t0
 
 
-def run_streaming(cmd: Sequence[str], timeout_s: float, *, name: str, echo: bool = True) -> tuple[int, list[str]]:
+def run_streaming(cmd: Sequence[str], timeout_s: float, *, name: str, echo: bool = True,
+                  env: dict[str, str] | None = None) -> tuple[int, list[str]]:
     """Run ``cmd``, showing its output as it comes (long runs should not look hung); returns (exit status, lines).
 
-    ``name`` is what a time-out message calls the program.
+    ``name`` is what a time-out message calls the program; ``env`` is added to this process's
+    environment for it (NCCL's variables, say).
     """
     lines: list[str] = []
-    with subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env(cmd)) as proc:
+    with subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env=child_env(cmd, env)) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:
             lines.append(line.rstrip())

@@ -24,7 +24,7 @@ __all__ = ["run_for_json"]
 
 def run_for_json(chapter: str, filename: str, script: str | Path, args: Sequence[str] = (), *,
                  files: dict[str, str] | None = None, timeout_s: int = 600, echo: bool = True,
-                 nproc: int = 1) -> FoundCapture:
+                 nproc: int = 1, env: dict[str, str] | None = None) -> FoundCapture:
     """Run ``script args --json <chapter>/<filename>`` on this machine's GPU, or fall back to the reference.
 
     ``files`` maps an option of the script to a file name (``{"--trace": "steps.json.gz"}``):
@@ -34,7 +34,9 @@ def run_for_json(chapter: str, filename: str, script: str | Path, args: Sequence
     their names start with the file's stem.
 
     ``nproc`` > 1 starts the script with torchrun as that many processes, one per GPU; a
-    machine with fewer GPUs gets the reference results, with the reason.
+    machine with fewer GPUs gets the reference results, with the reason. ``env``: variables
+    added to the script's environment (``NCCL_MAX_NCHANNELS``, say), shown before the command
+    and recorded with it, since they change what was measured.
     """
     machine = describe_machine()
     if machine.device != "cuda":
@@ -56,10 +58,11 @@ def run_for_json(chapter: str, filename: str, script: str | Path, args: Sequence
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / filename
         cmd = start(*args, *extra, "--json", str(out))
-        shown = portable_command([*start(*args), *extra_shown, "--json", filename])
+        shown = [f"{k}={v}" for k, v in (env or {}).items()] + portable_command([*start(*args), *extra_shown,
+                                                                                   "--json", filename])
         if echo:
             print("$ " + " ".join(shown), flush=True)
-        code, lines = run_streaming(cmd, timeout_s, name=Path(script).name, echo=echo)
+        code, lines = run_streaming(cmd, timeout_s, name=Path(script).name, echo=echo, env=env)
         if code != 0 or not out.exists():
             tail = " | ".join(lines[-3:]) or "no output"
             raise GpuprofError(f"{Path(script).name} failed (exit {code}): {tail}")

@@ -10,6 +10,7 @@ references from two GPUs when they are there.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from gpuprof.artifacts import reference_dir
+from gpuprof.artifacts import find_capture, reference_dir
 from gpuprof.nsys import sqlite as ns
 from gpuprof.runner import load_script, portable_command, torchrun_target
 from gpuprof.studies import multi_gpu as mg
@@ -29,8 +30,8 @@ ddp = load_script(mg.DDP)
 ar = load_script(mg.ALLREDUCE)
 
 
-def run(cmd: list[str], timeout: int = 240) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+def run(cmd: list[str], timeout: int = 240, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
 
 
 # --- the scripts on the CPU ------------------------------------------------------------------------
@@ -485,3 +486,39 @@ def test_knob_table_takes_the_slower_rank_and_ratios_within_each_job():
     assert t.loc["bf16", "vs_fp32_hi"] == pytest.approx(6.1 / 12.1)
     assert t.loc["bf16", "round_spread"] == pytest.approx(1.0 / 4.6)  # job a: rounds 4.1 and 5.1
     assert pd.isna(t.loc["bf16", "sync_cost_ms"]) and (t["jobs"] == 2).all()
+
+
+def test_channel_table_reads_each_setting_from_its_own_jobs():
+    """Two settings, two jobs each: the table takes knob_table's fp32 and no-sync rows per setting, and names the cap
+    the jobs ran under (from the NCCL variables each job recorded)."""
+    base = {"fp32": [[10, 10, 10], [10, 10, 10]], "fp32+nosync": [[8, 8, 8], [8, 8, 8]]}
+    slower = {"fp32": [[11, 11, 11], [11, 11, 11]], "fp32+nosync": [[8, 8, 8], [8, 8, 8]]}
+    capped = [_job(slower) | {"nccl_environment": {"NCCL_MAX_NCHANNELS": "4"}} for _ in range(2)]
+    t = mg.channel_table({"default": [_job(base), _job(base)], "max4": capped})
+    assert t.loc["default", "sync_cost_ms"] == pytest.approx(2.0) and t.loc["max4", "sync_cost_ms"] == pytest.approx(3.0)
+    assert t.loc["max4", "nosync_ms"] == pytest.approx(8.1) and (t["jobs"] == 2).all()
+    assert t["NCCL_MAX_NCHANNELS"].tolist() == ["unset", "4"]
+
+
+def test_reference_channel_and_first_bucket_jobs(capsys, monkeypatch):
+    """The committed jobs load without two GPUs, say so, and hold what chapter 8 reads from them."""
+    monkeypatch.setattr(mg, "enough_gpus", lambda n=2: "this test reads the references")
+    runs = mg.channel_jobs("ch08", channels=4)
+    assert "No live run" in capsys.readouterr().out
+    t = mg.channel_table(runs)
+    assert t["NCCL_MAX_NCHANNELS"].tolist() == ["unset", "4"] and (t["jobs"] == 3).all()
+    assert t.loc["max4", "sync_cost_lo"] > t.loc["default", "sync_cost_hi"]
+    first = mg.knob_table(mg.knob_jobs("ch08", [], stem="first_bucket"))
+    assert list(first.index) == ["fp32", "fp32+default-buckets", "fp32+nosync"]
+    assert first.loc["fp32+default-buckets", "vs_fp32_lo"] > 0.97
+    capped = mg.nccl_choice_table(find_capture("ch08", "nccl_tuning_max4.json", prefer="reference"))
+    assert capped.loc[capped["bytes"] >= 2**20, "channels"].max() == 4
+
+
+def test_ddp_knobs_keeps_the_nccl_variables_it_ran_under(tmp_path):
+    out = tmp_path / "k.json"
+    p = run(torchrun_target(mg.KNOBS, "--cpu", "--width", "32", "--depth", "2", "--batch-size", "4", "--warmup", "1",
+                            "--steps", "1", "--rounds", "1", "--variants", "fp32", "--json", str(out), nproc=2),
+            env={**os.environ, "NCCL_MAX_NCHANNELS": "4"})
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert json.loads(out.read_text())["nccl_environment"]["NCCL_MAX_NCHANNELS"] == "4"

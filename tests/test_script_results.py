@@ -40,3 +40,13 @@ def test_a_failing_script_is_one_sentence(pretend_gpu):
     with pytest.raises(GpuprofError, match=r"broken.py failed \(exit 3\): about to fail"):
         script_results.run_for_json("chX", "r.json", script, echo=False)
     assert not (pretend_gpu / "out" / "chX" / "r.json").exists()
+
+
+def test_variables_given_reach_the_script_and_head_its_recorded_command(pretend_gpu, capsys):
+    script = pretend_gpu / "env_writer.py"
+    script.write_text("import json, os, sys\njson.dump({'cap': os.environ.get('NCCL_MAX_NCHANNELS')}, "
+                      "open(sys.argv[sys.argv.index('--json') + 1], 'w'))\n")
+    found = script_results.run_for_json("chX", "e.json", script, env={"NCCL_MAX_NCHANNELS": "4"})
+    assert json.loads(found.path.read_text()) == {"cap": "4"}
+    assert found.provenance["command"].startswith("NCCL_MAX_NCHANNELS=4 ")
+    assert capsys.readouterr().out.startswith("$ NCCL_MAX_NCHANNELS=4 ")

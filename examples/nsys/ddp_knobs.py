@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -170,7 +171,9 @@ def main(argv: list[str] | None = None) -> int:
         raise GpuprofError("the ranks' weights differ after a synchronised variant: the gradients were not averaged alike.")
     result = {"config": {k: v for k, v in vars(args).items() if k not in ("json", "variants")} | {"variants": variants},
               "world_size": world, "device": device.split(":")[0], "backend": "nccl" if gpu else "gloo",
-              "gradient_bytes": ddp_training.gradient_bytes(base), "ranks": results}
+              "gradient_bytes": ddp_training.gradient_bytes(base), "ranks": results,
+              # NCCL reads its settings (NCCL_MAX_NCHANNELS, NCCL_ALGO, ...) from the environment: keep them with the times
+              "nccl_environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")}}
     from gpuprof.studies.multi_gpu import knob_table
 
     print(knob_table([result]).round(3).to_string())

@@ -35,7 +35,7 @@ from ..artifacts import REPO_ROOT, FoundCapture
 from ..nsys import sqlite as ns
 
 __all__ = ["DDP", "KNOBS", "ALLREDUCE", "knob_table", "NPROC", "NCCL_KERNEL", "gpus_here", "enough_gpus", "capture_ranks", "capture_launcher",
-           "run_json", "knob_jobs", "untraced_steps", "by_bucket", "pid_of", "RankData", "rank_data", "collective_end_skew", "bucket_model", "step_windows", "overlap_table", "overlap_by_rank", "straggler_table",
+           "run_json", "knob_jobs", "channel_jobs", "channel_table", "untraced_steps", "by_bucket", "pid_of", "RankData", "rank_data", "collective_end_skew", "bucket_model", "step_windows", "overlap_table", "overlap_by_rank", "straggler_table",
            "bandwidth_table", "bandwidth_figure", "overlap_figure", "rank_timeline", "torch_trace_table", "load",
            "run_script", "ncu_on_collective", "BUCKET_LAYOUT", "bucket_layouts", "layout_table", "parse_nccl_choices", "nccl_choices", "nccl_choice_table"]
 
@@ -90,30 +90,87 @@ def run_json(chapter: str, filename: str, script: Path, args: Sequence[str], **k
     return run_for_json(chapter, filename, script, args, nproc=NPROC, **kw)
 
 
-def knob_jobs(chapter: str, args: Sequence[str], jobs: int = 3) -> list[dict[str, Any]]:
-    """``ddp_knobs.py args`` through torchrun ``jobs`` times, each in processes started afresh (``knobs_<i>.json``).
+def knob_jobs(chapter: str, args: Sequence[str], jobs: int = 3, stem: str = "knobs",
+              env: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """``ddp_knobs.py args`` through torchrun ``jobs`` times, each in processes started afresh (``<stem>_<i>.json``).
 
     Between-process noise is larger than the noise within one, so a knob's effect is read
-    over several jobs (:func:`knob_table`). Where this machine has fewer GPUs than ranks,
-    the course's reference jobs, with the reason said once.
+    over several jobs (:func:`knob_table`). ``env`` is added to the jobs' environment (NCCL
+    reads its settings from there). Where this machine has fewer GPUs than ranks, the
+    course's reference jobs, with the reason said once.
     """
-    import time
-
-    from ..artifacts import find_capture
-    from ..runner import portable_command, torchrun_target
-
     reason = enough_gpus()
     if reason:
+        from ..artifacts import find_capture
+
         print(f"No live run: {reason}; showing the course's reference results ({jobs} jobs).")
-        return [load(find_capture(chapter, f"knobs_{i}.json", prefer="reference")) for i in range(1, jobs + 1)]
-    shown = " ".join(portable_command(torchrun_target(KNOBS, *args, nproc=NPROC)))
-    print(f"$ {shown} --json knobs_<i>.json   # {jobs} times", flush=True)
-    results = []
+        return [load(find_capture(chapter, f"{stem}_{i}.json", prefer="reference")) for i in range(1, jobs + 1)]
+    print(f"$ {_knobs_command(args, env)} --json {stem}_<i>.json   # {jobs} times", flush=True)
+    return [_knob_job(chapter, f"{stem}_{i}.json", args, env, f"job {i}/{jobs}") for i in range(1, jobs + 1)]
+
+
+def _knobs_command(args: Sequence[str], env: dict[str, str] | None) -> str:
+    """``ddp_knobs.py args`` under torchrun as a reader would type it, NCCL's variables first."""
+    from ..runner import portable_command, torchrun_target
+
+    return " ".join([f"{k}={v}" for k, v in (env or {}).items()] + portable_command(torchrun_target(KNOBS, *args, nproc=NPROC)))
+
+
+def _knob_job(chapter: str, filename: str, args: Sequence[str], env: dict[str, str] | None, label: str) -> dict[str, Any]:
+    """One ``ddp_knobs.py`` job on this machine's GPUs, kept as ``<chapter>/<filename>``; says how long it took."""
+    import time
+
+    t0 = time.perf_counter()
+    result = load(run_json(chapter, filename, KNOBS, args, echo=False, env=env))
+    print(f"  {label} done in {time.perf_counter() - t0:.0f} s", flush=True)
+    return result
+
+
+def channel_jobs(chapter: str, channels: int = 4, args: Sequence[str] = ("--bucket-mb", "100"),
+                 jobs: int = 3) -> dict[str, list[dict[str, Any]]]:
+    """FP32 DDP with and without sync (``ddp_knobs.py``), once with NCCL's own channel count and once capped.
+
+    NCCL reads ``NCCL_MAX_NCHANNELS`` once per process, so the two settings cannot share a
+    job: they alternate, ``jobs`` jobs each (``channels_default_<i>.json`` and
+    ``channels_max<N>_<i>.json``), the order swapped every pair so that neither always runs
+    first. The ``+nosync`` variant, which all-reduces nothing, is the yardstick within each job.
+    Returns ``{"default": [...], "max<N>": [...]}``; the references where two GPUs are missing.
+    """
+    settings: dict[str, dict[str, str] | None] = {"default": None, f"max{channels}": {"NCCL_MAX_NCHANNELS": str(channels)}}
+    common = [*args, "--variants", "fp32,fp32+nosync", "--rounds", "3"]
+    reason = enough_gpus()
+    if reason:
+        from ..artifacts import find_capture
+
+        print(f"No live run: {reason}; showing the course's reference results ({jobs} jobs of each setting).")
+        return {name: [load(find_capture(chapter, f"channels_{name}_{i}.json", prefer="reference"))
+                       for i in range(1, jobs + 1)] for name in settings}
+    for name, env in settings.items():
+        print(f"$ {_knobs_command(common, env)} --json channels_{name}_<i>.json   # {jobs} times", flush=True)
+    out: dict[str, list[dict[str, Any]]] = {name: [] for name in settings}
     for i in range(1, jobs + 1):
-        t0 = time.perf_counter()
-        results.append(load(run_json(chapter, f"knobs_{i}.json", KNOBS, args, echo=False)))
-        print(f"  job {i}/{jobs} done in {time.perf_counter() - t0:.0f} s", flush=True)
-    return results
+        for name in (list(settings) if i % 2 else list(settings)[::-1]):
+            out[name].append(_knob_job(chapter, f"channels_{name}_{i}.json", common, settings[name],
+                                       f"job {i}/{jobs}, channels {name}"))
+    return out
+
+
+def channel_table(runs: dict[str, list[dict[str, Any]]]) -> pd.DataFrame:
+    """Per channel setting (rows): the FP32 step, the step without sync and what syncing costs, median and range over jobs.
+
+    Read from :func:`knob_table` of each setting's jobs; ``nosync`` rows all-reduce nothing,
+    so they differ between settings by the noise between jobs alone.
+    """
+    rows = {}
+    for name, jobs in runs.items():
+        t = knob_table(jobs)
+        fp, ns = t.loc["fp32"], t.loc["fp32+nosync"]
+        rows[name] = {"step_ms": fp["step_ms"], "step_lo": fp["step_lo"], "step_hi": fp["step_hi"],
+                      "nosync_ms": ns["step_ms"], "nosync_lo": ns["step_lo"], "nosync_hi": ns["step_hi"],
+                      "sync_cost_ms": fp["sync_cost_ms"], "sync_cost_lo": fp["sync_cost_lo"],
+                      "sync_cost_hi": fp["sync_cost_hi"], "jobs": int(fp["jobs"]),
+                      "NCCL_MAX_NCHANNELS": jobs[0].get("nccl_environment", {}).get("NCCL_MAX_NCHANNELS", "unset")}
+    return pd.DataFrame.from_dict(rows, orient="index")
 
 
 def run_script(script: Path, args: Sequence[str] = (), timeout_s: int = 300, shown: Sequence[str] | None = None) -> str:
@@ -213,14 +270,15 @@ def parse_nccl_choices(log: str) -> pd.DataFrame:
 
 
 def nccl_choices(chapter: str, filename: str = "nccl_tuning.json", sizes: str = "64K,1M,16M,64M,256M,512M",
-                 timeout_s: int = 180) -> FoundCapture:
+                 timeout_s: int = 180, env: dict[str, str] | None = None) -> FoundCapture:
     """The algorithm and protocol NCCL chose for all-reduces of each size, from its own log, or the reference.
 
     Kernel names do not say (NCCL 2.28 compiles one all-reduce kernel per data type and
     ring/tree, always named ``..._LL``, and passes the real choice in each work item); NCCL
     logs it per collective with ``NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=TUNING``. This runs
     ``allreduce_bandwidth.py`` for ``sizes`` on NPROC ranks with that logging and keeps the
-    parsed table (and the command, NCCL's version line) as ``<chapter>/<filename>``.
+    parsed table (and the command, NCCL's version line) as ``<chapter>/<filename>``. ``env``:
+    NCCL settings to run under (``{"NCCL_MAX_NCHANNELS": "4"}``), logged the same way.
     """
     from ..artifacts import find_capture, save_json
     from ..runner import portable_command, run_with_limit, torchrun_target
@@ -231,7 +289,7 @@ def nccl_choices(chapter: str, filename: str = "nccl_tuning.json", sizes: str = 
         return find_capture(chapter, filename, prefer="reference")
     cmd = torchrun_target(ALLREDUCE, "--sizes", sizes, "--iterations", "2", "--warmup", "1", "--repeats", "1",
                           "--copy-mb", "0")
-    env = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,TUNING"}
+    env = {**(env or {}), "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,TUNING"}
     shown = " ".join(f"{k}={v}" for k, v in env.items()) + " " + " ".join(portable_command(cmd))
     print(f"$ {shown}", flush=True)
     code, out, seconds = run_with_limit(cmd, timeout_s, env=env)
