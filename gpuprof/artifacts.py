@@ -48,8 +48,15 @@ def reference_dir() -> Path:
 
 
 def output_dir() -> Path:
-    """Where this machine's captures go (``GPUPROF_OUTPUT_DIR``, default ``captures/``)."""
-    return Path(os.environ.get("GPUPROF_OUTPUT_DIR", REPO_ROOT / "captures"))
+    """Where this machine's captures go (``GPUPROF_OUTPUT_DIR``, default ``captures/``).
+
+    A relative ``GPUPROF_OUTPUT_DIR`` is taken from the repository's root, not the working
+    directory: a notebook's kernel runs in ``notebooks/``, so ``GPUPROF_OUTPUT_DIR=artifacts``
+    would otherwise write a stray ``notebooks/artifacts/`` from a notebook and the real
+    ``artifacts/`` from a script.
+    """
+    out = Path(os.environ.get("GPUPROF_OUTPUT_DIR", REPO_ROOT / "captures"))
+    return out if out.is_absolute() else REPO_ROOT / out
 
 
 def chapter_output(chapter: str) -> Path:

@@ -208,3 +208,14 @@ def test_a_gzipped_reference_is_found_under_its_plain_name_and_read(isolated_dir
     with pytest.raises(GpuprofError, match="has no entry"):
         (out / "chX" / "loose.sqlite").write_bytes(raw)
         gzip_reference(out / "chX" / "loose.sqlite")
+
+
+def test_a_relative_output_folder_is_taken_from_the_repository_root(monkeypatch, tmp_path):
+    """GPUPROF_OUTPUT_DIR=artifacts means the repository's artifacts/ from a notebook's kernel (cwd notebooks/) too."""
+    from gpuprof.artifacts import REPO_ROOT, output_dir
+
+    monkeypatch.chdir(REPO_ROOT / "notebooks")
+    monkeypatch.setenv("GPUPROF_OUTPUT_DIR", "artifacts")
+    assert output_dir() == REPO_ROOT / "artifacts"
+    monkeypatch.setenv("GPUPROF_OUTPUT_DIR", str(tmp_path))
+    assert output_dir() == tmp_path
