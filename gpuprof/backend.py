@@ -27,7 +27,8 @@ from typing import Any
 
 from .errors import GpuprofError
 
-__all__ = ["Backend", "MachineInfo", "choose_backend", "describe_machine", "gpu_available", "host_description"]
+__all__ = ["Backend", "MachineInfo", "choose_backend", "describe_machine", "gpu_available", "host_description",
+           "require_torch", "torch_device", "torch_backend_or_cpu"]
 
 BACKEND_ENV = "GPUPROF_BACKEND"
 _CHOICES = ("torch", "cupy", "cpu")
@@ -334,3 +335,32 @@ def describe_machine() -> MachineInfo:
         info.cuda_runtime = f"{v // 1000}.{(v % 1000) // 10}"
         info.gpu_count = cupy.cuda.runtime.getDeviceCount()
     return info
+
+
+def require_torch(script: str):  # type: ignore[no-untyped-def]
+    """``import torch`` for a script that cannot run without PyTorch: one sentence, not a traceback, if it is missing."""
+    try:
+        import torch
+    except ImportError:
+        raise GpuprofError(f"{script} needs PyTorch.", "pip install torch (a CUDA build on a GPU machine).") from None
+    return torch
+
+
+def torch_device(script: str, cpu: bool = False):  # type: ignore[no-untyped-def]
+    """(torch, device, where) for a script that runs on the GPU when there is one: ``device`` is "cuda" or
+    "cpu" (``cpu=True`` forces it), ``where`` names it for the script's first line."""
+    torch = require_torch(script)
+    gpu = torch.cuda.is_available() and not cpu
+    return torch, ("cuda" if gpu else "cpu"), (torch.cuda.get_device_name() if gpu else "the CPU")
+
+
+def torch_backend_or_cpu(choice: str | None, why: str):  # type: ignore[no-untyped-def]
+    """The backend for a script that needs PyTorch on a GPU (streams, pinned tensors, its allocator).
+
+    Falls back to the CPU as usual; a GPU reachable only through CuPy is an error that
+    says ``why`` PyTorch is needed, rather than a silent CPU run on a GPU machine.
+    """
+    backend = choose_backend(choice)
+    if backend.is_gpu and backend.name != "torch":
+        raise GpuprofError(f"{why}; CuPy alone is not enough.", "Install a CUDA build of PyTorch, or pass --backend cpu.")
+    return backend

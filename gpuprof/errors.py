@@ -19,6 +19,8 @@ import re
 import sys
 from typing import Callable, TypeVar
 
+from .memory_probe import available_memory, total_memory
+
 __all__ = ["GpuprofError", "ToolNotFound", "CaptureExists", "ReferenceMissing", "exit_on_error",
            "is_out_of_memory", "out_of_memory_sentence"]
 
@@ -95,8 +97,6 @@ def _address_space_limit() -> int | None:
 
 def out_of_memory_sentence(exc: BaseException) -> str:
     """One sentence for a failed allocation: where, how much was asked for, how much there is, and what to do."""
-    from .cli import available_memory, total_memory
-
     gpu = _on_gpu(exc)
     where = "GPU" if gpu else "host"
     device = "cuda" if gpu else "cpu"

@@ -16,7 +16,8 @@ import re
 
 import pandas as pd
 
-__all__ = ["KIND_RULES", "kernel_kind", "time_by_kind", "PRECISION_RULES", "precision", "time_by_precision"]
+__all__ = ["KIND_RULES", "kernel_kind", "time_by_kind", "PRECISION_RULES", "precision", "time_by_precision",
+           "tensor_cores", "matmul_table"]
 
 # (kind, pattern searched in the kernel's name, case-insensitive), first match wins.
 KIND_RULES: list[tuple[str, str]] = [
@@ -111,3 +112,35 @@ def time_by_precision(kernels: pd.DataFrame, kinds: tuple[str, ...] = ("convolut
     out["time_ms"] = out["time_ms"] / 1e6
     out["share"] = out["time_ms"] / out.groupby("kind")["time_ms"].transform("sum")
     return out.sort_values(["kind", "time_ms"], ascending=[True, False], ignore_index=True)[cols]
+
+
+def tensor_cores(name: str, demangled: str = "") -> str:
+    """Whether a matrix-product kernel's name says it runs on tensor cores, and with what inputs.
+
+    From the names cuBLAS, CUTLASS and cuDNN give their kernels: ``ffma``/``simt``/``sgemm``
+    are FP32 fused multiply-adds on the CUDA cores; ``nvjet``/``wgmma``/``tensorop``/``s1688``...
+    are tensor-core kernels; ``bf16``/``f16``/``tf32`` name the input type where the name has it.
+    """
+    text = f"{name} {demangled}".lower()
+    if re.search(r"ffma|simt|sgemm", text):
+        return "no: FP32 on CUDA cores"
+    kind = next((t for t in ("bf16", "tf32", "f16") if t in text), None)
+    if re.search(r"nvjet|wgmma|gmma|tensorop|hmma|\d{5}gemm|s1688|s16816|h16816|xmma", text):
+        return f"yes ({kind})" if kind else "yes"
+    return "unknown from the name"
+
+
+def matmul_table(kernels: pd.DataFrame, steps: int) -> pd.DataFrame:
+    """The matrix-product and attention kernels among ``kernels`` (name, demangled, duration_ns), recorded over
+    ``steps`` steps: per step count and time, and whether each runs on tensor cores (:func:`tensor_cores`)."""
+    if kernels.empty:
+        return pd.DataFrame(columns=["kernel", "kind", "per_step", "ms_per_step", "tensor_cores"])
+    hits = kernels.assign(kind=[kernel_kind(a, b) for a, b in zip(kernels["name"], kernels["demangled"])])
+    mm = hits[hits["kind"].isin(["matrix product", "attention"])]
+    g = mm.groupby(["name", "kind"]).agg(per_step=("duration_ns", "size"), ms=("duration_ns", "sum"),
+                                         demangled=("demangled", "first")).reset_index()
+    g["per_step"] /= max(steps, 1)
+    g["ms_per_step"] = g.pop("ms") / 1e6 / max(steps, 1)
+    g["tensor_cores"] = [tensor_cores(a, b) for a, b in zip(g["name"], g["demangled"])]
+    g = g.rename(columns={"name": "kernel"}).drop(columns="demangled")
+    return g.sort_values("ms_per_step", ascending=False, ignore_index=True)

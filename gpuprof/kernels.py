@@ -33,7 +33,7 @@ from .timing import time_call
 
 __all__ = ["cupy_gpu", "compile_kernels", "Variant", "Result", "bench", "format_results", "write_json",
            "NVRTC_OPTIONS", "add_bench_arguments", "sample_rows", "ptxas_usage", "parse_ptxas_verbose",
-           "kernel_attributes"]
+           "kernel_attributes", "find_nvcc", "build_cuda_example"]
 
 NVRTC_OPTIONS = ("-lineinfo", "-std=c++17")
 
@@ -101,7 +101,8 @@ def sample_rows(n: int, count: int = 8, seed: int = 0) -> list[int]:
     return sorted(picks)
 
 
-def _nvcc() -> str | None:
+def find_nvcc() -> str | None:
+    """The nvcc to use: ``$NVCC``, else the one on ``PATH``, else CUDA's default install; None when there is none."""
     import shutil
 
     for candidate in (os.environ.get("NVCC"), shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
@@ -130,7 +131,7 @@ def compile_kernels(cu_file: str | Path, names: Sequence[str], cp: ModuleType, *
     requested = arch
     arch = arch or f"sm_{cp.cuda.Device().compute_capability}"  # CuPy gives e.g. "90"
     target = [f"-gencode=arch=compute_{arch[3:]},code={arch}"] if arch.endswith("a") else [f"-arch={arch}"]
-    nvcc = _nvcc()
+    nvcc = find_nvcc()
     if nvcc:
         import subprocess
         import tempfile
@@ -196,7 +197,7 @@ def ptxas_usage(cu_file: str | Path, cp: ModuleType) -> tuple[dict[str, dict[str
     import subprocess
     import tempfile
 
-    nvcc = _nvcc()
+    nvcc = find_nvcc()
     if nvcc is None:
         return None
     arch = f"sm_{cp.cuda.Device().compute_capability}"
@@ -285,3 +286,31 @@ def write_json(path: str | Path | None, payload: dict[str, Any]) -> None:
             payload[key] = [asdict(r) for r in value]
     Path(path).write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
     print(f"results written to {path}")
+
+
+def build_cuda_example(source: str | Path) -> list[str] | None:
+    """Compile a course .cu file with nvcc for this GPU into a temporary folder.
+
+    Returns the argument list that runs it, or None (with the reason printed) when
+    there is no GPU or no nvcc: the caller then falls back to the reference capture.
+    """
+    import subprocess
+    import tempfile
+
+    from .runner import portable_command
+
+    machine = describe_machine()
+    nvcc = find_nvcc()
+    if machine.device != "cuda" or not nvcc:
+        print("Not building " + Path(source).name + ": " + ("there is no GPU on this machine." if machine.device != "cuda"
+                                                             else "nvcc was not found (set NVCC or add it to PATH)."))
+        return None
+    arch = "sm_" + (machine.compute_capability or "9.0").replace(".", "")
+    out = Path(tempfile.mkdtemp(prefix="gpuprof-build-")) / Path(source).stem
+    cmd = [nvcc, f"-arch={arch}", "-o", str(out), str(source)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+    print("$ " + " ".join(portable_command(["nvcc", f"-arch={arch}", "-o", Path(source).stem, str(source)])))
+    if proc.returncode != 0:
+        print(f"nvcc failed: {proc.stderr.strip()[-400:]}")
+        return None
+    return [str(out)]

@@ -22,7 +22,7 @@ from .errors import GpuprofError, ToolNotFound
 
 __all__ = [
     "Tool", "find_tool", "tool_version", "CounterAccess", "profiling_restricted",
-    "check_counter_access", "COUNTER_PERMISSION_HINT", "live_tool",
+    "check_counter_access", "COUNTER_PERMISSION_HINT", "live_tool", "LiveTool", "require_tool",
 ]
 
 _ENV = {"nsys": "NSYS", "ncu": "NCU"}
@@ -200,14 +200,44 @@ def check_counter_access(ncu: Tool, target: Sequence[str], kernel_regex: str, ti
     return classify_ncu_output(proc.stdout + proc.stderr, proc.returncode)
 
 
-def live_tool(name: str) -> tuple[Tool, str] | str:
-    """The tool and its version when a live capture is possible here, else the reason it is not."""
+@dataclass(frozen=True)
+class LiveTool:
+    """Whether a live capture with a profiler is possible here: the tool and its version, or the reason not.
+
+    True when it is; unpacks as ``tool, version`` (both None when it is not), so a caller
+    with a fallback writes ``if not live: ...use live.reason...`` and then ``nsys, version = live``.
+    """
+
+    tool: Tool | None
+    version: str | None = None
+    reason: str = ""
+
+    def __bool__(self) -> bool:
+        return self.tool is not None
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter((self.tool, self.version))
+
+
+def live_tool(name: str) -> LiveTool:
+    """The tool and its version when a live capture is possible here (a GPU and the tool), else the reason it is not."""
     from .backend import describe_machine
 
     if describe_machine().device != "cuda":
-        return "there is no GPU on this machine"
+        return LiveTool(None, reason="there is no GPU on this machine")
     try:
         tool = find_tool(name)
-        return tool, tool_version(tool)
+        return LiveTool(tool, tool_version(tool))
     except GpuprofError as exc:
-        return str(exc)
+        return LiveTool(None, reason=str(exc))
+
+
+def require_tool(name: str, doing: str = "", error: type[GpuprofError] = GpuprofError) -> tuple[Tool, str]:
+    """``(tool, version)`` for a measurement that has no fallback; else raises ``error`` saying why.
+
+    The message is ``"<doing>: <reason>."``, ``doing`` defaulting to "<name> cannot run here".
+    """
+    live = live_tool(name)
+    if not live:
+        raise error(f"{doing or name + ' cannot run here'}: {live.reason}.")
+    return live.tool, live.version  # type: ignore[return-value]

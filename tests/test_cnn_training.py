@@ -16,7 +16,7 @@ from gpuprof.ncu import derived as nd
 from gpuprof.ncu.csv_reader import metric_columns, read_details
 from gpuprof.nsys import sqlite as ns
 from gpuprof.runner import load_script
-from gpuprof.studies import cnn_data
+from gpuprof import cnn_data
 from gpuprof.studies import cnn_training as ct
 
 torch = pytest.importorskip("torch")

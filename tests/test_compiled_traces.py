@@ -1,4 +1,4 @@
-"""Chapter 5's readers of eager, compiled and CUDA-graphed steps (gpuprof.torch_profiler.compiled).
+"""Chapter 5's readers of eager, compiled and CUDA-graphed steps (gpuprof.studies.pytorch_profiler).
 
 A hand-built trace in Kineto's format, whose answers are known by construction, checks
 that a graph launch's kernels are linked to the one ``cudaGraphLaunch`` through their
@@ -16,7 +16,7 @@ import pytest
 
 from gpuprof.artifacts import REPO_ROOT
 from gpuprof.torch_profiler import read_trace
-from gpuprof.torch_profiler.compiled import GRAPH_LAUNCH, mode_table, step_launches
+from gpuprof.studies.pytorch_profiler import GRAPH_LAUNCH, mode_table, step_launches
 
 REF = REPO_ROOT / "artifacts" / "ch05"
 

@@ -7,7 +7,8 @@ import pytest
 
 from gpuprof import choose_backend
 from gpuprof import kernels as gk
-from gpuprof.cli import available_memory, output_file, require_memory
+from gpuprof.cli import output_file, require_memory
+from gpuprof.memory_probe import available_memory
 from gpuprof.errors import GpuprofError
 
 

@@ -11,7 +11,8 @@ import pytest
 from gpuprof import kernels as gk
 from gpuprof.artifacts import REPO_ROOT
 from gpuprof.errors import GpuprofError
-from gpuprof.ncu import capture as ncap, derived, plots as nplots, replay, report as nr
+from gpuprof.ncu import capture as ncap, derived, plots as nplots, report as nr
+from gpuprof.studies import replay_modes as replay
 
 LADDER = REPO_ROOT / "artifacts" / "ch04" / "ladder.ncu-rep"
 OCCUPANCY = REPO_ROOT / "artifacts" / "ch04" / "occupancy.ncu-rep"

@@ -14,7 +14,8 @@ from gpuprof import gpu_available
 from gpuprof.artifacts import REPO_ROOT
 from gpuprof.errors import GpuprofError
 from gpuprof.ncu import capture as ncap
-from gpuprof.ncu import csv_reader, report as nr, runs
+from gpuprof.ncu import csv_reader, report as nr
+from gpuprof.studies import nsight_compute as runs
 
 SAXPY_REP = REPO_ROOT / "artifacts" / "ch00" / "saxpy_sol.ncu-rep"
 SAXPY_CSV = REPO_ROOT / "artifacts" / "ch00" / "saxpy_sol.csv"

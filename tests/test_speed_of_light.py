@@ -1,6 +1,6 @@
 import pytest
 
-from gpuprof import speed_of_light as sol
+from gpuprof.studies import speed_of_light as sol
 from gpuprof.errors import GpuprofError
 
 

@@ -1,4 +1,4 @@
-"""gpuprof.nsys.switches on the committed switch study (chapter 1, section 10) and on small fakes."""
+"""gpuprof.studies.nsys_switches on the committed switch study (chapter 1, section 10) and on small fakes."""
 from __future__ import annotations
 
 import json
@@ -12,7 +12,7 @@ from gpuprof.artifacts import REPO_ROOT
 from gpuprof.errors import GpuprofError
 from gpuprof.nsys import session
 from gpuprof.nsys import sqlite as ns
-from gpuprof.nsys import switches as sw
+from gpuprof.studies import nsys_switches as sw
 
 CH01 = REPO_ROOT / "artifacts" / "ch01"
 STUDY = json.loads((CH01 / "switches.json").read_text())

@@ -10,9 +10,9 @@ import sys
 import pandas as pd
 import pytest
 
-from gpuprof import speed_of_light as sol
+from gpuprof.studies import speed_of_light as sol
 from gpuprof.artifacts import REPO_ROOT
-from gpuprof.kernel_kinds import kernel_kind, time_by_kind
+from gpuprof.kernel_kinds import kernel_kind, tensor_cores, time_by_kind
 from gpuprof.nsys import sqlite as ns
 from gpuprof.nsys import stats
 from gpuprof.runner import load_script
@@ -217,7 +217,7 @@ def test_time_by_kind_uses_the_demangled_name_only_where_the_short_one_says_noth
     ("splitKreduce_kernel", "unknown from the name"),
 ])
 def test_tensor_cores_from_the_name(name, answer):
-    assert tr.tensor_cores(name) == answer
+    assert tensor_cores(name) == answer
 
 
 def test_matmul_rate_needs_a_gpu():
@@ -317,7 +317,7 @@ def test_library_kernels_launch_through_the_driver_api_without_backtraces():
 
 
 def test_datasheet_peak_by_name_and_sweep_columns_over_it():
-    from gpuprof import speed_of_light as sol
+    from gpuprof.studies import speed_of_light as sol
 
     assert sol.datasheet_bf16_tflops("NVIDIA H100 80GB HBM3") == sol.datasheet_bf16_tflops("NVIDIA H200") == 989.4
     assert sol.datasheet_bf16_tflops("NVIDIA H100 PCIe") is None and sol.datasheet_bf16_tflops(None) is None

@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"transpose: {n} x {n} floats ({n * n * 4 / 2**30:.2f} GiB each way) with CuPy kernels from {CU.name}")
     reference = None
     if not args.no_reference:
-        from gpuprof import speed_of_light as sol
+        from gpuprof.studies import speed_of_light as sol
 
         reference = sol.device_copy(choose_backend())
         print(f"  device-to-device copy (chapter 0's method, this process): {reference.value:,.1f} GB/s")

@@ -49,7 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywher
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # cnn_training.py, beside this file
 
 from gpuprof import exit_on_error  # noqa: E402
-from gpuprof.cli import output_file, positive_int, require_torch  # noqa: E402
+from gpuprof.backend import require_torch  # noqa: E402
+from gpuprof.cli import output_file, positive_int  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
 from gpuprof.ranges import annotate  # noqa: E402
 

@@ -3,7 +3,7 @@
 
 The model is the two-convolution CNN of the PyTorch profiler chapter (Conv2d 3->64, ReLU,
 MaxPool, Conv2d 64->128, ReLU, MaxPool, AdaptiveAvgPool, Linear 128->10; Adam), trained on
-32 x 32 images generated once (gpuprof.studies.cnn_data: a learnable task, no download) and
+32 x 32 images generated once (gpuprof.cnn_data: a learnable task, no download) and
 augmented per step as torchvision's CIFAR-10 recipe does. With no flags it is the naive
 loop: a DataLoader in the main process making every image with PIL, pageable copies,
 ``loss.item()`` every step, FP32, eager PyTorch. Each flag turns one lever on:
@@ -53,7 +53,8 @@ from typing import Any, Callable, Iterator
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere in the repo
 
 from gpuprof import exit_on_error  # noqa: E402
-from gpuprof.cli import nonnegative_int, output_file, positive_int, require_torch  # noqa: E402
+from gpuprof.backend import require_torch  # noqa: E402
+from gpuprof.cli import nonnegative_int, output_file, positive_int  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
 from gpuprof.ranges import annotate  # noqa: E402
 
@@ -124,7 +125,7 @@ def batches(args: argparse.Namespace, device: str) -> Iterator[tuple[Any, Any]]:
     step's time holds the step and not the data set's creation.
     """
     import torch
-    from gpuprof.studies import cnn_data
+    from gpuprof import cnn_data
 
     images, labels = cnn_data.make_images(args.dataset_size, seed=args.seed)
     if args.data_on_gpu:
@@ -379,7 +380,7 @@ def require_fit(args: argparse.Namespace, device: str) -> None:
     """Refuse, before generating anything, an image set or a batch that this machine cannot hold."""
     from gpuprof.cli import require_memory
     from gpuprof.models import small_cnn, training_bytes
-    from gpuprof.studies import cnn_data
+    from gpuprof import cnn_data
 
     data = args.dataset_size * (cnn_data.SIZE ** 2 * 3 + 8)  # uint8 images and int64 labels
     step = training_bytes(small_cnn, (3, cnn_data.SIZE, cnn_data.SIZE), args.batch_size, optimizer_states=2,

@@ -30,8 +30,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere in the repo
 
 from gpuprof import annotate, exit_on_error, time_call  # noqa: E402
-from gpuprof.cli import (add_sections_argument, output_file, positive_int, require_memory,  # noqa: E402
-                         resolve_sections, torch_backend_or_cpu)
+from gpuprof.backend import torch_backend_or_cpu  # noqa: E402
+from gpuprof.cli import add_sections_argument, output_file, positive_int, require_memory, resolve_sections  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
 
 SECTIONS = ("pageable_vs_pinned", "pin_per_call", "d2h_sync", "overlap", "curve")

@@ -45,7 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywher
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # ddp_training.py, beside this file
 
 from gpuprof import exit_on_error  # noqa: E402
-from gpuprof.cli import output_file, positive_float, positive_int, require_torch  # noqa: E402
+from gpuprof.backend import require_torch  # noqa: E402
+from gpuprof.cli import output_file, positive_float, positive_int  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
 
 import ddp_training  # noqa: E402

@@ -65,7 +65,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere in the repo
 
 from gpuprof import exit_on_error  # noqa: E402
-from gpuprof.cli import join_group, nonnegative_int, output_file, positive_float, positive_int, require_torch, torchrun_place  # noqa: E402
+from gpuprof.backend import require_torch  # noqa: E402
+from gpuprof.cli import nonnegative_int, output_file, positive_float, positive_int  # noqa: E402
+from gpuprof.distributed import join_group, torchrun_place  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
 from gpuprof.ranges import annotate  # noqa: E402
 

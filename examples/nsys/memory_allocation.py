@@ -31,8 +31,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere in the repo
 
 from gpuprof import annotate, exit_on_error  # noqa: E402
+from gpuprof.backend import torch_backend_or_cpu  # noqa: E402
 from gpuprof.cli import (add_sections_argument, bounded_int, output_file, positive_int, require_memory,  # noqa: E402
-                         resolve_sections, torch_backend_or_cpu)
+                         resolve_sections)
 from gpuprof.errors import GpuprofError  # noqa: E402
 
 SECTIONS = ("caching", "raw", "churn", "pinned_host")

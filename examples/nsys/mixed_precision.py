@@ -40,8 +40,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere in the repo
 
 from gpuprof import exit_on_error  # noqa: E402
-from gpuprof.cli import (bounded_int, nonnegative_int, output_file, positive_int, require_memory,  # noqa: E402
-                         require_torch, torch_device)
+from gpuprof.backend import require_torch, torch_device  # noqa: E402
+from gpuprof.cli import bounded_int, nonnegative_int, output_file, positive_int, require_memory  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
 from gpuprof.ranges import annotate  # noqa: E402
 

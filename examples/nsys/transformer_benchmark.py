@@ -52,7 +52,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere in the repo
 
 from gpuprof import exit_on_error  # noqa: E402
-from gpuprof.cli import nonnegative_int, output_file, positive_int, require_torch  # noqa: E402
+from gpuprof.backend import require_torch  # noqa: E402
+from gpuprof.cli import nonnegative_int, output_file, positive_int  # noqa: E402
 from gpuprof.errors import GpuprofError, is_out_of_memory  # noqa: E402
 from gpuprof.fork_runs import run_all  # noqa: E402
 from gpuprof.ranges import annotate  # noqa: E402

@@ -47,7 +47,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere in the repo
 
 from gpuprof import annotate, exit_on_error  # noqa: E402
-from gpuprof.cli import nonnegative_int, output_file, positive_int, require_memory, torch_backend_or_cpu  # noqa: E402
+from gpuprof.backend import torch_backend_or_cpu  # noqa: E402
+from gpuprof.cli import nonnegative_int, output_file, positive_int, require_memory  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
 
 MODES = ("resident", "transfer_only", "sync", "prefetch")

@@ -40,7 +40,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere in the repo
 
 from gpuprof import exit_on_error  # noqa: E402
-from gpuprof.cli import output_file, positive_int, require_torch  # noqa: E402
+from gpuprof.backend import require_torch  # noqa: E402
+from gpuprof.cli import output_file, positive_int  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
 
 MODES = ("eager", "compiled", "graphed")
@@ -129,7 +130,7 @@ def timed(torch, step, x, n: int, gpu: bool, *, ranges: bool = False) -> list[fl
 
 def summarise(trace_path: Path, averages, steps: int) -> dict:  # type: ignore[no-untyped-def]
     """What the trace and key_averages show for one mode, per profiled step where a count is meant to be read."""
-    from gpuprof.torch_profiler.compiled import COMPILED_NAMES, GENERATED_PREFIX, LAUNCH_CALLS
+    from gpuprof.studies.pytorch_profiler import COMPILED_NAMES, GENERATED_PREFIX, LAUNCH_CALLS
     from gpuprof.torch_profiler.summary import step_summary
     from gpuprof.torch_profiler.trace import read_trace
 

@@ -37,7 +37,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere in the repo
 
 from gpuprof import exit_on_error  # noqa: E402
-from gpuprof.cli import nonnegative_int, output_file, positive_int, require_torch  # noqa: E402
+from gpuprof.backend import require_torch  # noqa: E402
+from gpuprof.cli import nonnegative_int, output_file, positive_int  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
 
 MODES = ("events", "profiler", "nvtx")

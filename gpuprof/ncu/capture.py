@@ -9,13 +9,15 @@ so in one sentence and returns the course's reference report of the same name in
 nothing already captured is overwritten by a failed run (see :mod:`gpuprof.runner`).
 
 :func:`ncu_listing` runs ncu once without keeping a report, for what its output says
-(which kernels a filter selected, how many passes, ``--list-sets``, ``--query-metrics``).
+(which kernels a filter selected, how many passes, ``--list-sets``, ``--query-metrics``);
+:func:`source_lines` runs it once for per-line source counters and keeps only those lines.
 """
 
 from __future__ import annotations
 
 import re
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,10 +26,10 @@ from typing import Sequence
 from ..artifacts import FoundCapture, chapter_output, find_capture, record_file, save_json
 from ..errors import GpuprofError
 from ..runner import ProfilerFailed, portable_command, python_target, run_profiler
-from ..tools import classify_ncu_output, live_tool
+from ..tools import classify_ncu_output, live_tool, require_tool
 
 __all__ = ["NcuCapture", "ncu_capture", "ncu_listing", "Listing", "parse_passes", "parse_profiled", "ncu_said",
-           "MAX_REPORT_BYTES"]
+           "MAX_REPORT_BYTES", "source_lines"]
 
 MAX_REPORT_BYTES = 3 * 2**20  # the course keeps reference reports small: filter kernels, pick sections
 _PASSES = re.compile(r'==PROF== Profiling "([^"]+)"[^\n]*?- (\d+) pass')
@@ -92,8 +94,8 @@ def ncu_capture(chapter: str, name: str, script: str | Path | None = None, scrip
     failure the reference report is returned instead, with the reason printed.
     """
     live = live_tool("ncu")
-    if isinstance(live, str):
-        return _reference(chapter, name, live)
+    if not live:
+        return _reference(chapter, name, live.reason)
     ncu, version = live
     out = chapter_output(chapter)
     program = list(target) if target is not None else python_target(script, *script_args)
@@ -157,10 +159,7 @@ def ncu_listing(args: Sequence[str], target: Sequence[str] = (), *, timeout: flo
     Raises :class:`GpuprofError` (one sentence) without a GPU or ncu, or on a counter
     permission error; the caller decides what to fall back to.
     """
-    live = live_tool("ncu")
-    if isinstance(live, str):
-        raise GpuprofError(f"ncu cannot run here: {live}.")
-    ncu, _ = live
+    ncu, _ = require_tool("ncu")
     cmd = [str(ncu.path), *args, *map(str, target)]
     t0 = time.perf_counter()
     try:
@@ -177,3 +176,25 @@ def ncu_listing(args: Sequence[str], target: Sequence[str] = (), *, timeout: flo
 def save_listing_results(chapter: str, filename: str, data: object, command: str) -> Path:
     """File what ncu runs showed (as JSON, with provenance), for the CPU fallback of a chapter."""
     return save_json(chapter, filename, data, command=command, overwrite=True)
+
+
+def source_lines(script: str | Path, script_args: Sequence[str], options: Sequence[str], kernels: Sequence[str],
+                 counters: Sequence[str], *, search: Sequence[Path] = ()) -> list[dict]:
+    """One ncu run with ``options`` (which must collect SourceCounters); for each kernel in
+    ``kernels``, its per-instruction ``counters`` summed by source line, with the line's text.
+
+    The report is not kept: per-instruction data with the embedded source makes it about a
+    megabyte per kernel, while the lines that matter are a few kilobytes of JSON.
+    """
+    from .report import source_counters
+
+    ncu, _ = require_tool("ncu")
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        cap = run_profiler(ncu, [*options, "-o", "{output}"], python_target(script, *script_args),
+                           out_dir=Path(tmp), name="source", overwrite=True)
+        report = cap.file(".ncu-rep")
+        for kernel in kernels:
+            df = source_counters(report, kernel, counters, search=search)
+            rows += df.drop(columns=["file"]).to_dict("records")
+    return rows

@@ -71,7 +71,7 @@ Source = "str | Path | pd.DataFrame"
 
 def _wide(source: str | Path | pd.DataFrame, names: list[str]) -> pd.DataFrame:
     """Metric columns from a report, or from a table already read (a row per kernel with a
-    ``kernel`` column and metric columns, e.g. :func:`gpuprof.ncu.runs.metric_rows`); NaN where absent."""
+    ``kernel`` column and metric columns, e.g. :func:`gpuprof.studies.nsight_compute.metric_rows`); NaN where absent."""
     if isinstance(source, pd.DataFrame):
         out = source.copy()
         for n in names:
@@ -240,7 +240,7 @@ def ncu_roofline(path: str | Path | pd.DataFrame) -> pd.DataFrame:
 
 
 def sampled_lines(lines: pd.DataFrame) -> pd.DataFrame:
-    """Per-line program-counter samples (rows of :func:`gpuprof.ncu.runs.source_lines` or
+    """Per-line program-counter samples (rows of :func:`gpuprof.ncu.capture.source_lines` or
     :func:`gpuprof.ncu.report.source_counters` with ``smsp__pcsamp_*`` counters) with each line's
     share of its kernel's samples and the stall state most of its samples were in, lines with
     samples only, most sampled first within each kernel."""

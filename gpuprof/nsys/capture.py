@@ -20,11 +20,21 @@ from .sqlite import scrub_environment
 from ..runner import ProfilerFailed, portable_command, python_target, run_profiler
 from ..tools import live_tool
 
-__all__ = ["NsysCapture", "nsys_capture", "nsys_capture_ranks", "reference_capture", "QUIET", "capture_overhead", "launch_cost", "build_cuda_example"]
+__all__ = ["NsysCapture", "nsys_capture", "nsys_capture_ranks", "reference_capture", "QUIET", "nvtx_range_capture"]
 
 # CPU sampling and context-switch tracing make captures large and slow; the course's
 # examples do not need them unless a chapter says so.
 QUIET = ["--sample=none", "--cpuctxsw=none"]
+
+
+def nvtx_range_capture(range_name: str) -> list[str]:
+    """nsys options that record only while the NVTX range ``range_name`` is open (from its push to its pop).
+
+    Python's NVTX strings are not registered strings, which ``--nvtx-capture`` matches by
+    default; the environment variable makes nsys match them too.
+    """
+    return ["--capture-range=nvtx", f"--nvtx-capture={range_name}", "--capture-range-end=stop",
+            "--env-var=NSYS_NVTX_PROFILER_REGISTER_ONLY=0"]
 
 
 @dataclass
@@ -64,8 +74,8 @@ def nsys_capture(chapter: str, name: str, script: str | Path | None = None, scri
     if script is None and target is None:
         return reference_capture(chapter, name, reports, "the program to profile could not be built here")
     live = live_tool("nsys")
-    if isinstance(live, str):
-        return reference_capture(chapter, name, reports, live)
+    if not live:
+        return reference_capture(chapter, name, reports, live.reason)
     nsys, version = live
     out = chapter_output(chapter)
     try:
@@ -125,8 +135,8 @@ def nsys_capture_ranks(chapter: str, name: str, script: str | Path, script_args:
         return references("this machine has no GPU" if gpus == 0 else
                           f"this machine has {gpus} GPU(s) and the run needs {nproc}")
     live = live_tool("nsys")
-    if isinstance(live, str):
-        return references(live)
+    if not live:
+        return references(live.reason)
     nsys, version = live
     out = chapter_output(chapter)
     with tempfile.TemporaryDirectory(dir=out, prefix=f".{name}.", suffix=".partial") as tmp:
@@ -161,84 +171,3 @@ def nsys_capture_ranks(chapter: str, name: str, script: str | Path, script_args:
     if echo:
         print(f"$ {shown}\n  ({nproc} reports under nsys {version}: {', '.join(n + '.nsys-rep' for n in names)})")
     return caps
-
-
-def _median_launch_us(text: str) -> float | None:
-    import re
-
-    m = re.search(r"median: ([\d.]+) us per launch", text)
-    return float(m.group(1)) if m else None
-
-
-def launch_cost(text: str) -> dict:
-    """What tiny_kernels.py reports: its median cost per launch."""
-    return {"us_per_launch": _median_launch_us(text)}
-
-
-def capture_overhead(script: str | Path, script_args: Sequence[str], configs: dict[str, list[str]],
-                     parse=launch_cost) -> list[dict]:  # type: ignore[no-untyped-def]
-    """Run ``script`` without nsys and under each nsys option set; collect what ``parse`` reads
-    from its output (default: tiny_kernels.py's ``median: X us per launch``) and the report size.
-
-    Returns one row per configuration, between two runs without the profiler (first and
-    last), whose difference is the run-to-run noise; a configuration this
-    machine does not support is reported as such instead of failing the whole table.
-    """
-    import subprocess
-    import tempfile
-
-    live = live_tool("nsys")
-    if isinstance(live, str):
-        raise ProfilerFailed(f"Cannot measure capture overhead: {live}.")
-    nsys, _ = live
-    rows = []
-    def baseline(label: str) -> dict:
-        run = subprocess.run(python_target(script, *script_args), capture_output=True, text=True, timeout=300, check=False)
-        return {"configuration": label, "options": "", **parse(run.stdout), "report_mib": 0.0, "wall_s": None}
-
-    rows.append(baseline("no profiler"))
-    with tempfile.TemporaryDirectory() as tmp:
-        for label, opts in configs.items():
-            try:
-                cap = run_profiler(nsys, ["profile", *opts, "-o", "{output}"], python_target(script, *script_args),
-                                   out_dir=Path(tmp), name=label.replace(" ", "_"), overwrite=True)
-                text = cap.log.read_text()
-                size = sum(f.stat().st_size for f in cap.files) / 2**20
-                rows.append({"configuration": label, "options": " ".join(opts), **parse(text),
-                             "report_mib": size, "wall_s": cap.seconds})
-            except ProfilerFailed as exc:
-                rows.append({"configuration": label, "options": " ".join(opts), **{k: None for k in parse("")},
-                             "report_mib": None, "wall_s": None, "error": str(exc).split(". ")[0]})
-    # The same program again without the profiler: the spread between the two baselines
-    # is the run-to-run noise, and differences smaller than it mean nothing.
-    rows.append(baseline("no profiler, again"))
-    return rows
-
-
-def build_cuda_example(source: str | Path) -> list[str] | None:
-    """Compile a course .cu file with nvcc for this GPU into a temporary folder.
-
-    Returns the argument list that runs it, or None (with the reason printed) when
-    there is no GPU or no nvcc: the caller then falls back to the reference capture.
-    """
-    import shutil
-    import subprocess
-    import tempfile
-
-    from ..backend import describe_machine
-
-    machine = describe_machine()
-    nvcc = os.environ.get("NVCC") or shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
-    if machine.device != "cuda" or not nvcc:
-        print("Not building " + Path(source).name + ": " + ("there is no GPU on this machine." if machine.device != "cuda"
-                                                             else "nvcc was not found (set NVCC or add it to PATH)."))
-        return None
-    arch = "sm_" + (machine.compute_capability or "9.0").replace(".", "")
-    out = Path(tempfile.mkdtemp(prefix="gpuprof-build-")) / Path(source).stem
-    cmd = [nvcc, f"-arch={arch}", "-o", str(out), str(source)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
-    print("$ " + " ".join(portable_command(["nvcc", f"-arch={arch}", "-o", Path(source).stem, str(source)])))
-    if proc.returncode != 0:
-        print(f"nvcc failed: {proc.stderr.strip()[-400:]}")
-        return None
-    return [str(out)]

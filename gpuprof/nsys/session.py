@@ -90,8 +90,8 @@ def interactive_capture(chapter: str, name: str, script: str | Path, script_args
     """
     transcript = SessionTranscript()
     live = live_tool("nsys")
-    if isinstance(live, str):
-        print(f"No live interactive session: {live}.")
+    if not live:
+        print(f"No live interactive session: {live.reason}.")
         transcript.capture = find_capture(chapter, f"{name}.sqlite", prefer="reference")
         return transcript
     nsys, version = live

@@ -1,1 +1,5 @@
-"""Helpers of the case-study chapters: analyses specific to one example program."""
+"""Every chapter's experiments: the modules that run a named example script and return a chapter's tables.
+
+A study may import the core, the tool packages and ``report``, never another study (see the
+layout rule in :mod:`gpuprof`).
+"""

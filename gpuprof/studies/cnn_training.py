@@ -150,7 +150,7 @@ def run_args(cfg: Config) -> list[str]:
 
 def preload() -> None:
     """Called once in the fork server (:mod:`gpuprof.fork_runs`): the image set every run uses, drawn once."""
-    from . import cnn_data
+    from .. import cnn_data
 
     cnn_data.preload(DATASET_SIZE, seed=0)
 

@@ -171,12 +171,12 @@ def profile_lines(chapter: str, filename: str = "lines.json", *, rungs: Sequence
     """Per source line of ``rungs``: warp samples and the stall reason of each (ncu's Source page, from
     SourceCounters with the .cu file imported), as JSON; without ncu, the course's reference."""
     from ..ncu.plots import SAMPLED_STALLS
-    from ..ncu.runs import source_lines
+    from ..ncu.capture import source_lines
     from ..tools import live_tool
 
     live = live_tool("ncu")
-    if isinstance(live, str):
-        print(f"No live ncu capture: {live}; showing the course's reference lines instead.")
+    if not live:
+        print(f"No live ncu capture: {live.reason}; showing the course's reference lines instead.")
         return find_capture(chapter, filename, prefer="reference")
     names = [f"ladder_{r}_" for r in rungs]
     kernels = _kernel_names(rungs)
@@ -188,7 +188,7 @@ def profile_lines(chapter: str, filename: str = "lines.json", *, rungs: Sequence
     rows = source_lines(SCRIPT, args, options, kernels, counters, search=[SCRIPT.parent])
     command = " ".join(portable_command(["ncu", *options, *python_target(SCRIPT, *args)]))
     save_json(chapter, filename, rows, overwrite=True,
-              command=f"{command} (per-line samples: gpuprof.ncu.runs.source_lines; the report is not kept)")
+              command=f"{command} (per-line samples: gpuprof.ncu.capture.source_lines; the report is not kept)")
     return find_capture(chapter, filename)
 
 

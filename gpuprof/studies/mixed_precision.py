@@ -29,10 +29,9 @@ from .. import activity as ta
 from ..artifacts import REPO_ROOT, FoundCapture, find_capture, save_json
 from ..backend import describe_machine
 from ..errors import GpuprofError
-from ..kernel_kinds import kernel_kind
+from ..kernel_kinds import kernel_kind, matmul_table, tensor_cores
 from ..nsys import sqlite as ns
 from ..runner import portable_command, python_target
-from .transformer import MEASURED_RANGE, matmul_kernels, tensor_cores
 
 __all__ = ["SCRIPT", "MODES", "FAILURE", "SMALL_BATCH", "LARGE_BATCH", "ROUNDS", "BUDGET_GIB", "run_plan", "run_study",
            "timing_table", "speedup_floor", "fit_table", "loss_curves", "loss_agreement", "underflow_table",
@@ -215,10 +214,10 @@ def underflow_table(data: dict[str, Any], batch: int = SMALL_BATCH) -> pd.DataFr
 def capture_mode(chapter: str, mode: str, batch: int = SMALL_BATCH, steps: int = 3):  # type: ignore[no-untyped-def]
     """nsys over ``steps`` measured steps of one mode (``--capture-range=nvtx`` on the script's ``measured_steps``
     range: warm-up and the FP32 reference backward are not recorded)."""
-    from ..nsys.capture import QUIET, nsys_capture
+    from ..nsys.capture import QUIET, nsys_capture, nvtx_range_capture
 
     args = ["--mode", mode, "--batch-size", str(batch), "--warmup", "3", "--steps", str(steps)]
-    return nsys_capture(chapter, f"mode_{mode}", SCRIPT, args, options=[*QUIET, *MEASURED_RANGE])
+    return nsys_capture(chapter, f"mode_{mode}", SCRIPT, args, options=[*QUIET, *nvtx_range_capture("measured_steps")])
 
 
 def _step_work(path: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, int]:
@@ -262,7 +261,8 @@ def gemm_kernels(paths: dict[str, str | Path], top: int = 3) -> pd.DataFrame:
     """Per mode, its ``top`` matrix-product and attention kernels by time per step: which kernels replaced which."""
     parts = []
     for mode, path in paths.items():
-        k = matmul_kernels(path).head(top)
+        hits, _, _, n = _step_work(path)
+        k = matmul_table(hits, n).head(top)
         parts.append(k.assign(mode=mode))
     out = pd.concat(parts, ignore_index=True)
     out["kernel"] = out["kernel"].str.slice(0, 60)

@@ -228,13 +228,13 @@ def ncu_on_collective(chapter: str, name: str = "ncu_nccl", timeout_s: int = 45)
     """
     from ..artifacts import atomic_write_bytes, chapter_output, find_capture, record_file
     from ..runner import portable_command, run_with_limit, torchrun_target
-    from ..tools import live_tool
+    from ..tools import LiveTool, live_tool
 
     filename = f"{name}.txt"
     reason = enough_gpus()
-    live = live_tool("ncu") if reason is None else reason
-    if isinstance(live, str):
-        print(f"No live ncu run: {live}; showing the course's reference transcript.")
+    live = live_tool("ncu") if reason is None else LiveTool(None, reason=reason)
+    if not live:
+        print(f"No live ncu run: {live.reason}; showing the course's reference transcript.")
         found = find_capture(chapter, filename, prefer="reference")
         return found.path.read_text().splitlines()[0].removeprefix("# outcome: "), found
     ncu, version = live

@@ -26,13 +26,14 @@ import pandas as pd
 
 from .. import activity as ta
 from ..artifacts import REPO_ROOT, FoundCapture, chapter_output, find_capture, record_file
-from ..kernel_kinds import kernel_kind, time_by_kind
+from ..kernel_kinds import kernel_kind, matmul_table, time_by_kind
 from ..nsys import sqlite as ns
+from ..nsys.capture import nvtx_range_capture
 from ..errors import GpuprofError
 
 __all__ = ["BENCHMARK", "LAYER", "SIZES", "CAPTURE_ARGS", "MEASURED_RANGE", "BACKTRACES", "capture_benchmark",
            "capture_layer", "step_table", "measured", "phase_summary", "kinds_per_step", "matmul_kernels",
-           "tensor_cores", "events_vs_nvtx", "backtrace_coverage", "sweep_table", "sweep_figure", "layer_table",
+           "events_vs_nvtx", "backtrace_coverage", "sweep_table", "sweep_figure", "layer_table",
            "layer_figure", "LAUNCH_CALLS", "memory_by_category", "memory_by_context", "activation_fit", "compare_optimizers", "optimizer_table",
            "run_benchmarks", "WARMUPS", "warmup_table", "ATTENTION_PARTS", "attention_split", "matmul_share"]
 
@@ -42,9 +43,8 @@ SIZES = ("small", "medium", "large", "xl", "2.7B")
 # The benchmark as the course's source material profiles it: the small model, context 512, 5 + 10 steps.
 CAPTURE_ARGS = ["--size", "small", "--context-length", "512", "--warmup-steps", "5", "--num-steps", "10"]
 # Record only the measured steps: nsys starts at the push of the NVTX range "measured_steps" and
-# stops at its pop. Python's NVTX strings are not registered, hence the environment variable.
-MEASURED_RANGE = ["--capture-range=nvtx", "--nvtx-capture=measured_steps", "--capture-range-end=stop",
-                  "--env-var=NSYS_NVTX_PROFILER_REGISTER_ONLY=0"]
+# stops at its pop.
+MEASURED_RANGE = nvtx_range_capture("measured_steps")
 # Backtraces of CUDA calls need CPU sampling on: with --sample=none nsys warns and records none.
 BACKTRACES = ["--sample=process-tree", "--cpuctxsw=none", "--cudabacktrace=all", "--python-backtrace=cuda"]
 LAUNCH_CALLS = r"^(?:cudaLaunchKernel|cuLaunchKernel|cudaGraphLaunch|cuGraphLaunch|cudaLaunchCooperativeKernel)"
@@ -159,36 +159,9 @@ def kinds_per_step(path: str | Path) -> pd.DataFrame:
     return out[["kind", "kernels_per_step", "ms_per_step", "share", "names"]]
 
 
-def tensor_cores(name: str, demangled: str = "") -> str:
-    """Whether a matrix-product kernel's name says it runs on tensor cores, and with what inputs.
-
-    From the names cuBLAS, CUTLASS and cuDNN give their kernels: ``ffma``/``simt``/``sgemm``
-    are FP32 fused multiply-adds on the CUDA cores; ``nvjet``/``wgmma``/``tensorop``/``s1688``...
-    are tensor-core kernels; ``bf16``/``f16``/``tf32`` name the input type where the name has it.
-    """
-    text = f"{name} {demangled}".lower()
-    if re.search(r"ffma|simt|sgemm", text):
-        return "no: FP32 on CUDA cores"
-    kind = next((t for t in ("bf16", "tf32", "f16") if t in text), None)
-    if re.search(r"nvjet|wgmma|gmma|tensorop|hmma|\d{5}gemm|s1688|s16816|h16816|xmma", text):
-        return f"yes ({kind})" if kind else "yes"
-    return "unknown from the name"
-
-
 def matmul_kernels(path: str | Path) -> pd.DataFrame:
     """The matrix-product and attention kernels of the measured steps: per step count and time, tensor cores or not."""
-    hits, n = _measured_kernels(path)
-    if hits.empty:
-        return pd.DataFrame(columns=["kernel", "kind", "per_step", "ms_per_step", "tensor_cores"])
-    hits = hits.assign(kind=[kernel_kind(a, b) for a, b in zip(hits["name"], hits["demangled"])])
-    mm = hits[hits["kind"].isin(["matrix product", "attention"])]
-    g = mm.groupby(["name", "kind"]).agg(per_step=("duration_ns", "size"), ms=("duration_ns", "sum"),
-                                         demangled=("demangled", "first")).reset_index()
-    g["per_step"] /= max(n, 1)
-    g["ms_per_step"] = g.pop("ms") / 1e6 / max(n, 1)
-    g["tensor_cores"] = [tensor_cores(a, b) for a, b in zip(g["name"], g["demangled"])]
-    g = g.rename(columns={"name": "kernel"}).drop(columns="demangled")
-    return g.sort_values("ms_per_step", ascending=False, ignore_index=True)
+    return matmul_table(*_measured_kernels(path))
 
 
 def events_vs_nvtx(result: dict[str, Any], steps: pd.DataFrame) -> pd.Series:

@@ -254,7 +254,8 @@ def read_snapshot(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.exists():
         raise GpuprofError(f"{path} does not exist.", "Give a torch.cuda.memory._dump_snapshot pickle or a "
-                           "compact log written by examples/pytorch_profiler/memory_snapshot.py.")
+                           "compact log (the JSON of gpuprof.torch_profiler.memory.compact, as memory_snapshot.py "
+                           "writes it).")
     raw = path.read_bytes()
     if raw[:2] == b"\x1f\x8b":
         raw = gzip.decompress(raw)

@@ -71,7 +71,7 @@ def launch_figure(steps: dict[str, tuple[pd.DataFrame, pd.DataFrame]], title: st
     """One panel per mode on one time axis: the step's launch calls on the CPU (one tick each, graph
     launches in red) above the kernels they launched on the GPU (generated kernels in orange).
 
-    ``steps`` maps a mode to :func:`gpuprof.torch_profiler.compiled.step_launches`' calls and kernels.
+    ``steps`` maps a mode to :func:`gpuprof.studies.pytorch_profiler.step_launches`' calls and kernels.
     """
     fig, axes = plt.subplots(len(steps), 1, figsize=(9, 0.9 + 1.15 * len(steps)), sharex=True)
     axes = np.atleast_1d(axes)

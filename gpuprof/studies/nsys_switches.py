@@ -24,7 +24,7 @@ from ..errors import GpuprofError
 if TYPE_CHECKING:
     from ..artifacts import FoundCapture
 from ..runner import run_with_limit
-from .sqlite import _resolve, _strings, open_export, scrub_environment, table_names
+from ..nsys.sqlite import _resolve, _strings, open_export, scrub_environment, table_names
 
 #: NVTX domains that libraries (or nsys's library traces) fill, not the program.
 LIBRARY_DOMAINS = ("cuBLAS", "cuDNN", "NCCL", "CUDA", "PyTorch")
@@ -110,7 +110,7 @@ def nvtx_domains(path: str | Path) -> dict[str, int]:
     """NVTX ranges per domain name. Some library traces land here, not in a table of their own:
     nsys 2025.3 records cuBLAS calls (``-t cublas``, ``-t cublas-verbose``) as ranges in a
     domain named ``cuBLAS``."""
-    from .sqlite import nvtx_ranges
+    from ..nsys.sqlite import nvtx_ranges
 
     r = nvtx_ranges(path)
     return {str(d): int(n) for d, n in r.groupby("domain").size().items()} if len(r) else {}
@@ -119,7 +119,7 @@ def nvtx_domains(path: str | Path) -> dict[str, int]:
 def nvtx_names(path: str | Path, limit: int = 20) -> dict[str, int]:
     """The program's NVTX ranges (library domains left out) counted by name, digits folded
     (``step_12`` counts as ``step_N``): how many steps, phases, ... a capture holds."""
-    from .sqlite import nvtx_ranges
+    from ..nsys.sqlite import nvtx_ranges
 
     r = nvtx_ranges(path)
     if not len(r):
@@ -142,7 +142,7 @@ def diagnostics(path: str | Path) -> pd.DataFrame:
     The place to look when a switch recorded nothing: nsys says there which library it could
     not trace and why (a version it does not support, a statically linked library, ...).
     """
-    from .sqlite import _enum
+    from ..nsys.sqlite import _enum
 
     with closing(open_export(path)) as conn:
         if "DIAGNOSTIC_EVENT" not in table_names(conn):
@@ -325,8 +325,8 @@ def switch_study(chapter: str, name: str, program: Sequence[str], configs: dict[
     from ..tools import live_tool
 
     live = live_tool("nsys")
-    if isinstance(live, str):
-        print(f"No live switch study: {live}; the course's reference runs are read instead.")
+    if not live:
+        print(f"No live switch study: {live.reason}; the course's reference runs are read instead.")
     else:
         nsys, version = live
         kept = chapter_output(chapter) / f"{name}.sqlite.gz"
@@ -337,7 +337,7 @@ def switch_study(chapter: str, name: str, program: Sequence[str], configs: dict[
             print(f"The switch study failed ({exc}); the course's reference runs are read instead.")
         else:
             shown = " ".join(portable_command(list(program)))
-            command = f"gpuprof.nsys.switches.run_switch_study: {shown} without nsys and under {len(configs)} switch sets"
+            command = f"gpuprof.studies.nsys_switches.run_switch_study: {shown} without nsys and under {len(configs)} switch sets"
             libs = sorted(p.name for p in Path(nsys.path).resolve().parent.glob("libToolsInjection*"))
             save_json(chapter, f"{name}.json", {"runs": runs, "injection_libraries": libs}, command=command,
                       tools={"nsys": version}, overwrite=True)

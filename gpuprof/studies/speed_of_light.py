@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from .artifacts import FoundCapture, find_capture, save_json
-from .backend import Backend, choose_backend, describe_machine
-from .errors import GpuprofError
-from .timing import Timing, time_call
+from ..artifacts import FoundCapture, find_capture, save_json
+from ..backend import Backend, choose_backend, describe_machine
+from ..errors import GpuprofError
+from ..timing import Timing, time_call
 
-__all__ = ["Figure", "measure", "matmul_bf16", "device_copy", "save", "load", "GPU_DEFAULTS", "CPU_DEFAULTS", "CHAPTER", "FILENAME",
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure as MplFigure
+
+__all__ = ["Figure", "bandwidth_bars", "measure", "matmul_bf16", "device_copy", "save", "load", "GPU_DEFAULTS", "CPU_DEFAULTS", "CHAPTER", "FILENAME",
            "DATASHEET_BF16_DENSE_TFLOPS", "datasheet_bf16_tflops"]
 
 CHAPTER = "ch00"
@@ -298,3 +301,32 @@ def format_table(figures: list[Figure]) -> str:
 
 def by_key(figures: list[Figure]) -> dict[str, Figure]:
     return {f.key: f for f in figures}
+
+
+def bandwidth_bars(figures: Sequence[Figure], title: str) -> "MplFigure":
+    """Horizontal bars of every GB/s figure, on a log axis, each labelled with its value.
+
+    A log axis because the figures span two orders of magnitude (pageable PCIe copies
+    at tens of GB/s, HBM at thousands), and the point of the picture is the ratio.
+    """
+    import matplotlib.pyplot as plt  # here, not at the top: importing this module stays cheap
+
+    rows = [f for f in figures if f.unit == "GB/s"]
+    fig, ax = plt.subplots(figsize=(7.5, 0.5 * len(rows) + 1.2))
+    if not rows:
+        ax.text(0.5, 0.5, "no bandwidth figures", ha="center", va="center")
+        ax.set_axis_off()
+        return fig
+    labels = [f.label for f in rows]
+    values = [f.value for f in rows]
+    colors = ["#4c72b0" if "H2D" in f.label or "D2H" in f.label else "#55a868" for f in rows]
+    ax.barh(labels, values, color=colors)
+    ax.set_xscale("log")
+    ax.invert_yaxis()
+    ax.set_xlabel("GB/s (10^9 bytes per second, log scale)")
+    ax.set_title(title, fontsize=10)
+    for y, v in enumerate(values):
+        ax.text(v * 1.05, y, f"{v:,.0f}", va="center", fontsize=8)
+    ax.set_xlim(min(values) / 2, max(values) * 3)
+    fig.tight_layout()
+    return fig

@@ -24,9 +24,9 @@ from typing import Sequence
 
 from ..errors import GpuprofError
 from ..runner import ProfilerFailed, python_target, run_profiler
-from ..tools import live_tool
-from .capture import ncu_said, parse_passes
-from .csv_reader import to_seconds
+from ..tools import require_tool
+from ..ncu.capture import ncu_said, parse_passes
+from ..ncu.csv_reader import to_seconds
 
 __all__ = ["REPLAY_RUNS", "replay_mode_table"]
 
@@ -46,7 +46,7 @@ REPLAY_RUNS: list[tuple[str, list[str] | None, str]] = [
 
 
 def _results(report: Path) -> list[dict]:
-    from .report import open_report
+    from ..ncu.report import open_report
 
     rows = []
     for k in open_report(report).kernels:
@@ -60,10 +60,7 @@ def replay_mode_table(script: str | Path, script_args: Sequence[str] = (),
                       runs: Sequence[tuple[str, list[str] | None, str]] = REPLAY_RUNS) -> list[dict]:
     """One row per run in ``runs`` (see the module docstring). A mode ncu refuses becomes a row with
     ``error`` (ncu's own words) instead of stopping the table."""
-    live = live_tool("ncu")
-    if isinstance(live, str):
-        raise GpuprofError(f"ncu cannot run here: {live}.")
-    ncu, _ = live
+    ncu, _ = require_tool("ncu")
     rows = []
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
@@ -96,6 +93,6 @@ def replay_mode_table(script: str | Path, script_args: Sequence[str] = (),
     return rows
 
 
-if __name__ == "__main__":  # a quick look on a GPU machine: python -m gpuprof.ncu.replay
+if __name__ == "__main__":  # a quick look on a GPU machine: python -m gpuprof.studies.replay_modes
     root = Path(__file__).resolve().parents[2]
     json.dump(replay_mode_table(root / "examples" / "nsight_compute" / "replay_modes.py"), sys.stdout, indent=1)

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from .artifacts import REPO_ROOT, FoundCapture, chapter_output, find_capture, record_file
-from .backend import describe_machine
-from .errors import GpuprofError, ToolNotFound
-from .nsys.capture import nsys_capture
-from .runner import ProfilerFailed, portable_command, python_target, run_profiler
-from .tools import find_tool, live_tool, profiling_restricted, tool_version
+from ..artifacts import REPO_ROOT, FoundCapture, chapter_output, find_capture, record_file
+from ..backend import describe_machine
+from ..errors import GpuprofError, ToolNotFound
+from ..nsys.capture import nsys_capture
+from ..runner import ProfilerFailed, portable_command, python_target, run_profiler
+from ..tools import find_tool, live_tool, profiling_restricted, tool_version
 
 __all__ = ["Check", "run_checks", "checks_table", "format_checks", "nsys_smoke", "ncu_smoke",
            "TINY_KERNELS", "SAXPY", "NCU_SMOKE_ARGS"]
@@ -136,8 +136,8 @@ def ncu_smoke(*, overwrite: bool = True) -> FoundCapture:
     falls back too, so the chapter still shows what the section looks like.
     """
     live = live_tool("ncu")
-    if isinstance(live, str):
-        print(f"No live ncu capture: {live}.")
+    if not live:
+        print(f"No live ncu capture: {live.reason}.")
         return find_capture(CHAPTER, "saxpy_sol.csv", prefer="reference")
     ncu, version = live
     out = chapter_output(CHAPTER)
@@ -166,8 +166,8 @@ def tiny_kernels_steps(sqlite_path: Path) -> pd.DataFrame:
     to the next one's: when kernels are far shorter than that, the GPU waits on the
     CPU's launches, and the interval *is* the per-launch cost.
     """
-    from .nsys.sqlite import attribute_to_ranges, nvtx_ranges
-    from .activity import busy_fraction
+    from ..nsys.sqlite import attribute_to_ranges, nvtx_ranges
+    from ..activity import busy_fraction
 
     ranges = nvtx_ranges(sqlite_path)
     steps = sorted({t for t in ranges["text"] if t.startswith("step_")}, key=lambda t: int(t.split("_")[1]))
@@ -203,7 +203,7 @@ SOL_METRICS = ["Duration", "Memory Throughput", "DRAM Throughput", "Compute (SM)
 
 def saxpy_sol(csv_path: Path) -> pd.DataFrame:
     """The Speed Of Light rows of the profiled saxpy launch: metric, unit, value."""
-    from .ncu.csv_reader import read_details
+    from ..ncu.csv_reader import read_details
 
     df = read_details(csv_path)
     sol = df[df["Section Name"] == "GPU Speed Of Light Throughput"]

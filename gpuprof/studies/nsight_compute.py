@@ -18,12 +18,12 @@ from typing import Sequence
 
 from ..errors import GpuprofError
 from ..runner import portable_command, python_target, run_profiler
-from ..tools import live_tool
-from .capture import ncu_listing, ncu_said, parse_passes
-from .csv_reader import parse_details
+from ..tools import require_tool
+from ..ncu.capture import ncu_listing, ncu_said, parse_passes
+from ..ncu.csv_reader import parse_details
 
 __all__ = ["parse_list_sets", "set_table", "filter_table", "clock_cache_durations", "nsys_durations",
-           "CLOCK_CACHE_CONFIGS", "check_metric_names", "kernels_with_ranges", "metric_rows", "source_lines"]
+           "CLOCK_CACHE_CONFIGS", "check_metric_names", "kernels_with_ranges", "metric_rows"]
 
 CLOCK_CACHE_CONFIGS = [("base", "all"), ("base", "none"), ("none", "all"), ("none", "none")]
 
@@ -62,12 +62,9 @@ def set_table(script: str | Path, script_args: Sequence[str], kernel_regex: str,
     stopping the table.
     """
     from ..runner import ProfilerFailed
-    from .report import open_report
+    from ..ncu.report import open_report
 
-    live = live_tool("ncu")
-    if isinstance(live, str):
-        raise GpuprofError(f"ncu cannot run here: {live}.")
-    ncu, _ = live
+    ncu, _ = require_tool("ncu")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in sets:
@@ -100,12 +97,9 @@ def kernels_with_ranges(script: str | Path, script_args: Sequence[str], options:
     library kernel it profiled (a hundred megabytes for a few cuDNN convolutions), while
     the table is a few kilobytes.
     """
-    from .report import kernels
+    from ..ncu.report import kernels
 
-    live = live_tool("ncu")
-    if isinstance(live, str):
-        raise GpuprofError(f"ncu cannot run here: {live}.")
-    ncu, _ = live
+    ncu, _ = require_tool("ncu")
     with tempfile.TemporaryDirectory() as tmp:
         cap = run_profiler(ncu, ["--nvtx", "--metrics", "gpu__time_duration.sum", *options, "-o", "{output}"],
                            python_target(script, *script_args), out_dir=Path(tmp), name="kernels", overwrite=True)
@@ -117,12 +111,9 @@ def metric_rows(script: str | Path, script_args: Sequence[str], options: Sequenc
     """One ncu run with ``options`` (plus ``--nvtx``); per kernel launch: name, NVTX ranges and the
     values of ``metrics`` (None where the report lacks one). The report is not kept: a library
     kernel's report embeds its binary, tens of megabytes for a few cuBLAS kernels."""
-    from .report import kernels, metric_table
+    from ..ncu.report import kernels, metric_table
 
-    live = live_tool("ncu")
-    if isinstance(live, str):
-        raise GpuprofError(f"ncu cannot run here: {live}.")
-    ncu, _ = live
+    ncu, _ = require_tool("ncu")
     with tempfile.TemporaryDirectory() as tmp:
         cap = run_profiler(ncu, ["--nvtx", *options, "-o", "{output}"], python_target(script, *script_args),
                            out_dir=Path(tmp), name="metrics", overwrite=True)
@@ -133,31 +124,6 @@ def metric_rows(script: str | Path, script_args: Sequence[str], options: Sequenc
     for i, row in t.iterrows():
         values = {m: (None if row[m] != row[m] else float(row[m])) for m in metrics}
         rows.append({"id": int(i), "kernel": row["kernel"], "nvtx": k.loc[i, "nvtx"], **values})
-    return rows
-
-
-def source_lines(script: str | Path, script_args: Sequence[str], options: Sequence[str], kernels: Sequence[str],
-                 counters: Sequence[str], *, search: Sequence[Path] = ()) -> list[dict]:
-    """One ncu run with ``options`` (which must collect SourceCounters); for each kernel in
-    ``kernels``, its per-instruction ``counters`` summed by source line, with the line's text.
-
-    The report is not kept: per-instruction data with the embedded source makes it about a
-    megabyte per kernel, while the lines that matter are a few kilobytes of JSON.
-    """
-    from .report import source_counters
-
-    live = live_tool("ncu")
-    if isinstance(live, str):
-        raise GpuprofError(f"ncu cannot run here: {live}.")
-    ncu, _ = live
-    rows: list[dict] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        cap = run_profiler(ncu, [*options, "-o", "{output}"], python_target(script, *script_args),
-                           out_dir=Path(tmp), name="source", overwrite=True)
-        report = cap.file(".ncu-rep")
-        for kernel in kernels:
-            df = source_counters(report, kernel, counters, search=search)
-            rows += df.drop(columns=["file"]).to_dict("records")
     return rows
 
 
@@ -220,10 +186,7 @@ def nsys_durations(script: str | Path, script_args: Sequence[str], kernel_regex:
     launches before those are the script's warm-up)."""
     from ..nsys import sqlite as ns
 
-    live = live_tool("nsys")
-    if isinstance(live, str):
-        raise GpuprofError(f"nsys cannot run here: {live}.")
-    nsys, version = live
+    nsys, version = require_tool("nsys")
     with tempfile.TemporaryDirectory() as tmp:
         cap = run_profiler(nsys, ["profile", "--trace=cuda,nvtx", "--sample=none", "--cpuctxsw=none", "-o", "{output}"],
                            python_target(script, *script_args), out_dir=Path(tmp), name="durations", overwrite=True)
