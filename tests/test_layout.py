@@ -4,7 +4,8 @@
 * a tool package (``nsys``, ``ncu``, ``torch_profiler``) imports the core and itself, nothing else;
 * ``report`` imports the core and the tool packages, never a study;
 * a study imports the core, the tool packages and ``report``, never another study;
-* outside ``studies``, no code names an example script or a chapter (docstrings may point at them).
+* outside ``studies``, no code names an example script or a chapter (docstrings may point at them);
+* no two modules import each other, directly or through others (imports inside functions included).
 """
 
 from __future__ import annotations
@@ -153,3 +154,51 @@ def test_the_rule_catches_each_kind_of_breach(tmp_path, rel, text, said):
 def test_a_docstring_may_point_at_an_example(tmp_path):
     files = dict(CLEAN, **{"nsys/sqlite.py": '"""Reads what examples/nsys/x.py writes (chapter 1)."""\n'})
     assert violations(_write(tmp_path, files)) == []
+
+
+def import_circles(package: Path) -> list[list[str]]:
+    """Groups of modules that import one another, directly or through others (imports inside functions count:
+    a lazy import hides a circle, it does not remove it). Tarjan's strongly connected components."""
+    mods = modules(package)
+    known = {m.name for m in mods}
+    graph = {m.name: sorted(n for n in imports(m) if n in known and n != m.name) for m in mods}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                circles.append(sorted(group))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return circles
+
+
+def test_the_package_has_no_import_circle():
+    assert import_circles(PACKAGE) == []
+
+
+def test_a_circle_through_a_lazy_import_is_found(tmp_path):
+    files = dict(CLEAN, **{"errors.py": "def f():\n    from .activity import y\n"})  # activity imports errors
+    assert import_circles(_write(tmp_path, files)) == [["gpuprof.activity", "gpuprof.errors"]]
