@@ -11,7 +11,7 @@
 #                    with the sanitize file where a GPU is present)
 #   make capture     on a GPU machine: execute every notebook in place and regenerate artifacts/
 #   make nbval-gpu   on a GPU machine: strict nbval over the committed notebooks, no re-capture
-#                    (PART=1 to 6 runs one part, each within ten minutes)
+#                    (PART=1 to 9 runs one part, each within ten minutes: scripts/gpu_nbval.py --help)
 #   make clean       remove build output (never artifacts/ or captures/)
 
 PYTHON ?= python3

@@ -102,3 +102,42 @@ def test_the_nvprof_metric_table_uses_names_this_ncu_lists():
     section = TROUBLESHOOTING.read_text()
     assert ":file: ../artifacts/tools/nvprof-ncu-metrics.csv" in section
     assert "https://docs.nvidia.com/nsight-compute/2020.1/pdf/NsightComputeCli.pdf" in section
+
+
+def _toc_notebooks() -> list[str]:
+    toc = (REPO_ROOT / "_toc.yml").read_text()
+    return re.findall(r"file: notebooks/(\d\d__\w+)", toc)
+
+
+def test_the_sidebar_lists_every_chapter_in_the_order_of_its_number():
+    listed = _toc_notebooks()
+    on_disk = sorted(p.stem for p in (REPO_ROOT / "notebooks").glob("[0-9][0-9]__*.ipynb"))
+    assert listed == on_disk, "_toc.yml should list every notebook, chapter 0 first, in the order of their numbers"
+
+
+def test_the_landing_page_status_names_every_chapter():
+    intro = (REPO_ROOT / "book" / "intro.md").read_text()
+    status = intro[intro.index("{admonition} Status of the course"):]
+    status = status[: status.index("```")]
+    missing = [nb for nb in _toc_notebooks() if f"notebooks/{nb}" not in status]
+    assert missing == [], f"the landing page's status does not mention {missing}"
+
+
+def test_the_readme_and_the_makefile_name_the_parts_gpu_nbval_has():
+    import sys
+
+    sys.path.insert(0, str(REPO_ROOT / "scripts"))
+    from gpu_nbval import PARTS
+
+    n = len(PARTS)
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    assert f"PART=1 to {n} " in makefile
+    readme = (REPO_ROOT / "README.md").read_text()
+    said = dict(re.findall(r"part (\d) (chapters? \d+(?:-\d+|(?:, \d+)*(?: and \d+)?))", readme))
+    assert sorted(map(int, said)) == sorted(PARTS), "the README should describe each part of scripts/gpu_nbval.py"
+    for part, text in said.items():
+        chapters = {int(c) for c in re.findall(r"\d+", text)}
+        if "-" in text:
+            lo, hi = map(int, re.findall(r"\d+", text)[:2])
+            chapters = set(range(lo, hi + 1))
+        assert chapters == {int(nb[:2]) for nb in PARTS[int(part)]}, f"part {part}: {text}"
