@@ -1,8 +1,8 @@
 # The course's commands. The README's two: `make book` and `make test`.
 #
 #   make book        set up .venv and build the static book into _build/html (-W: warnings fail it).
-#                    Installs into .venv only: the pinned requirements.txt. Rebuilds only what
-#                    changed, and everything when a notebook or the configuration changed.
+#                    Installs into .venv only what the build needs: the pinned requirements-book.txt.
+#                    Rebuilds only what changed, and everything when a notebook or the configuration changed.
 #   make test        set up .venv (requirements.txt, plus PyTorch from requirements-torch.txt unless a
 #                    torch is already there), install Debian's chromium with apt-get if no Chromium is
 #                    found (needs root; set CHROMIUM=/path/to/chrome to use your own), build the book,
@@ -30,7 +30,7 @@ endif
 # changed notebook or configuration can change values glued into other pages, so those
 # rebuild everything.
 BOOK_SOURCES := $(wildcard book/*.md book/_ext/*.py book/_static/*) $(wildcard notebooks/*.ipynb) _config.yml _toc.yml
-FULL_REBUILD := notebooks/% _config.yml _toc.yml $(VENV)/.requirements
+FULL_REBUILD := notebooks/% _config.yml _toc.yml $(VENV)/.book
 
 .PHONY: setup book test capture nbval-gpu browser clean python-version
 
@@ -38,8 +38,12 @@ python-version:
 	@$(PYTHON) -c "import sys; f = tuple(map(int, '$(PYTHON_FLOOR)'.split('.'))); sys.exit(0 if sys.version_info[:2] >= f else 1)" \
 	  || { echo "This course needs Python $(PYTHON_FLOOR) or newer (its pinned numpy, pandas and matplotlib do); $(PYTHON) is $$($(PYTHON) -c 'import platform; print(platform.python_version())'). Run make with PYTHON=python3.11 (or newer)." >&2; exit 2; }
 
-$(VENV)/.requirements: requirements.txt requirements-hta.txt pyproject.toml | python-version
+$(VENV)/.book: requirements-book.txt | python-version
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements-book.txt
+	touch $@
+
+$(VENV)/.requirements: $(VENV)/.book requirements.txt requirements-hta.txt pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -r requirements-hta.txt
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
@@ -51,7 +55,7 @@ $(VENV)/.torch: $(VENV)/.requirements requirements-torch.txt
 
 setup: $(VENV)/.requirements $(VENV)/.torch
 
-$(BOOK_STAMP): $(VENV)/.requirements $(BOOK_SOURCES)
+$(BOOK_STAMP): $(VENV)/.book $(BOOK_SOURCES)
 	$(VENV)/bin/jupyter-book build $(BOOK_FLAGS) $(if $(filter $(FULL_REBUILD),$?),--all,) .
 	@mkdir -p $(dir $@) && touch $@
 

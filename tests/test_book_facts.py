@@ -141,3 +141,21 @@ def test_the_readme_and_the_makefile_name_the_parts_gpu_nbval_has():
             lo, hi = map(int, re.findall(r"\d+", text)[:2])
             chapters = set(range(lo, hi + 1))
         assert chapters == {int(nb[:2]) for nb in PARTS[int(part)]}, f"part {part}: {text}"
+
+
+def _pins(name: str) -> dict[str, str]:
+    pins = {}
+    for line in (REPO_ROOT / name).read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if "==" in line:
+            package, version = line.split("==")
+            pins[package.lower().replace("_", "-")] = version
+    return pins
+
+
+def test_the_book_requirements_are_the_test_requirements_pins():
+    """`make book` installs requirements-book.txt alone, `make test` requirements.txt too, into one .venv:
+    every book pin must be in requirements.txt at the same version, or the second install would change the first."""
+    book, full = _pins("requirements-book.txt"), _pins("requirements.txt")
+    assert "jupyter-book" in book and "playwright" not in book and "pandas" not in book
+    assert {p: v for p, v in book.items() if full.get(p) != v} == {}
