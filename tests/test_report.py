@@ -19,7 +19,7 @@ from gpuprof.ncu import csv_reader
 from gpuprof.nsys import sqlite as ns
 from gpuprof.nsys import stats as st
 from gpuprof.report import build_diff, build_pages, capture_kind
-from gpuprof.report.activity_view import find_steps, idle_by_cause, load
+from gpuprof.report.activity_view import idle_by_cause, load
 from gpuprof.report.detect import NotACapture, captures_in
 from gpuprof.report.render import html_page, terminal_text
 from gpuprof.torch_profiler import key_averages as tk
@@ -171,26 +171,6 @@ def test_the_ncu_findings_are_ncus_rules_largest_speedup_first():
 
 
 # ---- steps, idle time, third-party traces ---------------------------------------------------------------
-
-def _ranges(names: list[str]) -> pd.DataFrame:
-    return pd.DataFrame({"text": names, "start": np.arange(len(names)) * 10, "end": np.arange(len(names)) * 10 + 5,
-                         "globalTid": 1})
-
-
-@pytest.mark.parametrize("names,pattern,steps,rule", [
-    (["ProfilerStep#3", "ProfilerStep#4", "step_9"], None, [3, 4], "ProfilerStep"),
-    (["warmup", "step_7", "step_8", "forward"], None, [7, 8], "with a number"),
-    (["iter 1", "iteration#2"], None, [1, 2], "with a number"),
-    (["train_step", "forward", "train_step"], None, [0, 1], "repeated range 'train_step'"),
-    (["batch_5", "batch_6", "step_1"], r"batch_(\d+)", [5, 6], "matching"),
-    (["forward", "backward"], None, [], "give --steps"),
-    (["stepping", "steps"], None, [], "give --steps"),
-])
-def test_steps_are_found_by_a_stated_rule(names, pattern, steps, rule):
-    found, said = find_steps(_ranges(names), pattern)
-    assert found["step"].tolist() == steps
-    assert rule in said
-
 
 def test_idle_time_by_cause_adds_up_to_the_idle_gaps():
     from gpuprof import activity

@@ -47,7 +47,6 @@ NPROC = 2
 NCCL_KERNEL = re.compile(r"^nccl", re.IGNORECASE)  # ncclDevKernel_AllReduce_Sum_f32_RING_LL, ncclKernel_...
 RANK_RANGE = re.compile(r"rank_(\d+)")
 BUCKET_RANGE = re.compile(r"bucket_([\d.]+)MB")
-STEP_RANGE = re.compile(r"step_\d+")
 
 
 def gpus_here() -> int:
@@ -418,7 +417,7 @@ def collective_end_skew(data: dict[int, RankData], pattern: str = "AllReduce") -
 def step_windows(ranges: pd.DataFrame) -> pd.DataFrame:
     """The timed steps of each bucket size: bucket_mb, step (name), start, end (the warm-up left out by name)."""
     buckets = ranges[ranges["text"].str.fullmatch(BUCKET_RANGE.pattern)]
-    steps = ranges[ranges["text"].str.fullmatch(STEP_RANGE.pattern)]
+    steps = ta.step_ranges(ranges)
     rows = []
     for b in buckets.itertuples():
         inner = steps[(steps["start"] >= b.start) & (steps["end"] <= b.end)]

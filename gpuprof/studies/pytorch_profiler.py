@@ -82,7 +82,7 @@ def reconcile_runs(chapter: str, script: str | Path, batch: int, *, steps: int =
 def nsys_steps(sqlite: str | Path) -> pd.DataFrame:
     """Per ``step_N`` NVTX range of an Nsight Systems export: GPU work launched in it, busy time, span."""
     ranges = nsql.nvtx_ranges(sqlite)
-    ranges = ranges[ranges["text"].astype(str).str.match(r"^step_\d+$")]
+    ranges = activity.step_ranges(ranges)
     work = pd.concat([nsql.kernels(sqlite), nsql.memcpy(sqlite), nsql.memset(sqlite)], ignore_index=True)
     return activity.range_busy(work.dropna(subset=["correlationId"]), nsql.runtime_calls(sqlite), ranges, rule="window")
 

@@ -145,7 +145,7 @@ def phase_summary(steps: pd.DataFrame) -> pd.DataFrame:
 
 def _measured_kernels(path: str | Path) -> tuple[pd.DataFrame, int]:
     ranges = ns.nvtx_ranges(path)
-    steps = ranges[ranges["text"].str.fullmatch(r"step_\d+")]
+    steps = ta.step_ranges(ranges)
     hits = ta.attribute_kernels(ns.kernels(path), ns.runtime_calls(path), steps, rule="window")
     return hits, len(steps)
 
@@ -474,7 +474,7 @@ def attention_split(path: str | Path, config: dict[str, Any]) -> pd.DataFrame:
     work in the scores' range and are not counted as FLOPs.
     """
     ranges = ns.nvtx_ranges(path)
-    steps = ranges[ranges["text"].str.fullmatch(r"step_\d+")]
+    steps = ta.step_ranges(ranges)
     parts = ranges[ranges["text"].isin(ATTENTION_PARTS)]
     hits = ta.attribute_kernels(ns.kernels(path), ns.runtime_calls(path), parts, rule="thread")
     n = max(len(steps), 1)
