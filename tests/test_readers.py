@@ -184,3 +184,16 @@ def test_kernels_reads_only_the_columns_asked_for():
     assert list(nsq.kernels(SQLITE, only=("demangled",)).columns) == ["start", "end", "demangled", "duration_ns"]
     with pytest.raises(ValueError, match="registersPerThread"):
         nsq.kernels(SQLITE, only=("registersPerThread",))
+
+
+def test_pid_and_tid_unpack_an_nsys_global_id_for_one_id_an_array_and_a_series():
+    import numpy as np
+    import pandas as pd
+
+    gid = (1 << 56) | (4321 << 24) | 4325  # hardware id above bit 48, then the process, then the thread
+    assert ns.pid_of(gid) == 4321 and ns.tid_of(gid) == 4325
+    assert ns.pid_of(np.array([gid, 7 << 24])).tolist() == [4321, 7]
+    series = pd.Series([gid, 7 << 24], index=[5, 9])
+    pids, tids = ns.pid_of(series), ns.tid_of(series)
+    assert isinstance(pids, pd.Series) and pids.index.tolist() == [5, 9] and pids.tolist() == [4321, 7]
+    assert tids.tolist() == [4325, 0]

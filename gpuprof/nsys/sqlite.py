@@ -14,7 +14,7 @@ from __future__ import annotations
 import sqlite3
 from contextlib import closing
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -24,7 +24,7 @@ from ..errors import GpuprofError
 
 __all__ = ["NoKernelRows", "open_export", "table_names", "kernels", "nvtx_ranges", "runtime_calls", "scrub_environment",
            "attribute_to_ranges", "nvtx_marks", "ensure_sqlite", "memcpy", "memset", "synchronization", "streams", "gpu_info",
-           "memory_usage", "thread_names", "LAUNCH_COLUMNS", "trim_reference"]
+           "memory_usage", "thread_names", "LAUNCH_COLUMNS", "trim_reference", "pid_of", "tid_of"]
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
@@ -34,6 +34,25 @@ NVTX_RANGE_TYPES = (59, 60)  # NvtxPushPopRange, NvtxStartEndRange
 
 class NoKernelRows(GpuprofError):
     """The capture holds no GPU kernel rows."""
+
+
+def pid_of(global_id: pd.Series | np.ndarray | int) -> Any:
+    """The process id inside an nsys ``globalTid`` or ``globalPid`` (bits 24-47 of the serialised id).
+
+    nsys stores one 64-bit id per thread (and per process) instead of a (pid, tid) pair; every
+    reader that asks "which process?" unpacks it here. A Series gives a Series on the same
+    index, anything else an int64 array (a NumPy integer for one id).
+    """
+    if isinstance(global_id, pd.Series):
+        return pd.Series(np.right_shift(global_id.to_numpy(dtype=np.int64), 24) & 0xFFFFFF, index=global_id.index)
+    return np.right_shift(np.asarray(global_id, dtype=np.int64), 24) & 0xFFFFFF
+
+
+def tid_of(global_tid: pd.Series | np.ndarray | int) -> Any:
+    """The thread id inside an nsys ``globalTid`` (its low 24 bits), shaped as :func:`pid_of` returns."""
+    if isinstance(global_tid, pd.Series):
+        return pd.Series(global_tid.to_numpy(dtype=np.int64) & 0xFFFFFF, index=global_tid.index)
+    return np.asarray(global_tid, dtype=np.int64) & 0xFFFFFF
 
 
 def ensure_sqlite(path: str | Path) -> Path:

@@ -24,6 +24,7 @@ import pandas as pd
 
 from .. import activity
 from ..kernel_kinds import kernel_kind
+from ..nsys.sqlite import pid_of
 
 __all__ = ["ActivityView", "load", "step_table", "headline", "idle_by_cause", "kernels_by_name", "step_period_ns",
            "IDLE_MIN_GAP_NS"]
@@ -136,11 +137,11 @@ def _pids(view: ActivityView, rows: pd.DataFrame) -> np.ndarray:
     if view.tool == "kineto":
         if "pid" not in view.ranges:
             return np.zeros(len(rows), dtype=np.int64)
-        pid_of: dict = {}
+        first_pid: dict = {}
         for key, pid in zip(zip(view.ranges["start"], view.ranges["globalTid"]), view.ranges["pid"]):
-            pid_of.setdefault(key, pid)  # the first range at that start on that thread
-        return np.array([pid_of.get((s, g), 0) for s, g in zip(rows["start"], rows["globalTid"])], dtype=object)
-    return (rows["globalTid"].to_numpy(dtype=np.int64) >> 24) & 0xFFFFFF
+            first_pid.setdefault(key, pid)  # the first range at that start on that thread
+        return np.array([first_pid.get((s, g), 0) for s, g in zip(rows["start"], rows["globalTid"])], dtype=object)
+    return pid_of(rows["globalTid"].to_numpy(dtype=np.int64))
 
 
 def step_table(view: ActivityView) -> pd.DataFrame:

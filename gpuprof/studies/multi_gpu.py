@@ -35,7 +35,7 @@ from ..artifacts import REPO_ROOT, FoundCapture
 from ..nsys import sqlite as ns
 
 __all__ = ["DDP", "KNOBS", "ALLREDUCE", "knob_table", "NPROC", "NCCL_KERNEL", "gpus_here", "enough_gpus", "capture_ranks", "capture_launcher",
-           "run_json", "knob_jobs", "channel_jobs", "channel_table", "untraced_steps", "by_bucket", "pid_of", "RankData", "rank_data", "collective_end_skew", "bucket_model", "step_windows", "overlap_table", "overlap_by_rank", "straggler_table",
+           "run_json", "knob_jobs", "channel_jobs", "channel_table", "untraced_steps", "by_bucket", "RankData", "rank_data", "collective_end_skew", "bucket_model", "step_windows", "overlap_table", "overlap_by_rank", "straggler_table",
            "bandwidth_table", "bandwidth_figure", "overlap_figure", "rank_timeline", "torch_trace_table", "load",
            "run_script", "ncu_on_collective", "BUCKET_LAYOUT", "bucket_layouts", "layout_table", "parse_nccl_choices", "nccl_choices", "nccl_choice_table"]
 
@@ -313,13 +313,6 @@ def nccl_choice_table(found: FoundCapture) -> pd.DataFrame:
 
 # --- splitting a capture by rank -----------------------------------------------------------------
 
-def pid_of(global_id: pd.Series | np.ndarray | int) -> Any:
-    """The process id inside an nsys ``globalTid`` or ``globalPid`` (bits 24-47 of the serialised id)."""
-    if isinstance(global_id, pd.Series):
-        return pd.Series(np.right_shift(global_id.to_numpy(dtype=np.int64), 24) & 0xFFFFFF, index=global_id.index)
-    return np.right_shift(np.asarray(global_id, dtype=np.int64), 24) & 0xFFFFFF
-
-
 @dataclass
 class RankData:
     """One rank's share of a capture: its kernels (NCCL ones flagged) and NVTX ranges, on the report's clock."""
@@ -363,8 +356,8 @@ def rank_data(paths: str | Path | Sequence[str | Path]) -> dict[int, RankData]:
             df["start"] += shift
             df["end"] += shift
         kernels["nccl"] = kernels["name"].astype(str).str.match(NCCL_KERNEL)
-        ranges["pid"] = pid_of(ranges["globalTid"].astype("int64"))
-        kpid = pid_of(kernels["globalPid"].astype("int64")) if "globalPid" in kernels else pd.Series(0, index=kernels.index)
+        ranges["pid"] = ns.pid_of(ranges["globalTid"].astype("int64"))
+        kpid = ns.pid_of(kernels["globalPid"].astype("int64")) if "globalPid" in kernels else pd.Series(0, index=kernels.index)
         named = ranges[ranges["text"].str.fullmatch(RANK_RANGE.pattern)]
         ranks = {int(p): int(RANK_RANGE.fullmatch(t).group(1)) for p, t in zip(named["pid"], named["text"])}
         if not ranks:
