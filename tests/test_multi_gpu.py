@@ -20,6 +20,7 @@ import pandas as pd
 import pytest
 
 from gpuprof.artifacts import find_capture, reference_dir
+from gpuprof.kernel_kinds import is_communication
 from gpuprof.nsys import sqlite as ns
 from gpuprof.runner import load_script, portable_command, torchrun_target
 from gpuprof.studies import multi_gpu as mg
@@ -316,7 +317,7 @@ def test_reference_per_rank_reports_share_one_axis_after_alignment():
     assert starts[0] != starts[1]
     for rank, aligned in ((0, a), (1, b)):
         raw = ns.kernels(REF / f"buckets_rank{rank}.sqlite")
-        raw_nccl = raw[raw["name"].str.match(mg.NCCL_KERNEL)].reset_index(drop=True)
+        raw_nccl = raw[is_communication(raw["name"])].reset_index(drop=True)
         assert (aligned["start"] - raw_nccl["start"]).eq(starts[rank] - min(starts.values())).all()
 
 
@@ -362,7 +363,7 @@ def test_nccl_choices_are_read_from_its_tuning_log():
 
 def _rank(rank: int, starts: list[int], ends: list[int], names: list[str]) -> mg.RankData:
     k = pd.DataFrame({"start": starts, "end": ends, "name": names})
-    k["nccl"] = k["name"].str.match(mg.NCCL_KERNEL)
+    k["nccl"] = is_communication(k["name"])
     return mg.RankData(rank, rank, k, pd.DataFrame(), "made up")
 
 
@@ -522,3 +523,23 @@ def test_ddp_knobs_keeps_the_nccl_variables_it_ran_under(tmp_path):
             env={**os.environ, "NCCL_MAX_NCHANNELS": "4"})
     assert p.returncode == 0, p.stderr[-2000:]
     assert json.loads(out.read_text())["nccl_environment"]["NCCL_MAX_NCHANNELS"] == "4"
+
+
+@pytest.mark.parametrize("name,comm", [
+    ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", True),   # NCCL >= 2.19, as in chapter 8's captures
+    ("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", True),  # a Kineto trace's name
+    ("ncclKernel_AllReduce_RING_LL_Sum_float", True),    # NCCL before 2.19
+    ("NCCLKernel_x", True),
+    ("void at::native::reduce_kernel<512, 1>", False),
+    ("my_kernel_not_nccl", False),                       # a prefix rule: a mention is not NCCL's kernel
+])
+def test_is_communication_is_one_prefix_rule_for_a_name_and_a_series(name, comm):
+    assert is_communication(name) is comm
+    flags = is_communication(pd.Series([name, "gemm"], index=[7, 8]))
+    assert flags.tolist() == [comm, False] and flags.index.tolist() == [7, 8]
+
+
+def test_every_nccl_kernel_of_the_chapter_8_captures_is_communication():
+    k = pd.concat([ns.kernels(reference_dir() / "ch08" / f) for f in ("straggler.sqlite", "buckets_rank0.sqlite")])
+    mentions = k["name"].astype(str).str.contains("nccl", case=False)
+    assert mentions.any() and (is_communication(k["name"]) == mentions).all()

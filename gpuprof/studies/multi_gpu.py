@@ -32,9 +32,10 @@ import pandas as pd
 
 from .. import activity as ta
 from ..artifacts import REPO_ROOT, FoundCapture
+from ..kernel_kinds import is_communication
 from ..nsys import sqlite as ns
 
-__all__ = ["DDP", "KNOBS", "ALLREDUCE", "knob_table", "NPROC", "NCCL_KERNEL", "gpus_here", "enough_gpus", "capture_ranks", "capture_launcher",
+__all__ = ["DDP", "KNOBS", "ALLREDUCE", "knob_table", "NPROC", "gpus_here", "enough_gpus", "capture_ranks", "capture_launcher",
            "run_json", "knob_jobs", "channel_jobs", "channel_table", "untraced_steps", "by_bucket", "RankData", "rank_data", "collective_end_skew", "bucket_model", "step_windows", "overlap_table", "overlap_by_rank", "straggler_table",
            "bandwidth_table", "bandwidth_figure", "overlap_figure", "rank_timeline", "torch_trace_table", "load",
            "run_script", "ncu_on_collective", "BUCKET_LAYOUT", "bucket_layouts", "layout_table", "parse_nccl_choices", "nccl_choices", "nccl_choice_table"]
@@ -44,7 +45,6 @@ KNOBS = REPO_ROOT / "examples" / "nsys" / "ddp_knobs.py"
 BUCKET_LAYOUT = REPO_ROOT / "examples" / "nsys" / "ddp_buckets.py"
 ALLREDUCE = REPO_ROOT / "examples" / "nsys" / "allreduce_bandwidth.py"
 NPROC = 2
-NCCL_KERNEL = re.compile(r"^nccl", re.IGNORECASE)  # ncclDevKernel_AllReduce_Sum_f32_RING_LL, ncclKernel_...
 RANK_RANGE = re.compile(r"rank_(\d+)")
 BUCKET_RANGE = re.compile(r"bucket_([\d.]+)MB")
 
@@ -355,7 +355,7 @@ def rank_data(paths: str | Path | Sequence[str | Path]) -> dict[int, RankData]:
         for df in (kernels, ranges):
             df["start"] += shift
             df["end"] += shift
-        kernels["nccl"] = kernels["name"].astype(str).str.match(NCCL_KERNEL)
+        kernels["nccl"] = is_communication(kernels["name"])
         ranges["pid"] = ns.pid_of(ranges["globalTid"].astype("int64"))
         kpid = ns.pid_of(kernels["globalPid"].astype("int64")) if "globalPid" in kernels else pd.Series(0, index=kernels.index)
         named = ranges[ranges["text"].str.fullmatch(RANK_RANGE.pattern)]
@@ -693,7 +693,7 @@ def torch_trace_table(paths: Sequence[str | Path]) -> pd.DataFrame:
         ann = t.annotations()
         coll = ann[ann["name"].astype(str).str.match(r"^(nccl|gloo|ucc|mpi):")] if len(ann) else ann
         k = t.kernels()
-        nccl = k[k["name"].astype(str).str.match(NCCL_KERNEL)] if len(k) else k
+        nccl = k[is_communication(k["name"])] if len(k) else k
         rows.append({"trace": Path(p).name, "backend": info.get("backend"), "rank": info.get("rank"),
                      "world_size": info.get("world_size"),
                      "collectives": ", ".join(f"{n} x{c}" for n, c in coll["name"].value_counts().sort_index().items()),
