@@ -204,8 +204,7 @@ def test_the_mi250_trace_has_its_profiler_steps():
 def test_diff_lists_exactly_the_kernels_that_came_and_went():
     page = build_diff(CH06 / "rung0.sqlite", CH06 / "rung8.sqlite")
     before, after = (set(load(CH06 / f, "nsys").kernels["name"]) for f in ("rung0.sqlite", "rung8.sqlite"))
-    new = next(b.table for b in page.blocks if b.heading.startswith("Kernels that appeared"))
-    gone = next(b.table for b in page.blocks if b.heading.startswith("Kernels that disappeared"))
+    new, gone = page.table("Kernels that appeared"), page.table("Kernels that disappeared")
     assert set(new["name"]) == after - before and set(gone["name"]) == before - after
     f = page.facts
     assert f["step_period_ms_before"] / f["step_period_ms_after"] > 1  # the ladder's last rung is faster per step
@@ -361,3 +360,18 @@ def test_the_raw_page_is_read_in_its_own_units(tmp_path):
     t = build_pages([raw])[0].table("Speed of light (% of peak)")
     assert t["duration_us"].tolist() == pytest.approx([232.64]) and t["sm_pct"].tolist() == [17.3]
     assert t["memory_pct"].isna().all()  # not in this page: missing, not 0
+
+
+def test_a_table_is_found_by_its_heading_or_a_prefix_of_it_as_terminal_text_only_finds_it():
+    from gpuprof.report.page import Page
+
+    page = Page("t", Path("t"), "nsys")
+    for heading in ("Steps", "Steps by rank", "Kernels that appeared (3)", "Kernels that disappeared (0)"):
+        page.add(heading, table=pd.DataFrame({"h": [heading]}))
+    assert page.table("Steps")["h"][0] == "Steps"  # an exact heading wins over longer ones
+    assert page.table("Kernels that appeared")["h"][0] == "Kernels that appeared (3)"
+    assert "Kernels that appeared (3)" in terminal_text([page], only=["Kernels that appeared"])
+    with pytest.raises(KeyError, match="several"):
+        page.table("Kernels that")
+    with pytest.raises(KeyError, match="no table"):
+        page.table("Idle")
