@@ -24,7 +24,8 @@ from ..errors import GpuprofError
 if TYPE_CHECKING:
     from ..artifacts import FoundCapture
 from ..runner import run_with_limit
-from ..nsys.sqlite import _resolve, _strings, open_export, scrub_environment, table_names
+from ..nsys.export_edit import scrub_environment
+from ..nsys.sqlite import _resolve, _strings, open_export, table_names
 
 #: NVTX domains that libraries (or nsys's library traces) fill, not the program.
 LIBRARY_DOMAINS = ("cuBLAS", "cuDNN", "NCCL", "CUDA", "PyTorch")
