@@ -46,7 +46,7 @@ from ..torch_profiler.trace import read_trace
 
 __all__ = ["DDP", "KNOBS", "ALLREDUCE", "knob_table", "NPROC", "gpus_here", "enough_gpus", "capture_ranks", "capture_launcher",
            "run_json", "knob_jobs", "channel_jobs", "channel_table", "untraced_steps", "by_bucket", "bucket_model", "step_windows", "overlap_table", "straggler_table",
-           "bandwidth_table", "bandwidth_figure", "overlap_figure", "rank_timeline", "torch_trace_table", "load",
+           "bandwidth_table", "bandwidth_figure", "overlap_figure", "rank_timeline", "torch_trace_table",
            "run_script", "ncu_on_collective", "BUCKET_LAYOUT", "bucket_layouts", "layout_table", "parse_nccl_choices", "nccl_choices", "nccl_choice_table"]
 
 DDP = REPO_ROOT / "examples" / "nsys" / "ddp_training.py"
@@ -100,7 +100,7 @@ def knob_jobs(chapter: str, args: Sequence[str], jobs: int = 3, stem: str = "kno
     reason = enough_gpus()
     if reason:
         print(f"No live run: {reason}; showing the course's reference results ({jobs} jobs).")
-        return [load(find_capture(chapter, f"{stem}_{i}.json", prefer="reference")) for i in range(1, jobs + 1)]
+        return [find_capture(chapter, f"{stem}_{i}.json", prefer="reference").json() for i in range(1, jobs + 1)]
     print(f"$ {_knobs_command(args, env)} --json {stem}_<i>.json   # {jobs} times", flush=True)
     return [_knob_job(chapter, f"{stem}_{i}.json", args, env, f"job {i}/{jobs}") for i in range(1, jobs + 1)]
 
@@ -113,7 +113,7 @@ def _knobs_command(args: Sequence[str], env: dict[str, str] | None) -> str:
 def _knob_job(chapter: str, filename: str, args: Sequence[str], env: dict[str, str] | None, label: str) -> dict[str, Any]:
     """One ``ddp_knobs.py`` job on this machine's GPUs, kept as ``<chapter>/<filename>``; says how long it took."""
     t0 = time.perf_counter()
-    result = load(run_json(chapter, filename, KNOBS, args, echo=False, env=env))
+    result = run_json(chapter, filename, KNOBS, args, echo=False, env=env).json()
     print(f"  {label} done in {time.perf_counter() - t0:.0f} s", flush=True)
     return result
 
@@ -133,7 +133,7 @@ def channel_jobs(chapter: str, channels: int = 4, args: Sequence[str] = ("--buck
     reason = enough_gpus()
     if reason:
         print(f"No live run: {reason}; showing the course's reference results ({jobs} jobs of each setting).")
-        return {name: [load(find_capture(chapter, f"channels_{name}_{i}.json", prefer="reference"))
+        return {name: [find_capture(chapter, f"channels_{name}_{i}.json", prefer="reference").json()
                        for i in range(1, jobs + 1)] for name in settings}
     for name, env in settings.items():
         print(f"$ {_knobs_command(common, env)} --json channels_{name}_<i>.json   # {jobs} times", flush=True)
@@ -282,7 +282,7 @@ def nccl_choices(chapter: str, filename: str = "nccl_tuning.json", sizes: str = 
 
 def nccl_choice_table(found: FoundCapture) -> pd.DataFrame:
     """All-reduce choices by message size, as NCCL logged them on GPU 0 (every rank makes the same choice)."""
-    t = pd.DataFrame(json.loads(Path(found.path).read_text())["choices"])
+    t = pd.DataFrame(found.json()["choices"])
     t = t[(t["collective"] == "AllReduce") & (t["device"] == 0)]
     return t.drop(columns=["device", "collective"]).sort_values("bytes").reset_index(drop=True)
 
@@ -557,8 +557,3 @@ def torch_trace_table(paths: Sequence[str | Path]) -> pd.DataFrame:
                      "collectives": ", ".join(f"{n} x{c}" for n, c in coll["name"].value_counts().sort_index().items()),
                      "nccl_kernels": len(nccl), "nccl_ms": float(nccl["duration_ns"].sum()) / 1e6 if len(nccl) else 0.0})
     return pd.DataFrame(rows)
-
-
-def load(found: FoundCapture) -> dict[str, Any]:
-    """A JSON result file's contents."""
-    return json.loads(Path(found.path).read_text())

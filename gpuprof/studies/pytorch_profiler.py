@@ -32,7 +32,6 @@ What the three modes look like in a Kineto trace (checked on torch 2.11 with an 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,9 +88,7 @@ def nsys_steps(sqlite: str | Path) -> pd.DataFrame:
 
 def reconcile_table(runs: ReconcileRuns) -> pd.DataFrame:
     """Medians per run: host ms, CUDA events ms, GPU span ms and GPU busy ms (NaN where a run cannot say)."""
-    ev = json.loads(runs.events.path.read_text())
-    pr = json.loads(runs.profiler.path.read_text())
-    nj = json.loads(runs.nvtx.path.read_text())
+    ev, pr, nj = runs.events.json(), runs.profiler.json(), runs.nvtx.json()
     prof_steps = pd.DataFrame(pr["profiler_steps"])
     ns = nsys_steps(runs.nsys.path)
 
