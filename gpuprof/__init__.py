@@ -33,7 +33,8 @@ Shared core
   types, torchrun placement; glue for the prose
 
 By tool
-* :mod:`gpuprof.nsys`: Nsight Systems captures, sqlite readers, ``nsys stats`` summaries,
+* :mod:`gpuprof.nsys`: Nsight Systems captures, sqlite readers (and the rewriting of exports),
+  ``nsys stats`` summaries, a capture split by rank,
   derived measures and the timeline figure
 * :mod:`gpuprof.ncu`: Nsight Compute captures, report and CSV readers, derived tables, figures
 * :mod:`gpuprof.torch_profiler`: PyTorch profiler traces read as tables, ``key_averages`` as records,

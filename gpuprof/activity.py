@@ -16,7 +16,16 @@ by one definition of each measure:
 * **launch latency**: from the CPU's launch call to the kernel's start;
 * **synchronisation wait share**: CPU time spent in ``*Synchronize`` calls over a window;
 * **attribution** of kernels to ranges (NVTX ranges, ``record_function`` or
-  ``ProfilerStep#N`` annotations) by the launching thread or by time window.
+  ``ProfilerStep#N`` annotations) by the launching thread or by time window;
+* **steps**: which ranges are a program's steps (:func:`find_steps`, :func:`step_ranges`).
+
+Steps. A training or inference loop repeats a step; per-step numbers need to know which
+ranges are steps. By default: PyTorch's ``ProfilerStep#N``; else NVTX or
+``record_function`` ranges named ``step`` / ``iteration`` with a number (``step_3``,
+``iter 12``, ``train_step#4``); else one such name without a number, repeated. A program
+that names its steps otherwise gives a regular expression (``--steps 'batch_(\\d+)'``).
+:func:`find_steps` returns the rule it used with the steps, so a report can print it and a
+reader can tell when it picked wrongly.
 
 Everything is vectorised with NumPy/pandas so that a capture of a million kernels is
 analysed in seconds (see ``scripts/bench_trace_analysis.py``). The ``nsys stats``
@@ -25,7 +34,9 @@ summaries are in :mod:`gpuprof.nsys.stats`.
 
 from __future__ import annotations
 
+import re
 import warnings
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -46,7 +57,8 @@ def api_name(name: str) -> str:
 
 __all__ = ["api_name", "merge_intervals", "busy_fraction", "idle_gaps", "copy_summary", "copy_compute_overlap", "launch_latency",
            "sync_wait_share", "window_of", "range_window", "last_repeat_window", "inside", "calls_by_range", "copy_curve",
-           "exposed_copy_fraction", "attribute_kernels", "ATTRIBUTION_RULES"]
+           "exposed_copy_fraction", "attribute_kernels", "ATTRIBUTION_RULES", "find_steps", "step_ranges",
+           "STEP_NUMBERED", "STEP_REPEATED", "NUMBERED_STEP"]
 
 SYNC_API = r"Synchronize"
 
@@ -352,3 +364,61 @@ def range_busy(work: pd.DataFrame, runtime: pd.DataFrame, ranges: pd.DataFrame, 
                      "launches": 0 if mine is None else len(mine), "gpu_busy_ms": busy / 1e6, "gpu_span_ms": span / 1e6,
                      "busy_share": busy / span if span else float("nan")})
     return pd.DataFrame(rows, columns=cols)
+
+
+# ----- steps -----
+
+STEP_NUMBERED = re.compile(r"^(?:ProfilerStep#|(?:train(?:ing)?[_ ]?|eval[_ ]?)?(?:step|iter(?:ation)?)[ _#:-]?)(\d+)$",
+                           re.IGNORECASE)
+STEP_REPEATED = re.compile(r"^(?:train(?:ing)?[_ ]?|eval[_ ]?)?(?:step|iter(?:ation)?)$", re.IGNORECASE)
+NUMBERED_STEP = r"step_(\d+)"  # what the course's example scripts name each step's NVTX range
+_STEP_COLUMNS = ["step", "text", "start", "end", "globalTid"]
+
+
+def find_steps(ranges: pd.DataFrame, pattern: str | None = None, *,
+               keep: Sequence[str] = ()) -> tuple[pd.DataFrame, str]:
+    """The ranges that are the program's steps, and the rule that picked them (see the module's text).
+
+    ``pattern`` is matched against the whole range name; a group in it is the step number.
+    Returns (step, text, start, end, globalTid) sorted by start, and the rule in words.
+    ``keep`` names more of ``ranges``' columns to carry along after those (``duration_ns``,
+    ``pid``), for callers that measure the steps themselves.
+    """
+    cols = [*_STEP_COLUMNS, *(c for c in keep if c not in _STEP_COLUMNS)]
+    empty = pd.DataFrame(columns=cols)
+    if ranges.empty:
+        return empty, "no annotated ranges in the capture, so no steps"
+    names = ranges["text"].astype(str)
+    if pattern is not None:
+        rx = re.compile(pattern)
+        hit = names.map(lambda n: rx.fullmatch(n) is not None)
+        rule = f"ranges matching {pattern!r}"
+    else:
+        profiler = names.str.match(r"^ProfilerStep#\d+$")
+        numbered = names.map(lambda n: STEP_NUMBERED.match(n) is not None)
+        if profiler.any():
+            rx, hit, rule = STEP_NUMBERED, profiler, "PyTorch's ProfilerStep#N ranges"
+        elif numbered.any():
+            rx, hit, rule = STEP_NUMBERED, numbered, "ranges named step/iteration with a number"
+        else:
+            plain = names[names.map(lambda n: STEP_REPEATED.match(n) is not None)]
+            counts = plain.value_counts()
+            if counts.empty or counts.iloc[0] < 2:
+                return empty, "no range looks like a step (give --steps REGEX)"
+            name = str(counts.index[0])
+            rx, hit, rule = re.compile(re.escape(name)), names == name, f"the repeated range {name!r}"
+    s = ranges[hit.to_numpy()].sort_values("start", kind="stable", ignore_index=True)
+    if s.empty:
+        return empty, f"{rule}: none found"
+    if rx.groups:
+        s.insert(0, "step", s["text"].astype(str).map(lambda n: int(rx.fullmatch(n).group(1))))
+    else:
+        s.insert(0, "step", np.arange(len(s)))
+    return s[cols].reset_index(drop=True), f"{rule} ({len(s)})"
+
+
+def step_ranges(ranges: pd.DataFrame, *, keep: Sequence[str] = ()) -> pd.DataFrame:
+    """The ``step_N`` ranges (:data:`NUMBERED_STEP`) that the course's example scripts open around each
+    step, sorted by start: :func:`find_steps` with that pattern, for code that knows how its steps are
+    named and needs no rule in words. ``step`` is N."""
+    return find_steps(ranges, NUMBERED_STEP, keep=keep)[0]

@@ -18,6 +18,7 @@ earlier capture: pass ``overwrite=True`` or set ``GPUPROF_OVERWRITE=1``.
 from __future__ import annotations
 
 import datetime as _dt
+import gzip
 import json
 import os
 import subprocess
@@ -168,6 +169,12 @@ class FoundCapture:
     @property
     def machine(self) -> dict[str, Any]:
         return self.provenance.get("machine", {})
+
+    def json(self) -> Any:
+        """The file's JSON (a script's results, a trace), the one way every reader opens a found capture;
+        a ``.gz`` file (the course commits its Kineto traces as ``.json.gz``) is gunzipped first."""
+        raw = self.path.read_bytes()
+        return json.loads(gzip.decompress(raw) if self.path.suffix == ".gz" else raw)
 
     def describe(self) -> str:
         """A sentence for the reader: whose numbers these are."""

@@ -13,11 +13,37 @@ Triton (torch.compile's fused kernels are named ``triton_...``).
 from __future__ import annotations
 
 import re
+from typing import overload
 
 import pandas as pd
 
-__all__ = ["KIND_RULES", "kernel_kind", "time_by_kind", "PRECISION_RULES", "precision", "time_by_precision",
+__all__ = ["COMMUNICATION_RULE", "is_communication", "KIND_RULES", "kernel_kind", "time_by_kind", "PRECISION_RULES", "precision", "time_by_precision",
            "tensor_cores", "matmul_table"]
+
+# Communication: a kernel whose name starts with "nccl", case-insensitive. NCCL names every kernel it
+# launches so (ncclDevKernel_AllReduce_Sum_f32_RING_LL, ncclDevKernel_AllGather_RING_LL,
+# ncclDevKernel_Broadcast_RING_LL in the course's chapter 8 captures; ncclKernel_... before NCCL 2.19),
+# and so does RCCL on AMD GPUs; HTA's rule is the same prefix (is_nccl_kernel: name.startswith("nccl")).
+# A prefix, not a substring: a kernel of another library that merely mentions NCCL in its name or
+# template arguments is not NCCL's. (gpuprof.torch_profiler.hta_compat keeps HTA's older ^nccl.*Kernel on
+# purpose: it reproduces that version's numbers.) The rule is not in KIND_RULES: kernel_kind still files
+# NCCL's kernels by their other words (all-reduce under "reduction", all-gather under "indexing / random"),
+# and putting it first there would change the report's "Kernels by kind" tables of multi-GPU captures.
+COMMUNICATION_RULE: tuple[str, str] = ("communication", r"^nccl")
+_COMMUNICATION = re.compile(COMMUNICATION_RULE[1], re.IGNORECASE)
+
+
+@overload
+def is_communication(name: str) -> bool: ...
+@overload
+def is_communication(name: pd.Series) -> pd.Series: ...
+def is_communication(name: str | pd.Series) -> bool | pd.Series:
+    """Whether a kernel is communication (NCCL's), by :data:`COMMUNICATION_RULE`; for a Series of
+    names, a boolean Series on its index. The one rule for every "is this NCCL?" in gpuprof."""
+    if isinstance(name, pd.Series):
+        return name.astype(str).str.match(_COMMUNICATION)
+    return _COMMUNICATION.match(name) is not None
+
 
 # (kind, pattern searched in the kernel's name, case-insensitive), first match wins.
 KIND_RULES: list[tuple[str, str]] = [

@@ -15,7 +15,7 @@ def test_save_then_find_this_machines_capture(isolated_dirs):
     path = save_json("chX", "fig.json", {"a": 1}, command=["python", "make_fig.py"], tools={"nsys": "2025.3.1.0"})
     assert path == out / "chX" / "fig.json"
     found = find_capture("chX", "fig.json")
-    assert found.source == "this machine" and json.loads(found.path.read_text()) == {"a": 1}
+    assert found.source == "this machine" and found.json() == {"a": 1}
     assert found.provenance["command"] == ["python", "make_fig.py"]
     assert found.provenance["tools"] == {"nsys": "2025.3.1.0"}
     assert "Using this machine's capture" in found.describe()
@@ -89,7 +89,7 @@ def test_measure_or_reference_without_a_gpu_runs_nothing(isolated_dirs):
     ran = []
     found = measure_or_reference("chM", "m.json", lambda: ran.append(1), command="x", live=False)
     assert ran == [] and found.source == "reference"
-    assert json.loads(found.path.read_text()) == {"from": "reference"}
+    assert found.json() == {"from": "reference"}
 
 
 def test_measure_or_reference_saves_what_it_measured(isolated_dirs):
@@ -100,7 +100,7 @@ def test_measure_or_reference_saves_what_it_measured(isolated_dirs):
     (out / "chM" / "provenance.json").write_text(json.dumps({"chapter": "chM", "files": {"m.json": {}}}))
     found = measure_or_reference("chM", "m.json", lambda: {"rows": [1, 2]}, command="python measure.py", live=True)
     assert found.source == "this machine" and found.path == out / "chM" / "m.json"
-    assert json.loads(found.path.read_text()) == {"rows": [1, 2]}
+    assert found.json() == {"rows": [1, 2]}
     assert found.provenance["command"] == "python measure.py"
 
 
@@ -219,3 +219,13 @@ def test_a_relative_output_folder_is_taken_from_the_repository_root(monkeypatch,
     assert output_dir() == REPO_ROOT / "artifacts"
     monkeypatch.setenv("GPUPROF_OUTPUT_DIR", str(tmp_path))
     assert output_dir() == tmp_path
+
+
+def test_a_found_captures_json_is_read_plain_or_gzipped(tmp_path):
+    import gzip
+
+    plain, packed = tmp_path / "r.json", tmp_path / "trace.json.gz"
+    plain.write_text(json.dumps({"rows": [1, 2]}))
+    packed.write_bytes(gzip.compress(json.dumps({"traceEvents": []}).encode()))
+    assert artifacts.FoundCapture(plain, "reference", {}).json() == {"rows": [1, 2]}
+    assert artifacts.FoundCapture(packed, "reference", {}).json() == {"traceEvents": []}

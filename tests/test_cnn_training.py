@@ -332,7 +332,7 @@ def test_run_configs_times_the_repeated_configurations_in_separate_processes(tmp
     a, b = ct.Config("a", ("--data-on-gpu",), 16), ct.Config("b", ("--data-on-gpu", "--loss-every", "5"), 16)
     once = ct.Config("c", ("--data-on-gpu", "--bf16"), 16)
     found = ct.run_configs("chx", "t.json", [a, b, once], repeated=[a, b], rounds=2)
-    runs = json.loads(found.path.read_text())["runs"]
+    runs = found.json()["runs"]
     assert [len(runs[k]["processes"]) for k in "abc"] == [2, 2, 1] and all(r["status"] == "ok" for r in runs.values())
     t = ct.results_table(runs)
     assert t.loc["a", "processes"] == 2 and t.loc["a", "low"] <= t.loc["a", "images_per_s"] <= t.loc["a", "high"]

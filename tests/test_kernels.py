@@ -150,3 +150,79 @@ def test_training_memory_bound_counts_what_autograd_keeps():
     params = sum(p.numel() for p in small_cnn().parameters()) * 4
     assert bound == 512 * per_image + 2 * params
     assert training_bytes(small_cnn, (3, 32, 32), 512, optimizer_states=2) == bound + 2 * params
+
+
+# ---- finding nvcc and building a course .cu file (run on every machine, GPU or not) ----
+
+def _program(path, executable: bool):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\nexit 0\n")
+    path.chmod(0o755 if executable else 0o644)
+    return path
+
+
+def test_find_nvcc_takes_an_executable_nvcc_env_var_first(tmp_path, monkeypatch):
+    mine = _program(tmp_path / "cuda" / "nvcc", executable=True)
+    on_path = _program(tmp_path / "bin" / "nvcc", executable=True)
+    monkeypatch.setenv("NVCC", str(mine))
+    monkeypatch.setenv("PATH", str(on_path.parent))
+    assert gk.find_nvcc() == str(mine)
+
+
+def test_find_nvcc_skips_an_nvcc_env_var_that_cannot_run(tmp_path, monkeypatch):
+    broken = _program(tmp_path / "cuda" / "nvcc", executable=False)
+    on_path = _program(tmp_path / "bin" / "nvcc", executable=True)
+    monkeypatch.setenv("NVCC", str(broken))
+    monkeypatch.setenv("PATH", str(on_path.parent))
+    assert gk.find_nvcc() == str(on_path)
+    monkeypatch.setenv("NVCC", str(tmp_path / "missing" / "nvcc"))
+    assert gk.find_nvcc() == str(on_path)
+
+
+@pytest.mark.parametrize("device,nvcc,reason", [
+    ("cpu", "/some/nvcc", "there is no GPU on this machine"),
+    ("cuda", None, "nvcc was not found"),
+])
+def test_build_cuda_example_without_a_gpu_or_nvcc_says_why_and_returns_none(monkeypatch, capsys, device, nvcc, reason):
+    from types import SimpleNamespace
+
+    from gpuprof.artifacts import REPO_ROOT
+
+    monkeypatch.setattr(gk, "describe_machine", lambda: SimpleNamespace(device=device, compute_capability="9.0"))
+    monkeypatch.setattr(gk, "find_nvcc", lambda: nvcc)
+    source = next((REPO_ROOT / "examples").rglob("*.cu"))
+    assert gk.build_cuda_example(source) is None
+    said = capsys.readouterr().out
+    assert f"Not building {source.name}: {reason}" in said
+
+
+def test_build_cuda_example_on_this_machine_returns_none_without_a_gpu(capsys):
+    from gpuprof.artifacts import REPO_ROOT
+
+    if gk.describe_machine().device == "cuda":
+        pytest.skip("this machine has a GPU: the build runs for real in the chapters' notebooks")
+    source = next((REPO_ROOT / "examples").rglob("*.cu"))
+    assert gk.build_cuda_example(source) is None
+    assert "Not building" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("exit_code", [0, 1])
+def test_build_cuda_example_runs_nvcc_for_this_gpu_and_says_the_command(tmp_path, monkeypatch, capsys, exit_code):
+    """The whole function on any machine: a stand-in nvcc (a shell script) plays the compiler."""
+    from types import SimpleNamespace
+
+    from gpuprof.artifacts import REPO_ROOT
+
+    fake = tmp_path / "nvcc"
+    fake.write_text(f"#!/bin/sh\necho 'error: stand-in' >&2\nexit {exit_code}\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(gk, "describe_machine", lambda: SimpleNamespace(device="cuda", compute_capability="9.0"))
+    monkeypatch.setattr(gk, "find_nvcc", lambda: str(fake))
+    source = next((REPO_ROOT / "examples").rglob("*.cu"))
+    built = gk.build_cuda_example(source)
+    said = capsys.readouterr().out
+    assert f"$ nvcc -arch=sm_90 -o {source.stem}" in said
+    if exit_code == 0:
+        assert built is not None and len(built) == 1 and built[0].endswith(source.stem)
+    else:
+        assert built is None and "nvcc failed: error: stand-in" in said

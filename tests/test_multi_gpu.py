@@ -20,6 +20,8 @@ import pandas as pd
 import pytest
 
 from gpuprof.artifacts import find_capture, reference_dir
+from gpuprof.kernel_kinds import is_communication
+from gpuprof.nsys import ranks
 from gpuprof.nsys import sqlite as ns
 from gpuprof.runner import load_script, portable_command, torchrun_target
 from gpuprof.studies import multi_gpu as mg
@@ -171,7 +173,7 @@ def build_two_rank_export(path: Path) -> None:
 def two_ranks(tmp_path):
     path = tmp_path / "two.sqlite"
     build_two_rank_export(path)
-    return mg.rank_data(path)
+    return ranks.rank_data(path)
 
 
 def test_rank_data_splits_one_report_by_the_rank_ranges(two_ranks):
@@ -198,9 +200,9 @@ def test_overlap_of_any_capture_without_the_course_ranges(tmp_path, two_ranks):
     con.execute("DELETE FROM NVTX_EVENTS")
     con.commit()
     con.close()
-    data = mg.rank_data(path)
+    data = ranks.rank_data(path)
     assert sorted(data) == [0, 1] and data[0].pid == 100 and data[1].pid == 200
-    t = mg.overlap_by_rank(data).set_index("rank")
+    t = ranks.overlap_by_rank(data).set_index("rank")
     assert t.loc[0, "nccl_kernels"] == 2 and t.loc[0, "comm_ms"] == pytest.approx(8.0)
     assert t.loc[0, "hidden"] == pytest.approx(0.5) and t.loc[0, "exposed_ms"] == pytest.approx(4.0)
     # the course's step-by-step table agrees with it over the same steps
@@ -226,9 +228,9 @@ def test_rank_data_from_one_report_per_rank(tmp_path):
         con.execute("DELETE FROM NVTX_EVENTS WHERE globalTid != ?", (_gid(pid, pid + 1),))
         con.commit()
         con.close()
-    data = mg.rank_data([tmp_path / "r0.sqlite", tmp_path / "r1.sqlite"])
+    data = ranks.rank_data([tmp_path / "r0.sqlite", tmp_path / "r1.sqlite"])
     assert sorted(data) == [0, 1]
-    pd.testing.assert_frame_equal(mg.overlap_table(data), mg.overlap_table(mg.rank_data(whole)))
+    pd.testing.assert_frame_equal(mg.overlap_table(data), mg.overlap_table(ranks.rank_data(whole)))
     # each report counts from its own session start: rank 1's session began 2 ms later, so its
     # times are 2 ms smaller in its file, and reading both puts them back on one axis
     for rank, start in ((0, 10_000_000_000), (1, 10_002_000_000)):
@@ -240,13 +242,13 @@ def test_rank_data_from_one_report_per_rank(tmp_path):
             con.execute("UPDATE NVTX_EVENTS SET start = start - 2000000, end = end - 2000000")
         con.commit()
         con.close()
-    aligned = mg.rank_data([tmp_path / "r0.sqlite", tmp_path / "r1.sqlite"])
-    whole_data = mg.rank_data(whole)
+    aligned = ranks.rank_data([tmp_path / "r0.sqlite", tmp_path / "r1.sqlite"])
+    whole_data = ranks.rank_data(whole)
     for rank in (0, 1):
         pd.testing.assert_series_equal(aligned[rank].kernels["start"], whole_data[rank].kernels["start"])
         pd.testing.assert_series_equal(aligned[rank].ranges["end"], whole_data[rank].ranges["end"])
     with pytest.raises(ValueError, match="appears twice"):
-        mg.rank_data([tmp_path / "r0.sqlite", tmp_path / "r0.sqlite"])
+        ranks.rank_data([tmp_path / "r0.sqlite", tmp_path / "r0.sqlite"])
 
 
 def test_figures_draw(two_ranks):
@@ -306,7 +308,7 @@ def _cmdline(pid: str) -> str:
 
 def test_reference_per_rank_reports_share_one_axis_after_alignment():
     """Every all-reduce needs both ranks: once aligned, each of rank 0's NCCL kernels overlaps rank 1's of the same order."""
-    data = mg.rank_data([REF / "buckets_rank0.sqlite", REF / "buckets_rank1.sqlite"])
+    data = ranks.rank_data([REF / "buckets_rank0.sqlite", REF / "buckets_rank1.sqlite"])
     a, b = data[0].nccl.reset_index(drop=True), data[1].nccl.reset_index(drop=True)
     assert len(a) == len(b) > 100
     overlaps = (a["start"] < b["end"]) & (b["start"] < a["end"])
@@ -316,13 +318,13 @@ def test_reference_per_rank_reports_share_one_axis_after_alignment():
     assert starts[0] != starts[1]
     for rank, aligned in ((0, a), (1, b)):
         raw = ns.kernels(REF / f"buckets_rank{rank}.sqlite")
-        raw_nccl = raw[raw["name"].str.match(mg.NCCL_KERNEL)].reset_index(drop=True)
+        raw_nccl = raw[is_communication(raw["name"])].reset_index(drop=True)
         assert (aligned["start"] - raw_nccl["start"]).eq(starts[rank] - min(starts.values())).all()
 
 
 def test_reference_capture_agrees_with_the_scripts_own_bucket_count():
     """DDP's own count of buckets (the script's JSON) equals the NCCL kernels per step nsys recorded."""
-    data = mg.rank_data([REF / "buckets_rank0.sqlite", REF / "buckets_rank1.sqlite"])
+    data = ranks.rank_data([REF / "buckets_rank0.sqlite", REF / "buckets_rank1.sqlite"])
     table = mg.overlap_table(data)
     d = json.loads((REF / "buckets.json").read_text())
     for r in d["ranks"]:
@@ -334,7 +336,7 @@ def test_reference_capture_agrees_with_the_scripts_own_bucket_count():
 
 
 def test_reference_straggler_and_traces():
-    s = mg.straggler_table(mg.rank_data(REF / "straggler.sqlite")).set_index("rank")
+    s = mg.straggler_table(ranks.rank_data(REF / "straggler.sqlite")).set_index("rank")
     assert s["waited_for"].tolist() == [False, True]
     assert s.loc[1, "straggling_ms"] == pytest.approx(20, abs=2)
     t = mg.torch_trace_table([REF / f"ddp_trace_rank{r}.json.gz" for r in (0, 1)])
@@ -360,10 +362,10 @@ def test_nccl_choices_are_read_from_its_tuning_log():
     assert mg.parse_nccl_choices("no tuning lines here").empty
 
 
-def _rank(rank: int, starts: list[int], ends: list[int], names: list[str]) -> mg.RankData:
+def _rank(rank: int, starts: list[int], ends: list[int], names: list[str]) -> ranks.RankData:
     k = pd.DataFrame({"start": starts, "end": ends, "name": names})
-    k["nccl"] = k["name"].str.match(mg.NCCL_KERNEL)
-    return mg.RankData(rank, rank, k, pd.DataFrame(), "made up")
+    k["nccl"] = is_communication(k["name"])
+    return ranks.RankData(rank, rank, k, pd.DataFrame(), "made up")
 
 
 def test_collective_end_skew_matches_by_order_and_keeps_only_the_named_collective():
@@ -372,15 +374,15 @@ def test_collective_end_skew_matches_by_order_and_keeps_only_the_named_collectiv
     r0 = _rank(0, [100, 200, 500], [400, 300, 900], [bc, ar, ar])
     # rank 1 arrives late at the first all-reduce and early at the second; both end within 5 ns of rank 0's
     r1 = _rank(1, [150, 290, 350, 700], [401, 295, 905, 800], [bc, ar, ar, "volta_sgemm_128x64_nn"])
-    skew = mg.collective_end_skew({0: r0, 1: r1})
+    skew = ranks.collective_end_skew({0: r0, 1: r1})
     assert skew["end_skew_ns"].tolist() == [-5, 5] and skew["start_skew_ns"].tolist() == [90, -150]
     with pytest.raises(Exception, match="cannot be matched by order"):
-        mg.collective_end_skew({0: r0, 1: _rank(1, [290], [295], [ar])})
+        ranks.collective_end_skew({0: r0, 1: _rank(1, [290], [295], [ar])})
 
 
 def test_stored_reports_share_one_axis_after_the_shift():
     paths = [REF / "buckets_rank0.sqlite", REF / "buckets_rank1.sqlite"]
-    skew = mg.collective_end_skew(mg.rank_data(paths))
+    skew = ranks.collective_end_skew(ranks.rank_data(paths))
     offset = ns.session_start(paths[1]) - ns.session_start(paths[0])
     median = skew["end_skew_ns"].median()
     assert len(skew) > 100 and abs(median) < 50_000
@@ -522,3 +524,23 @@ def test_ddp_knobs_keeps_the_nccl_variables_it_ran_under(tmp_path):
             env={**os.environ, "NCCL_MAX_NCHANNELS": "4"})
     assert p.returncode == 0, p.stderr[-2000:]
     assert json.loads(out.read_text())["nccl_environment"]["NCCL_MAX_NCHANNELS"] == "4"
+
+
+@pytest.mark.parametrize("name,comm", [
+    ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", True),   # NCCL >= 2.19, as in chapter 8's captures
+    ("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", True),  # a Kineto trace's name
+    ("ncclKernel_AllReduce_RING_LL_Sum_float", True),    # NCCL before 2.19
+    ("NCCLKernel_x", True),
+    ("void at::native::reduce_kernel<512, 1>", False),
+    ("my_kernel_not_nccl", False),                       # a prefix rule: a mention is not NCCL's kernel
+])
+def test_is_communication_is_one_prefix_rule_for_a_name_and_a_series(name, comm):
+    assert is_communication(name) is comm
+    flags = is_communication(pd.Series([name, "gemm"], index=[7, 8]))
+    assert flags.tolist() == [comm, False] and flags.index.tolist() == [7, 8]
+
+
+def test_every_nccl_kernel_of_the_chapter_8_captures_is_communication():
+    k = pd.concat([ns.kernels(reference_dir() / "ch08" / f) for f in ("straggler.sqlite", "buckets_rank0.sqlite")])
+    mentions = k["name"].astype(str).str.contains("nccl", case=False)
+    assert mentions.any() and (is_communication(k["name"]) == mentions).all()

@@ -5,6 +5,7 @@ import sqlite3
 
 import pytest
 
+from gpuprof.nsys import export_edit
 from gpuprof.nsys import sqlite as ns
 from gpuprof.artifacts import REPO_ROOT
 from gpuprof.errors import GpuprofError
@@ -40,9 +41,9 @@ def test_no_committed_capture_carries_the_environment():
     for path in exports:
         con = ns.open_export(path)
         (value,) = con.execute("SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name='DeviceEnvironment'").fetchone()
-        assert value == ns.ENV_REMOVED, path
+        assert value == export_edit.ENV_REMOVED, path
         left = con.execute("SELECT value FROM META_DATA_CAPTURE WHERE name LIKE '%ENVIRONMENT_VARIABLE'").fetchall()
-        assert left == [(ns.ENV_REMOVED,)], (path, left[:3])
+        assert left == [(export_edit.ENV_REMOVED,)], (path, left[:3])
 
 
 def test_scrub_environment(tmp_path):
@@ -55,14 +56,14 @@ def test_scrub_environment(tmp_path):
                 "('PROCESS_0:ENVIRONMENT_VARIABLE', 'TOKEN=\"secret\"'), ('PROCESS_0:ENVIRONMENT_VARIABLE', 'HOME=\"/root\"')")
     con.commit()
     con.close()
-    assert ns.scrub_environment(db) == 3
+    assert export_edit.scrub_environment(db) == 3
     con = sqlite3.connect(db)
     values = dict(con.execute("SELECT name, value FROM TARGET_INFO_SYSTEM_ENV").fetchall())
-    assert values == {"DeviceEnvironment": ns.ENV_REMOVED, "Hostname": "vm"}
+    assert values == {"DeviceEnvironment": export_edit.ENV_REMOVED, "Hostname": "vm"}
     assert con.execute("SELECT name, value FROM META_DATA_CAPTURE").fetchall() == [
-        ("PROCESS_0:COMMAND", "python"), ("PROCESS_0:ENVIRONMENT_VARIABLE", ns.ENV_REMOVED)]
+        ("PROCESS_0:COMMAND", "python"), ("PROCESS_0:ENVIRONMENT_VARIABLE", export_edit.ENV_REMOVED)]
     con.close()
-    assert ns.scrub_environment(db) == 0  # a scrubbed file is left as it is
+    assert export_edit.scrub_environment(db) == 0  # a scrubbed file is left as it is
 
 
 def test_missing_file(tmp_path):
@@ -165,7 +166,7 @@ def test_trim_reference_keeps_the_kernels_of_the_named_ranges_and_says_what_went
     before = ns.kernels(path)
     inside = before["start"].map(lambda t: bool(((steps["start"] <= t) & (t <= steps["end"])).any()))
     names = "|".join(steps["text"])
-    note = ns.trim_reference(path, drop_tables=["CUPTI_ACTIVITY_KIND_MEMSET", "NO_SUCH_TABLE"], keep_kernels_in=names)
+    note = export_edit.trim_reference(path, drop_tables=["CUPTI_ACTIVITY_KIND_MEMSET", "NO_SUCH_TABLE"], keep_kernels_in=names)
     after = ns.kernels(path)
     assert len(after) == int(inside.sum()) and 0 < len(after) < len(before)
     assert "CUPTI_ACTIVITY_KIND_MEMSET" in note and "NO_SUCH_TABLE" not in note
@@ -184,3 +185,16 @@ def test_kernels_reads_only_the_columns_asked_for():
     assert list(nsq.kernels(SQLITE, only=("demangled",)).columns) == ["start", "end", "demangled", "duration_ns"]
     with pytest.raises(ValueError, match="registersPerThread"):
         nsq.kernels(SQLITE, only=("registersPerThread",))
+
+
+def test_pid_and_tid_unpack_an_nsys_global_id_for_one_id_an_array_and_a_series():
+    import numpy as np
+    import pandas as pd
+
+    gid = (1 << 56) | (4321 << 24) | 4325  # hardware id above bit 48, then the process, then the thread
+    assert ns.pid_of(gid) == 4321 and ns.tid_of(gid) == 4325
+    assert ns.pid_of(np.array([gid, 7 << 24])).tolist() == [4321, 7]
+    series = pd.Series([gid, 7 << 24], index=[5, 9])
+    pids, tids = ns.pid_of(series), ns.tid_of(series)
+    assert isinstance(pids, pd.Series) and pids.index.tolist() == [5, 9] and pids.tolist() == [4321, 7]
+    assert tids.tolist() == [4325, 0]

@@ -19,7 +19,7 @@ from gpuprof.ncu import csv_reader
 from gpuprof.nsys import sqlite as ns
 from gpuprof.nsys import stats as st
 from gpuprof.report import build_diff, build_pages, capture_kind
-from gpuprof.report.activity_view import find_steps, idle_by_cause, load
+from gpuprof.report.activity_view import idle_by_cause, load
 from gpuprof.report.detect import NotACapture, captures_in
 from gpuprof.report.render import html_page, terminal_text
 from gpuprof.torch_profiler import key_averages as tk
@@ -172,26 +172,6 @@ def test_the_ncu_findings_are_ncus_rules_largest_speedup_first():
 
 # ---- steps, idle time, third-party traces ---------------------------------------------------------------
 
-def _ranges(names: list[str]) -> pd.DataFrame:
-    return pd.DataFrame({"text": names, "start": np.arange(len(names)) * 10, "end": np.arange(len(names)) * 10 + 5,
-                         "globalTid": 1})
-
-
-@pytest.mark.parametrize("names,pattern,steps,rule", [
-    (["ProfilerStep#3", "ProfilerStep#4", "step_9"], None, [3, 4], "ProfilerStep"),
-    (["warmup", "step_7", "step_8", "forward"], None, [7, 8], "with a number"),
-    (["iter 1", "iteration#2"], None, [1, 2], "with a number"),
-    (["train_step", "forward", "train_step"], None, [0, 1], "repeated range 'train_step'"),
-    (["batch_5", "batch_6", "step_1"], r"batch_(\d+)", [5, 6], "matching"),
-    (["forward", "backward"], None, [], "give --steps"),
-    (["stepping", "steps"], None, [], "give --steps"),
-])
-def test_steps_are_found_by_a_stated_rule(names, pattern, steps, rule):
-    found, said = find_steps(_ranges(names), pattern)
-    assert found["step"].tolist() == steps
-    assert rule in said
-
-
 def test_idle_time_by_cause_adds_up_to_the_idle_gaps():
     from gpuprof import activity
 
@@ -224,8 +204,7 @@ def test_the_mi250_trace_has_its_profiler_steps():
 def test_diff_lists_exactly_the_kernels_that_came_and_went():
     page = build_diff(CH06 / "rung0.sqlite", CH06 / "rung8.sqlite")
     before, after = (set(load(CH06 / f, "nsys").kernels["name"]) for f in ("rung0.sqlite", "rung8.sqlite"))
-    new = next(b.table for b in page.blocks if b.heading.startswith("Kernels that appeared"))
-    gone = next(b.table for b in page.blocks if b.heading.startswith("Kernels that disappeared"))
+    new, gone = page.table("Kernels that appeared"), page.table("Kernels that disappeared")
     assert set(new["name"]) == after - before and set(gone["name"]) == before - after
     f = page.facts
     assert f["step_period_ms_before"] / f["step_period_ms_after"] > 1  # the ladder's last rung is faster per step
@@ -381,3 +360,18 @@ def test_the_raw_page_is_read_in_its_own_units(tmp_path):
     t = build_pages([raw])[0].table("Speed of light (% of peak)")
     assert t["duration_us"].tolist() == pytest.approx([232.64]) and t["sm_pct"].tolist() == [17.3]
     assert t["memory_pct"].isna().all()  # not in this page: missing, not 0
+
+
+def test_a_table_is_found_by_its_heading_or_a_prefix_of_it_as_terminal_text_only_finds_it():
+    from gpuprof.report.page import Page
+
+    page = Page("t", Path("t"), "nsys")
+    for heading in ("Steps", "Steps by rank", "Kernels that appeared (3)", "Kernels that disappeared (0)"):
+        page.add(heading, table=pd.DataFrame({"h": [heading]}))
+    assert page.table("Steps")["h"][0] == "Steps"  # an exact heading wins over longer ones
+    assert page.table("Kernels that appeared")["h"][0] == "Kernels that appeared (3)"
+    assert "Kernels that appeared (3)" in terminal_text([page], only=["Kernels that appeared"])
+    with pytest.raises(KeyError, match="several"):
+        page.table("Kernels that")
+    with pytest.raises(KeyError, match="no table"):
+        page.table("Idle")

@@ -1,6 +1,5 @@
 """run_for_json: a script's JSON results filed with provenance on a GPU, the reference without one."""
 
-import json
 from types import SimpleNamespace
 
 import pytest
@@ -28,7 +27,7 @@ def test_on_a_gpu_the_script_runs_and_its_json_is_recorded(pretend_gpu, capsys):
     script = pretend_gpu / "writer.py"
     script.write_text("import json, sys\nprint('step 1 of 1')\njson.dump({'x': 1}, open(sys.argv[sys.argv.index('--json') + 1], 'w'))\n")
     found = script_results.run_for_json("chX", "r.json", script, ["--flag"])
-    assert json.loads(found.path.read_text()) == {"x": 1} and found.source == "this machine"
+    assert found.json() == {"x": 1} and found.source == "this machine"
     assert "--flag --json r.json" in found.provenance["command"]
     out = capsys.readouterr().out
     assert "step 1 of 1" in out and out.startswith("$ ")
@@ -47,6 +46,6 @@ def test_variables_given_reach_the_script_and_head_its_recorded_command(pretend_
     script.write_text("import json, os, sys\njson.dump({'cap': os.environ.get('NCCL_MAX_NCHANNELS')}, "
                       "open(sys.argv[sys.argv.index('--json') + 1], 'w'))\n")
     found = script_results.run_for_json("chX", "e.json", script, env={"NCCL_MAX_NCHANNELS": "4"})
-    assert json.loads(found.path.read_text()) == {"cap": "4"}
+    assert found.json() == {"cap": "4"}
     assert found.provenance["command"].startswith("NCCL_MAX_NCHANNELS=4 ")
     assert capsys.readouterr().out.startswith("$ NCCL_MAX_NCHANNELS=4 ")

@@ -7,6 +7,7 @@ import pytest
 from gpuprof.nsys import sqlite as ns
 from gpuprof.nsys import analysis as ta
 from gpuprof.nsys import stats as st
+from gpuprof.activity import find_steps, step_ranges
 from gpuprof.artifacts import REPO_ROOT
 
 SQLITE = REPO_ROOT / "artifacts" / "ch00" / "tiny_kernels.sqlite"
@@ -94,3 +95,35 @@ def test_on_the_reference_capture():
     assert len(gaps) > 100 and gaps["cpu_call"].str.startswith("cuda").any()
     summary = st.nvtx_summary(steps)
     assert set(summary["Range"]) == {":warmup", ":step_0", ":step_1", ":step_2", ":step_3", ":step_4"}
+
+
+# ---- steps ----
+
+def _ranges(names: list[str]) -> pd.DataFrame:
+    return pd.DataFrame({"text": names, "start": np.arange(len(names)) * 10, "end": np.arange(len(names)) * 10 + 5,
+                         "globalTid": 1})
+
+
+@pytest.mark.parametrize("names,pattern,steps,rule", [
+    (["ProfilerStep#3", "ProfilerStep#4", "step_9"], None, [3, 4], "ProfilerStep"),
+    (["warmup", "step_7", "step_8", "forward"], None, [7, 8], "with a number"),
+    (["iter 1", "iteration#2"], None, [1, 2], "with a number"),
+    (["train_step", "forward", "train_step"], None, [0, 1], "repeated range 'train_step'"),
+    (["batch_5", "batch_6", "step_1"], r"batch_(\d+)", [5, 6], "matching"),
+    (["forward", "backward"], None, [], "give --steps"),
+    (["stepping", "steps"], None, [], "give --steps"),
+])
+def test_steps_are_found_by_a_stated_rule(names, pattern, steps, rule):
+    found, said = find_steps(_ranges(names), pattern)
+    assert found["step"].tolist() == steps
+    assert rule in said
+
+
+def test_step_ranges_are_the_scripts_step_n_sorted_by_start_with_kept_columns():
+    ranges = _ranges(["step_2", "warmup", "step_10", "step_x", "my_step_3"]).iloc[[2, 0, 1, 3, 4]]
+    ranges["duration_ns"] = ranges["end"] - ranges["start"]
+    steps = step_ranges(ranges, keep=["duration_ns"])
+    assert steps.columns.tolist() == ["step", "text", "start", "end", "globalTid", "duration_ns"]
+    assert steps["text"].tolist() == ["step_2", "step_10"] and steps["step"].tolist() == [2, 10]
+    assert steps["start"].is_monotonic_increasing and steps.index.tolist() == [0, 1]
+    assert step_ranges(ranges.iloc[0:0]).empty and step_ranges(_ranges(["warmup"])).empty

@@ -14,6 +14,7 @@ from gpuprof.studies import speed_of_light as sol
 from gpuprof.artifacts import REPO_ROOT
 from gpuprof.kernel_kinds import kernel_kind, tensor_cores, time_by_kind
 from gpuprof.nsys import sqlite as ns
+from gpuprof.nsys.export_edit import keep_callchains
 from gpuprof.nsys import stats
 from gpuprof.runner import load_script
 from gpuprof.studies import transformer as tr
@@ -279,7 +280,7 @@ def test_backtraces_in_the_reference(tmp_path):
     assert ns.launch_backtrace(REF / "measured_bf16.sqlite", int(kernels["correlationId"].iloc[0])).empty
     copy = tmp_path / "bt.sqlite"
     shutil.copy(ns.ensure_sqlite(path), copy)
-    assert ns.keep_callchains(copy, kernels["correlationId"].head(3)) <= 3
+    assert keep_callchains(copy, kernels["correlationId"].head(3)) <= 3
     assert sum(len(ns.launch_backtrace(copy, c)) > 0 for c in kernels["correlationId"].head(50)) <= 3
 
 

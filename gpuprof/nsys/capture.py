@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..artifacts import FoundCapture, chapter_output, find_capture, record_file
-from .sqlite import scrub_environment
+from .export_edit import scrub_environment
 from ..runner import ProfilerFailed, portable_command, python_target, run_profiler
 from ..tools import live_tool
 

@@ -28,7 +28,7 @@ from typing import Sequence
 
 from ..artifacts import FoundCapture, chapter_output, find_capture, record_file
 from .capture import QUIET
-from .sqlite import scrub_environment
+from .export_edit import scrub_environment
 from ..runner import portable_command, python_target, run_profiler
 from ..tools import live_tool
 

@@ -6,7 +6,9 @@ kernel names as ids into ``StringIds``), and a capture that recorded no kernel h
 no kernel table at all. Every reader here looks at what the file holds and says
 clearly what is missing and why it usually is.
 
-Times are integer nanoseconds on the capture's clock, as nsys stores them.
+Times are integer nanoseconds on the capture's clock, as nsys stores them. This module only
+reads; what rewrites an export (scrubbing the environment, trimming a reference) is in
+:mod:`gpuprof.nsys.export_edit`.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import sqlite3
 from contextlib import closing
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -22,9 +24,9 @@ import pandas as pd
 from ..artifacts import stored_file
 from ..errors import GpuprofError
 
-__all__ = ["NoKernelRows", "open_export", "table_names", "kernels", "nvtx_ranges", "runtime_calls", "scrub_environment",
+__all__ = ["NoKernelRows", "open_export", "table_names", "kernels", "nvtx_ranges", "runtime_calls",
            "attribute_to_ranges", "nvtx_marks", "ensure_sqlite", "memcpy", "memset", "synchronization", "streams", "gpu_info",
-           "memory_usage", "thread_names", "LAUNCH_COLUMNS", "trim_reference"]
+           "memory_usage", "thread_names", "LAUNCH_COLUMNS", "pid_of", "tid_of"]
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
@@ -34,6 +36,25 @@ NVTX_RANGE_TYPES = (59, 60)  # NvtxPushPopRange, NvtxStartEndRange
 
 class NoKernelRows(GpuprofError):
     """The capture holds no GPU kernel rows."""
+
+
+def pid_of(global_id: pd.Series | np.ndarray | int) -> Any:
+    """The process id inside an nsys ``globalTid`` or ``globalPid`` (bits 24-47 of the serialised id).
+
+    nsys stores one 64-bit id per thread (and per process) instead of a (pid, tid) pair; every
+    reader that asks "which process?" unpacks it here. A Series gives a Series on the same
+    index, anything else an int64 array (a NumPy integer for one id).
+    """
+    if isinstance(global_id, pd.Series):
+        return pd.Series(np.right_shift(global_id.to_numpy(dtype=np.int64), 24) & 0xFFFFFF, index=global_id.index)
+    return np.right_shift(np.asarray(global_id, dtype=np.int64), 24) & 0xFFFFFF
+
+
+def tid_of(global_tid: pd.Series | np.ndarray | int) -> Any:
+    """The thread id inside an nsys ``globalTid`` (its low 24 bits), shaped as :func:`pid_of` returns."""
+    if isinstance(global_tid, pd.Series):
+        return pd.Series(global_tid.to_numpy(dtype=np.int64) & 0xFFFFFF, index=global_tid.index)
+    return np.asarray(global_tid, dtype=np.int64) & 0xFFFFFF
 
 
 def ensure_sqlite(path: str | Path) -> Path:
@@ -444,9 +465,6 @@ def attribute_to_ranges(path: str | Path, names: str | Sequence[str], *, rule: s
     return attribute_kernels(kernels(path), runtime_calls(path), ranges, rule=rule)
 
 
-ENV_REMOVED = "(removed by gpuprof: the capture machine's environment variables are not kept)"
-
-
 def session_start(path: str | Path) -> int | None:
     """The report's session start as nanoseconds since 1970 (UTC), or None where the export lacks it.
 
@@ -458,41 +476,6 @@ def session_start(path: str | Path) -> int | None:
             return None
         row = conn.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME").fetchone()
     return int(row[0]) if row and row[0] is not None else None
-
-
-def scrub_environment(path: str | Path) -> int:
-    """Blank the capture machine's environment variables that nsys stores in an export.
-
-    nsys records the profiled process's whole environment twice: as one text in
-    ``TARGET_INFO_SYSTEM_ENV`` (``DeviceEnvironment``) and one row per variable in
-    ``META_DATA_CAPTURE`` (``PROCESS_<n>:ENVIRONMENT_VARIABLE``): container names, paths,
-    and on many machines tokens. A capture meant to be shared should carry neither.
-    Returns the rows changed; the file is compacted afterwards.
-    """
-    path = Path(path)
-    open_export(path).close()  # same checks and messages as for reading
-    changed = 0
-    with closing(sqlite3.connect(path)) as conn:
-        names = table_names(conn)
-        if "TARGET_INFO_SYSTEM_ENV" in names:
-            changed += conn.execute("UPDATE TARGET_INFO_SYSTEM_ENV SET value = ? WHERE name = 'DeviceEnvironment' "
-                                    "AND value != ?", (ENV_REMOVED, ENV_REMOVED)).rowcount
-        if "META_DATA_CAPTURE" in names:
-            # One row per variable: keep one row that says what was removed, drop the rest.
-            rows = conn.execute("SELECT rowid, name FROM META_DATA_CAPTURE WHERE name LIKE '%:ENVIRONMENT_VARIABLE' "
-                                "AND value != ?", (ENV_REMOVED,)).fetchall()
-            changed += len(rows)
-            kept: set[str] = set()
-            for rowid, name in rows:
-                if name in kept:
-                    conn.execute("DELETE FROM META_DATA_CAPTURE WHERE rowid = ?", (rowid,))
-                else:
-                    kept.add(name)
-                    conn.execute("UPDATE META_DATA_CAPTURE SET value = ? WHERE rowid = ?", (ENV_REMOVED, rowid))
-        conn.commit()
-        if changed:
-            conn.execute("VACUUM")
-    return changed
 
 
 def launch_backtrace(path: str | Path, correlation_id: int) -> pd.DataFrame:
@@ -518,67 +501,3 @@ def launch_backtrace(path: str | Path, correlation_id: int) -> pd.DataFrame:
     return pd.DataFrame([{"depth": d, "symbol": strings.get(s, str(s)) if s is not None else "?",
                           "module": Path(strings.get(m, "")).name if m is not None else "",
                           "resolved": not u} for d, s, m, u in frames], columns=cols)
-
-
-def keep_callchains(path: str | Path, correlation_ids: Sequence[int]) -> int:
-    """Keep the CPU backtraces of the runtime calls with ``correlation_ids`` only; drop the rest of ``CUDA_CALLCHAINS``.
-
-    A capture with ``--cudabacktrace=all`` stores a backtrace of every launch, most of its
-    size; a reference capture that shows a few of them need not carry thousands. The
-    runtime rows keep their ``callchainId`` (so the count of calls that had a backtrace
-    stays readable); only the frames of the others go. Returns the backtraces kept.
-    """
-    path = Path(path)
-    with closing(sqlite3.connect(path)) as conn:
-        if "CUDA_CALLCHAINS" not in table_names(conn):
-            return 0
-        ids = [int(c) for c in correlation_ids]
-        marks = ",".join("?" * len(ids)) or "NULL"
-        keep = {r[0] for r in conn.execute(f"SELECT callchainId FROM {RUNTIME_TABLE} WHERE callchainId IS NOT NULL "
-                                           f"AND correlationId IN ({marks})", ids)}
-        conn.execute("CREATE TEMP TABLE keep_ids (id INTEGER PRIMARY KEY)")
-        conn.executemany("INSERT INTO keep_ids VALUES (?)", [(k,) for k in keep])
-        conn.execute("DELETE FROM CUDA_CALLCHAINS WHERE id NOT IN (SELECT id FROM keep_ids)")
-        conn.commit()
-        conn.execute("VACUUM")
-    return len(keep)
-
-
-def trim_reference(path: str | Path, *, drop_tables: Sequence[str] = (), keep_kernels_in: str | None = None) -> str:
-    """Make an export small enough to keep as a course reference: drop whole tables a chapter does not read, and
-    keep only the kernels that start inside an NVTX range whose text matches ``keep_kernels_in`` (a regex, e.g.
-    ``step_\\d+``). Returns a sentence saying what was removed, to append to the file's provenance, because a
-    reader comparing the reference with the tool's own report must know it was cut. Only for references: a reader's
-    own capture is never changed.
-    """
-    import re
-
-    path = Path(path)
-    before = path.stat().st_size
-    notes = []
-    with closing(sqlite3.connect(path)) as conn:
-        present = table_names(conn)
-        dropped = [t for t in drop_tables if t in present]
-        for t in dropped:
-            conn.execute(f'DROP TABLE "{t}"')
-        if dropped:
-            notes.append("the tables this chapter does not read were dropped: " + ", ".join(dropped))
-        conn.commit()
-    if keep_kernels_in is not None:
-        ranges = nvtx_ranges(path)
-        keep = ranges[ranges["text"].astype(str).map(lambda t: re.fullmatch(keep_kernels_in, t) is not None)]
-        with closing(sqlite3.connect(path)) as conn:
-            total = conn.execute(f"SELECT count(*) FROM {KERNEL_TABLE}").fetchone()[0]
-            conn.execute("CREATE TEMP TABLE keep_windows (lo INTEGER, hi INTEGER)")
-            conn.executemany("INSERT INTO keep_windows VALUES (?, ?)",
-                             [(int(a), int(b)) for a, b in zip(keep["start"], keep["end"])])
-            conn.execute(f"DELETE FROM {KERNEL_TABLE} WHERE NOT EXISTS (SELECT 1 FROM keep_windows "
-                         f"WHERE {KERNEL_TABLE}.start >= lo AND {KERNEL_TABLE}.start <= hi)")
-            kept = conn.execute(f"SELECT count(*) FROM {KERNEL_TABLE}").fetchone()[0]
-            conn.commit()
-        notes.append(f"only the kernels that start inside an NVTX range matching {keep_kernels_in!r} were kept, "
-                     f"{kept} of {total}")
-    with closing(sqlite3.connect(path)) as conn:
-        conn.execute("VACUUM")
-    after = path.stat().st_size
-    return "; ".join(notes) + f" ({before / 2**20:.1f} -> {after / 2**20:.1f} MiB)"

@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from ..activity import api_name
+from .sqlite import pid_of, tid_of
 
 __all__ = ["kernel_summary", "nvtx_summary", "nvtx_kern_summary", "memop_time_summary", "memop_size_summary", "api_summary", "api_name",
            "memop_operations", "compare_summaries", "EXACT_COLUMNS", "FLOAT_COLUMNS"]
@@ -119,7 +120,7 @@ def nvtx_kern_summary(kernels: pd.DataFrame, runtime: pd.DataFrame, ranges: pd.D
     outside = launches.loc[~launches["_kid"].isin(hits["_kid"]), ["_kid", "duration_ns", "demangled", "globalTid"]]
     launches = pd.concat([inside, outside.assign(range="", style="", instance=-1)], ignore_index=True)
     tid = launches["globalTid"].to_numpy(dtype=np.int64)  # nsys packs the process and thread ids into one
-    launches["PID"], launches["TID"] = (tid >> 24) & 0xFFFFFF, tid & 0xFFFFFF
+    launches["PID"], launches["TID"] = pid_of(tid), tid_of(tid)
     keys = ["range", "style", "PID", "TID", "demangled"]
     g = launches.groupby(keys, sort=False)
     d = g["duration_ns"]

@@ -85,7 +85,7 @@ def fit_label(text: str, width_px: float, fontsize: float, dpi: float) -> str:
 
 
 def _row_label(tid: int, domain: str, depth: int, names: dict[int, str], main_tid: int | None) -> str:
-    who = names.get(tid) or ("main thread" if tid == main_tid else f"thread {tid & 0xFFFFFF}")
+    who = names.get(tid) or ("main thread" if tid == main_tid else f"thread {ns.tid_of(tid)}")
     where = "" if domain == "default" else f" [{domain}]"
     return f"NVTX {who}{where}" + ("" if depth == 0 else f" (depth {depth})")
 

@@ -8,12 +8,9 @@ names), finds the program's steps, and the functions below compute the report's 
 from that view only, so the two tools' captures are judged by one definition of each
 (those of :mod:`gpuprof.activity`).
 
-Steps. A training or inference loop repeats a step; the report's per-step numbers need
-to know which ranges are steps. By default: PyTorch's ``ProfilerStep#N``; else NVTX or
-``record_function`` ranges named ``step`` / ``iteration`` with a number (``step_3``,
-``iter 12``, ``train_step#4``); else one such name without a number, repeated. A program
-that names its steps otherwise gives a regular expression (``--steps 'batch_(\\d+)'``).
-The rule used is printed with the numbers, so a reader can tell when it picked wrongly.
+Steps are found by :func:`gpuprof.activity.find_steps` (``--steps REGEX`` overrides its
+default rule); the rule used is printed with the numbers, so a reader can tell when it
+picked wrongly.
 """
 
 from __future__ import annotations
@@ -27,13 +24,11 @@ import pandas as pd
 
 from .. import activity
 from ..kernel_kinds import kernel_kind
+from ..nsys.sqlite import pid_of
 
-__all__ = ["ActivityView", "load", "find_steps", "step_table", "headline", "idle_by_cause", "kernels_by_name", "step_period_ns",
-           "IDLE_MIN_GAP_NS", "STEP_NUMBERED", "STEP_REPEATED"]
+__all__ = ["ActivityView", "load", "step_table", "headline", "idle_by_cause", "kernels_by_name", "step_period_ns",
+           "IDLE_MIN_GAP_NS"]
 
-STEP_NUMBERED = re.compile(r"^(?:ProfilerStep#|(?:train(?:ing)?[_ ]?|eval[_ ]?)?(?:step|iter(?:ation)?)[ _#:-]?)(\d+)$",
-                           re.IGNORECASE)
-STEP_REPEATED = re.compile(r"^(?:train(?:ing)?[_ ]?|eval[_ ]?)?(?:step|iter(?:ation)?)$", re.IGNORECASE)
 IDLE_MIN_GAP_NS = 10_000  # gaps shorter than 10 us are launch spacing, not idle time worth a row
 _COPY_NAME = re.compile(r"Memcpy (\w+)(?: \((\w+) -> (\w+)\))?")
 _DIRECTIONS = {"HtoD": "Host-to-Device", "DtoH": "Device-to-Host", "DtoD": "Device-to-Device", "HtoH": "Host-to-Host",
@@ -130,7 +125,7 @@ def load(path: str | Path, kind: str, *, steps: str | None = None) -> ActivityVi
         view = _kineto(path)
     else:
         raise ValueError(f"not a timeline capture: {kind}")
-    view.steps, view.step_rule = find_steps(view.ranges, steps)
+    view.steps, view.step_rule = activity.find_steps(view.ranges, steps)
     view.steps["pid"] = _pids(view, view.steps)
     return view
 
@@ -142,50 +137,11 @@ def _pids(view: ActivityView, rows: pd.DataFrame) -> np.ndarray:
     if view.tool == "kineto":
         if "pid" not in view.ranges:
             return np.zeros(len(rows), dtype=np.int64)
-        pid_of: dict = {}
+        first_pid: dict = {}
         for key, pid in zip(zip(view.ranges["start"], view.ranges["globalTid"]), view.ranges["pid"]):
-            pid_of.setdefault(key, pid)  # the first range at that start on that thread
-        return np.array([pid_of.get((s, g), 0) for s, g in zip(rows["start"], rows["globalTid"])], dtype=object)
-    return (rows["globalTid"].to_numpy(dtype=np.int64) >> 24) & 0xFFFFFF
-
-
-def find_steps(ranges: pd.DataFrame, pattern: str | None = None) -> tuple[pd.DataFrame, str]:
-    """The ranges that are the program's steps, and the rule that picked them (see the module's text).
-
-    ``pattern`` is matched against the whole range name; a group in it is the step number.
-    Returns (step, text, start, end, globalTid) sorted by start, and the rule in words.
-    """
-    cols = ["step", "text", "start", "end", "globalTid"]
-    empty = pd.DataFrame(columns=cols)
-    if ranges.empty:
-        return empty, "no annotated ranges in the capture, so no steps"
-    names = ranges["text"].astype(str)
-    if pattern is not None:
-        rx = re.compile(pattern)
-        hit = names.map(lambda n: rx.fullmatch(n) is not None)
-        rule = f"ranges matching {pattern!r}"
-    else:
-        profiler = names.str.match(r"^ProfilerStep#\d+$")
-        numbered = names.map(lambda n: STEP_NUMBERED.match(n) is not None)
-        if profiler.any():
-            rx, hit, rule = STEP_NUMBERED, profiler, "PyTorch's ProfilerStep#N ranges"
-        elif numbered.any():
-            rx, hit, rule = STEP_NUMBERED, numbered, "ranges named step/iteration with a number"
-        else:
-            plain = names[names.map(lambda n: STEP_REPEATED.match(n) is not None)]
-            counts = plain.value_counts()
-            if counts.empty or counts.iloc[0] < 2:
-                return empty, "no range looks like a step (give --steps REGEX)"
-            name = str(counts.index[0])
-            rx, hit, rule = re.compile(re.escape(name)), names == name, f"the repeated range {name!r}"
-    s = ranges[hit.to_numpy()].sort_values("start", kind="stable", ignore_index=True)
-    if s.empty:
-        return empty, f"{rule}: none found"
-    if rx.groups:
-        s.insert(0, "step", s["text"].astype(str).map(lambda n: int(rx.fullmatch(n).group(1))))
-    else:
-        s.insert(0, "step", np.arange(len(s)))
-    return s[cols].reset_index(drop=True), f"{rule} ({len(s)})"
+            first_pid.setdefault(key, pid)  # the first range at that start on that thread
+        return np.array([first_pid.get((s, g), 0) for s, g in zip(rows["start"], rows["globalTid"])], dtype=object)
+    return pid_of(rows["globalTid"].to_numpy(dtype=np.int64))
 
 
 def step_table(view: ActivityView) -> pd.DataFrame:

@@ -10,10 +10,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 import pandas as pd
 
-__all__ = ["Block", "Page"]
+__all__ = ["Block", "Page", "heading_matches"]
+
+
+def heading_matches(heading: str, wanted: str | Sequence[str]) -> bool:
+    """Whether a block's ``heading`` is one a reader asked for: it starts with ``wanted`` (or one of them).
+
+    A prefix, because some headings carry counts (``Kernels that appeared (12)``) that a caller
+    cannot know in advance; :meth:`Page.table` and ``terminal_text(only=...)`` both match this way.
+    """
+    return any(heading.startswith(w) for w in ([wanted] if isinstance(wanted, str) else wanted))
 
 
 @dataclass
@@ -50,8 +60,15 @@ class Page:
         return b
 
     def table(self, heading: str) -> pd.DataFrame:
-        """The table under ``heading`` (for tests and notebooks)."""
-        for b in self.blocks:
-            if b.heading == heading and b.table is not None:
-                return b.table
-        raise KeyError(f"no table {heading!r}; tables: {[b.heading for b in self.blocks if b.table is not None]}")
+        """The table under ``heading`` (for tests and notebooks), matched by :func:`heading_matches`:
+        the block whose heading is exactly ``heading``, else the one whose heading starts with it
+        (``page.table("Kernels that appeared")`` finds ``Kernels that appeared (12)``). Several
+        headings that start with it and none equal to it is an error, not a guess."""
+        tables = [b for b in self.blocks if b.table is not None]
+        exact = [b for b in tables if b.heading == heading]
+        found = exact or [b for b in tables if heading_matches(b.heading, heading)]
+        if len(found) == 1 or exact:
+            return found[0].table  # type: ignore[return-value]
+        if found:
+            raise KeyError(f"{heading!r} starts several tables' headings: {[b.heading for b in found]}")
+        raise KeyError(f"no table {heading!r}; tables: {[b.heading for b in tables]}")

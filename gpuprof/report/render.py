@@ -15,7 +15,7 @@ from typing import Sequence
 
 import pandas as pd
 
-from .page import Page
+from .page import Page, heading_matches
 
 __all__ = ["terminal_text", "html_page", "write_html", "format_table"]
 
@@ -78,7 +78,7 @@ def terminal_text(pages: Sequence[Page], only: Sequence[str] | None = None, rows
         for b in p.blocks:
             if not b.terminal or (b.table is None and not b.text):
                 continue
-            if only is not None and not any(b.heading.startswith(o) for o in only):
+            if only is not None and not heading_matches(b.heading, only):
                 continue
             out += ["", f"-- {b.heading}"]
             if b.text:

@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from .. import activity  # noqa: E402
-from ..kernel_kinds import time_by_kind  # noqa: E402
+from ..kernel_kinds import is_communication, time_by_kind  # noqa: E402
 from ..nsys import stats  # noqa: E402
 from .activity_view import ActivityView, headline, idle_by_cause, step_table  # noqa: E402
 from .page import Page  # noqa: E402
@@ -77,7 +77,7 @@ def _per_gpu(view: ActivityView, window: tuple[int, int]) -> pd.DataFrame:
     rows = []
     for dev, k in view.kernels.groupby("deviceId"):
         k = activity.inside(k, window)
-        nccl = k[k["name"].astype(str).str.contains("nccl", case=False)]
+        nccl = k[is_communication(k["name"])]
         rows.append({"device": int(dev), "kernels": len(k), "kernel_ms": float(k["duration_ns"].sum()) / 1e6,
                      "busy": activity.busy_fraction(k, window) if len(k) else 0.0,
                      "nccl_ms": float(nccl["duration_ns"].sum()) / 1e6})
@@ -143,7 +143,7 @@ def timeline_page(view: ActivityView, *, window: str | None = None, top: int = 1
     page.add("Summary", text="\n".join(lines), table=_headline_table(facts), terminal_rows=20)
     if len(devices) > 1 and w is not None:
         page.add("Per GPU", table=_per_gpu(view, w),
-                 note="Each GPU over the same window; nccl_ms: kernels whose name contains 'nccl'.")
+                 note="Each GPU over the same window; nccl_ms: kernels whose name starts with 'nccl' (NCCL's own).")
     if w is None or view.work.empty:
         _operators(page, view, top)
         return page
@@ -212,7 +212,7 @@ def ranks_page(views: Sequence[ActivityView]) -> Page:
     for v in views:
         f = headline(v)
         k = v.kernels
-        nccl = k[k["name"].astype(str).str.contains("nccl", case=False)] if len(k) else k
+        nccl = k[is_communication(k["name"])] if len(k) else k
         rows.append({"capture": v.path.name, "steps": int(f.get("steps", 0)), "step_ms": f.get("step_period_ms", float("nan")),
                      "gpu_busy": f.get("gpu_busy", float("nan")), "kernel_ms": f.get("kernel_ms", 0.0),
                      "nccl_ms": float(nccl["duration_ns"].sum()) / 1e6 if len(nccl) else 0.0,
@@ -222,7 +222,7 @@ def ranks_page(views: Sequence[ActivityView]) -> Page:
     table = pd.DataFrame(rows)
     page.add("Per capture", table=table, terminal_rows=64,
              note="Each capture over its own steps' window; step_ms: mean start-to-start of consecutive steps. "
-                  "nccl_ms: kernels whose name contains 'nccl'.")
+                  "nccl_ms: kernels whose name starts with 'nccl' (NCCL's own).")
     if len(table) > 1 and table["step_ms"].notna().all():
         spread = table["step_ms"].max() / table["step_ms"].min()
         page.add("Balance", text=f"Slowest step / fastest: {spread:.3f}x "

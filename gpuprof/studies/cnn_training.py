@@ -314,7 +314,7 @@ def sweep_table(runs: dict[str, dict]) -> pd.DataFrame:
 # ----- readers of an nsys capture of the script's profiled steps -----
 
 def _steps(ranges: pd.DataFrame) -> pd.DataFrame:
-    steps = ranges[ranges["text"].str.fullmatch(r"step_\d+")].sort_values("start")
+    steps = ta.step_ranges(ranges, keep=["duration_ns"])
     if steps.empty:
         raise GpuprofError("the capture holds no NVTX range named step_N.",
                            "Capture the script with --profile-steps and nsys's --trace=cuda,nvtx.")

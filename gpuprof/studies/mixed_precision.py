@@ -224,7 +224,7 @@ def _step_work(path: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFra
     """(kernels launched in the measured steps, the step ranges, the runtime calls, the number of steps).
     Rule "window": autograd launches the backward pass's kernels from a thread of its own."""
     ranges = ns.nvtx_ranges(path)
-    steps = ranges[ranges["text"].str.fullmatch(r"step_\d+")]
+    steps = ta.step_ranges(ranges)
     runtime = ns.runtime_calls(path)
     hits = ta.attribute_kernels(ns.kernels(path), runtime, steps, rule="window")
     return hits, ranges, runtime, len(steps)
@@ -237,7 +237,7 @@ def capture_summary(paths: dict[str, str | Path]) -> pd.DataFrame:
     rows = []
     for mode, path in paths.items():
         hits, ranges, _, n = _step_work(path)
-        steps = ranges[ranges["text"].str.fullmatch(r"step_\d+")].sort_values("start")
+        steps = ta.step_ranges(ranges)
         span = float(np.median(np.diff(steps["start"].to_numpy()))) if n > 1 else float("nan")
         busy = [ta.busy_fraction(hits.loc[hits["range_text"] == t, ["start", "end"]], (int(s), int(s + span)))
                 for t, s in zip(steps["text"], steps["start"])]

@@ -7,8 +7,9 @@ holds what the chapter would otherwise spell out in cells:
 * captures: :func:`capture_ranks` (one nsys report per rank), :func:`capture_launcher` (one
   report for torchrun and all its processes), :func:`run_json` (a script's own timings);
   each falls back to the course's reference when this machine has fewer GPUs than ranks;
-* readers that split a capture by rank (:func:`rank_data`: from one report per rank or one
-  for all, the rank read from the ``rank_R`` NVTX range each process opens);
+* the chapter's reading of captures split by rank (:mod:`gpuprof.nsys.ranks` splits them:
+  one report per rank or one for all, the rank read from the ``rank_R`` NVTX range each
+  process opens), per bucket size (:func:`step_windows`);
 * :func:`overlap_table`: per bucket size and rank, how much of the all-reduce time ran
   under compute kernels, the same measure as the copy/compute overlap of the Nsight
   Systems chapter (:func:`gpuprof.activity.copy_compute_overlap`);
@@ -23,7 +24,8 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+import tempfile
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -31,12 +33,20 @@ import numpy as np
 import pandas as pd
 
 from .. import activity as ta
-from ..artifacts import REPO_ROOT, FoundCapture
-from ..nsys import sqlite as ns
+from ..artifacts import REPO_ROOT, FoundCapture, atomic_write_bytes, chapter_output, find_capture, record_file, save_json
+from ..backend import describe_machine
+from ..errors import GpuprofError
+from ..kernel_kinds import is_communication
+from ..nsys.capture import QUIET, nsys_capture, nsys_capture_ranks, reference_capture
+from ..nsys.ranks import RankData, comm_overlap
+from ..runner import portable_command, python_target, run_streaming, run_with_limit, torchrun_target
+from ..script_results import run_for_json
+from ..tools import LiveTool, live_tool
+from ..torch_profiler.trace import read_trace
 
-__all__ = ["DDP", "KNOBS", "ALLREDUCE", "knob_table", "NPROC", "NCCL_KERNEL", "gpus_here", "enough_gpus", "capture_ranks", "capture_launcher",
-           "run_json", "knob_jobs", "channel_jobs", "channel_table", "untraced_steps", "by_bucket", "pid_of", "RankData", "rank_data", "collective_end_skew", "bucket_model", "step_windows", "overlap_table", "overlap_by_rank", "straggler_table",
-           "bandwidth_table", "bandwidth_figure", "overlap_figure", "rank_timeline", "torch_trace_table", "load",
+__all__ = ["DDP", "KNOBS", "ALLREDUCE", "knob_table", "NPROC", "gpus_here", "enough_gpus", "capture_ranks", "capture_launcher",
+           "run_json", "knob_jobs", "channel_jobs", "channel_table", "untraced_steps", "by_bucket", "bucket_model", "step_windows", "overlap_table", "straggler_table",
+           "bandwidth_table", "bandwidth_figure", "overlap_figure", "rank_timeline", "torch_trace_table",
            "run_script", "ncu_on_collective", "BUCKET_LAYOUT", "bucket_layouts", "layout_table", "parse_nccl_choices", "nccl_choices", "nccl_choice_table"]
 
 DDP = REPO_ROOT / "examples" / "nsys" / "ddp_training.py"
@@ -44,16 +54,11 @@ KNOBS = REPO_ROOT / "examples" / "nsys" / "ddp_knobs.py"
 BUCKET_LAYOUT = REPO_ROOT / "examples" / "nsys" / "ddp_buckets.py"
 ALLREDUCE = REPO_ROOT / "examples" / "nsys" / "allreduce_bandwidth.py"
 NPROC = 2
-NCCL_KERNEL = re.compile(r"^nccl", re.IGNORECASE)  # ncclDevKernel_AllReduce_Sum_f32_RING_LL, ncclKernel_...
-RANK_RANGE = re.compile(r"rank_(\d+)")
 BUCKET_RANGE = re.compile(r"bucket_([\d.]+)MB")
-STEP_RANGE = re.compile(r"step_\d+")
 
 
 def gpus_here() -> int:
     """CUDA GPUs this process sees (0 without a GPU or without a CUDA build of PyTorch)."""
-    from ..backend import describe_machine
-
     return describe_machine().gpus
 
 
@@ -67,16 +72,11 @@ def enough_gpus(n: int = NPROC) -> str | None:
 
 def capture_ranks(chapter: str, name: str, args: Sequence[str], options: Sequence[str] | None = None) -> list[Any]:
     """ddp_training.py under nsys, one report per rank (``<name>_rank<R>.sqlite``), or the references."""
-    from ..nsys.capture import QUIET, nsys_capture_ranks
-
     return nsys_capture_ranks(chapter, name, DDP, args, nproc=NPROC, options=list(options or QUIET))
 
 
 def capture_launcher(chapter: str, name: str, args: Sequence[str], options: Sequence[str] | None = None) -> Any:
     """nsys around torchrun: one report holding the launcher and every rank's process, or the reference."""
-    from ..nsys.capture import QUIET, nsys_capture, reference_capture
-    from ..runner import torchrun_target
-
     reason = enough_gpus()
     if reason:
         return reference_capture(chapter, name, [], reason)
@@ -85,8 +85,6 @@ def capture_launcher(chapter: str, name: str, args: Sequence[str], options: Sequ
 
 def run_json(chapter: str, filename: str, script: Path, args: Sequence[str], **kw: Any) -> FoundCapture:
     """A script's own results (``--json``) from NPROC ranks through torchrun, or the reference with the reason."""
-    from ..script_results import run_for_json
-
     return run_for_json(chapter, filename, script, args, nproc=NPROC, **kw)
 
 
@@ -101,27 +99,21 @@ def knob_jobs(chapter: str, args: Sequence[str], jobs: int = 3, stem: str = "kno
     """
     reason = enough_gpus()
     if reason:
-        from ..artifacts import find_capture
-
         print(f"No live run: {reason}; showing the course's reference results ({jobs} jobs).")
-        return [load(find_capture(chapter, f"{stem}_{i}.json", prefer="reference")) for i in range(1, jobs + 1)]
+        return [find_capture(chapter, f"{stem}_{i}.json", prefer="reference").json() for i in range(1, jobs + 1)]
     print(f"$ {_knobs_command(args, env)} --json {stem}_<i>.json   # {jobs} times", flush=True)
     return [_knob_job(chapter, f"{stem}_{i}.json", args, env, f"job {i}/{jobs}") for i in range(1, jobs + 1)]
 
 
 def _knobs_command(args: Sequence[str], env: dict[str, str] | None) -> str:
     """``ddp_knobs.py args`` under torchrun as a reader would type it, NCCL's variables first."""
-    from ..runner import portable_command, torchrun_target
-
     return " ".join([f"{k}={v}" for k, v in (env or {}).items()] + portable_command(torchrun_target(KNOBS, *args, nproc=NPROC)))
 
 
 def _knob_job(chapter: str, filename: str, args: Sequence[str], env: dict[str, str] | None, label: str) -> dict[str, Any]:
     """One ``ddp_knobs.py`` job on this machine's GPUs, kept as ``<chapter>/<filename>``; says how long it took."""
-    import time
-
     t0 = time.perf_counter()
-    result = load(run_json(chapter, filename, KNOBS, args, echo=False, env=env))
+    result = run_json(chapter, filename, KNOBS, args, echo=False, env=env).json()
     print(f"  {label} done in {time.perf_counter() - t0:.0f} s", flush=True)
     return result
 
@@ -140,10 +132,8 @@ def channel_jobs(chapter: str, channels: int = 4, args: Sequence[str] = ("--buck
     common = [*args, "--variants", "fp32,fp32+nosync", "--rounds", "3"]
     reason = enough_gpus()
     if reason:
-        from ..artifacts import find_capture
-
         print(f"No live run: {reason}; showing the course's reference results ({jobs} jobs of each setting).")
-        return {name: [load(find_capture(chapter, f"channels_{name}_{i}.json", prefer="reference"))
+        return {name: [find_capture(chapter, f"channels_{name}_{i}.json", prefer="reference").json()
                        for i in range(1, jobs + 1)] for name in settings}
     for name, env in settings.items():
         print(f"$ {_knobs_command(common, env)} --json channels_{name}_<i>.json   # {jobs} times", flush=True)
@@ -178,14 +168,10 @@ def run_script(script: Path, args: Sequence[str] = (), timeout_s: int = 300, sho
 
     ``shown``: the arguments to print instead of ``args`` (a temporary file's path named by its file name).
     """
-    from ..runner import portable_command, python_target, run_streaming
-
     cmd = python_target(script, *args)
     print("$ " + " ".join(portable_command(python_target(script, *(args if shown is None else shown)))), flush=True)
     code, lines = run_streaming(cmd, timeout_s, name=Path(script).name)
     if code != 0:
-        from ..errors import GpuprofError
-
         raise GpuprofError(f"{Path(script).name} failed (exit {code}): {' | '.join(lines[-3:])}")
     return "\n".join(lines)
 
@@ -196,8 +182,6 @@ def bucket_layouts(args: Sequence[str] = ()) -> dict[str, Any]:
     It runs on the CPU on any machine: which gradients share a bucket depends on the
     parameters' sizes and the order backward produces them, not on the device.
     """
-    import tempfile
-
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "ddp_buckets.json"
         run_script(BUCKET_LAYOUT, [*args, "--json", str(out)], shown=[*args, "--json", out.name])
@@ -226,10 +210,6 @@ def ncu_on_collective(chapter: str, name: str = "ncu_nccl", timeout_s: int = 45)
     its peers, whose kernels wait for it. Returns ("timed out" | "finished" | "failed",
     the transcript), or the reference transcript where this machine cannot try.
     """
-    from ..artifacts import atomic_write_bytes, chapter_output, find_capture, record_file
-    from ..runner import portable_command, run_with_limit, torchrun_target
-    from ..tools import LiveTool, live_tool
-
     filename = f"{name}.txt"
     reason = enough_gpus()
     live = live_tool("ncu") if reason is None else LiveTool(None, reason=reason)
@@ -280,9 +260,6 @@ def nccl_choices(chapter: str, filename: str = "nccl_tuning.json", sizes: str = 
     parsed table (and the command, NCCL's version line) as ``<chapter>/<filename>``. ``env``:
     NCCL settings to run under (``{"NCCL_MAX_NCHANNELS": "4"}``), logged the same way.
     """
-    from ..artifacts import find_capture, save_json
-    from ..runner import portable_command, run_with_limit, torchrun_target
-
     reason = enough_gpus()
     if reason:
         print(f"No live run: {reason}; showing the course's reference log instead.")
@@ -294,8 +271,6 @@ def nccl_choices(chapter: str, filename: str = "nccl_tuning.json", sizes: str = 
     print(f"$ {shown}", flush=True)
     code, out, seconds = run_with_limit(cmd, timeout_s, env=env)
     if code != 0:
-        from ..errors import GpuprofError
-
         raise GpuprofError(f"the all-reduce run failed (exit {code}) after {seconds:.0f} s: {' | '.join(out.splitlines()[-3:])}")
     table = parse_nccl_choices(out)
     version = next((line.split("NCCL INFO ", 1)[1] for line in out.splitlines() if "NCCL version" in line), "unknown")
@@ -307,118 +282,15 @@ def nccl_choices(chapter: str, filename: str = "nccl_tuning.json", sizes: str = 
 
 def nccl_choice_table(found: FoundCapture) -> pd.DataFrame:
     """All-reduce choices by message size, as NCCL logged them on GPU 0 (every rank makes the same choice)."""
-    t = pd.DataFrame(json.loads(Path(found.path).read_text())["choices"])
+    t = pd.DataFrame(found.json()["choices"])
     t = t[(t["collective"] == "AllReduce") & (t["device"] == 0)]
     return t.drop(columns=["device", "collective"]).sort_values("bytes").reset_index(drop=True)
-
-
-# --- splitting a capture by rank -----------------------------------------------------------------
-
-def pid_of(global_id: pd.Series | np.ndarray | int) -> Any:
-    """The process id inside an nsys ``globalTid`` or ``globalPid`` (bits 24-47 of the serialised id)."""
-    if isinstance(global_id, pd.Series):
-        return pd.Series(np.right_shift(global_id.to_numpy(dtype=np.int64), 24) & 0xFFFFFF, index=global_id.index)
-    return np.right_shift(np.asarray(global_id, dtype=np.int64), 24) & 0xFFFFFF
-
-
-@dataclass
-class RankData:
-    """One rank's share of a capture: its kernels (NCCL ones flagged) and NVTX ranges, on the report's clock."""
-
-    rank: int
-    pid: int
-    kernels: pd.DataFrame
-    ranges: pd.DataFrame
-    source: str
-
-    @property
-    def nccl(self) -> pd.DataFrame:
-        return self.kernels[self.kernels["nccl"]]
-
-    @property
-    def compute(self) -> pd.DataFrame:
-        return self.kernels[~self.kernels["nccl"]]
-
-
-def rank_data(paths: str | Path | Sequence[str | Path]) -> dict[int, RankData]:
-    """Every rank found in one report or in several (one per rank), keyed by rank.
-
-    A process's rank is read from the ``rank_R`` range the course's scripts open around
-    their work; its kernels are those whose ``globalPid`` is that process. A report
-    of another program (no such range) gives each process with kernels a rank in PID order.
-
-    Each report counts time from its own session's start; several reports are put on one
-    axis (the earliest report's) by shifting each by its session start time
-    (:func:`gpuprof.nsys.sqlite.session_start`), which nsys takes from the host's clock.
-    """
-    if isinstance(paths, (str, Path)):
-        paths = [paths]
-    starts = [ns.session_start(p) for p in paths]
-    known = [s for s in starts if s is not None]
-    out: dict[int, RankData] = {}
-    for path, start in zip(paths, starts):
-        shift = (start - min(known)) if start is not None and len(known) == len(paths) else 0
-        kernels = ns.kernels(path)
-        ranges = ns.nvtx_ranges(path)
-        for df in (kernels, ranges):
-            df["start"] += shift
-            df["end"] += shift
-        kernels["nccl"] = kernels["name"].astype(str).str.match(NCCL_KERNEL)
-        ranges["pid"] = pid_of(ranges["globalTid"].astype("int64"))
-        kpid = pid_of(kernels["globalPid"].astype("int64")) if "globalPid" in kernels else pd.Series(0, index=kernels.index)
-        named = ranges[ranges["text"].str.fullmatch(RANK_RANGE.pattern)]
-        ranks = {int(p): int(RANK_RANGE.fullmatch(t).group(1)) for p, t in zip(named["pid"], named["text"])}
-        if not ranks:
-            ranks = {int(p): len(out) + i for i, p in enumerate(sorted(kpid.unique()))}
-        for pid, rank in ranks.items():
-            if rank in out:
-                raise ValueError(f"rank {rank} appears twice (in {Path(out[rank].source).name} and {Path(path).name})")
-            out[rank] = RankData(rank, pid, kernels[kpid == pid].reset_index(drop=True),
-                                 ranges[ranges["pid"] == pid].reset_index(drop=True), str(path))
-    return dict(sorted(out.items()))
-
-
-def collective_end_skew(data: dict[int, RankData], pattern: str = "AllReduce") -> pd.DataFrame:
-    """Each rank's n-th collective kernel (name containing ``pattern``) against rank 0's n-th, on the shared axis.
-
-    Every rank issues the same collectives in the same order, and a collective's kernel ends
-    almost together on all of them (its last step needs every rank's data), whatever time each
-    rank reached it. So once :func:`rank_data` has put the reports on one axis, the ends of
-    matched kernels should agree within microseconds; a wrong shift between the reports' clocks
-    shows as the same offset on every pair. This is the check that catches clock skew when the
-    reports come from several hosts. Returns one row per rank and collective: rank, index,
-    end_skew_ns (its end minus rank 0's) and start_skew_ns (its start minus rank 0's: who arrived
-    first). Refuses ranks with different numbers of such kernels (reports that started or
-    stopped at different points cannot be matched by order).
-    """
-    from ..errors import GpuprofError
-
-    first = min(data)
-
-    def collectives(d: RankData) -> pd.DataFrame:
-        n = d.nccl
-        return n[n["name"].astype(str).str.contains(pattern)].sort_values("start", kind="stable")
-
-    ref = collectives(data[first])
-    rows = []
-    for rank, d in data.items():
-        if rank == first:
-            continue
-        k = collectives(d)
-        if len(k) != len(ref):
-            raise GpuprofError(f"rank {rank} ran {len(k)} {pattern} kernels and rank {first} {len(ref)}: they cannot be "
-                               "matched by order.", "Capture the ranks over the same range of the program.")
-        rows.append(pd.DataFrame({"rank": rank, "index": np.arange(len(k)),
-                                  "end_skew_ns": k["end"].to_numpy() - ref["end"].to_numpy(),
-                                  "start_skew_ns": k["start"].to_numpy() - ref["start"].to_numpy()}))
-    return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=["rank", "index", "end_skew_ns",
-                                                                              "start_skew_ns"])
 
 
 def step_windows(ranges: pd.DataFrame) -> pd.DataFrame:
     """The timed steps of each bucket size: bucket_mb, step (name), start, end (the warm-up left out by name)."""
     buckets = ranges[ranges["text"].str.fullmatch(BUCKET_RANGE.pattern)]
-    steps = ranges[ranges["text"].str.fullmatch(STEP_RANGE.pattern)]
+    steps = ta.step_ranges(ranges)
     rows = []
     for b in buckets.itertuples():
         inner = steps[(steps["start"] >= b.start) & (steps["end"] <= b.end)]
@@ -431,15 +303,6 @@ def step_windows(ranges: pd.DataFrame) -> pd.DataFrame:
 def _phase_ms(ranges: pd.DataFrame, text: str, lo: int, hi: int) -> float:
     r = ranges[(ranges["text"] == text) & (ranges["start"] >= lo) & (ranges["end"] <= hi)]
     return float(r["duration_ns"].sum()) / 1e6
-
-
-def _comm_overlap(nccl: pd.DataFrame, compute: pd.DataFrame) -> dict[str, float]:
-    """NCCL kernel time (ms), the share of it under compute kernels on other streams, and the exposed rest."""
-    comm = float(nccl["duration_ns"].sum()) / 1e6
-    if nccl.empty:
-        return {"comm_ms": 0.0, "hidden": float("nan"), "exposed_ms": 0.0}
-    hidden = ta.copy_compute_overlap(nccl, compute)
-    return {"comm_ms": comm, "hidden": hidden, "exposed_ms": comm * (1 - hidden)}
 
 
 def overlap_table(data: dict[int, RankData]) -> pd.DataFrame:
@@ -462,7 +325,7 @@ def overlap_table(data: dict[int, RankData]) -> pd.DataFrame:
                 nccl = ta.inside(d.nccl, (s.start, s.end))
                 compute = ta.inside(d.compute, (s.start, s.end))
                 per_step.append({"step_ms": (s.end - s.start) / 1e6, "compute_ms": float(compute["duration_ns"].sum()) / 1e6,
-                                 **_comm_overlap(nccl, compute), "nccl_kernels": len(nccl)})
+                                 **comm_overlap(nccl, compute), "nccl_kernels": len(nccl)})
             med = pd.DataFrame(per_step).median()
             rows.append({"bucket_mb": bucket, "rank": rank, "steps": len(steps), **{k: float(v) for k, v in med.items()}})
     return pd.DataFrame(rows)
@@ -555,17 +418,6 @@ def knob_table(jobs: Sequence[dict[str, Any]]) -> pd.DataFrame:
                           "sync_cost_lo": per["sync_cost_ms"].min(), "sync_cost_hi": per["sync_cost_ms"].max(),
                           "jobs": per.size()})
     return table.loc[order]
-
-
-def overlap_by_rank(data: dict[int, RankData], window: tuple[int, int] | None = None) -> pd.DataFrame:
-    """For any program's capture: per rank, NCCL kernel time, the share of it under compute kernels, and
-    the exposed rest, over ``window`` (default: the whole report), without the course's NVTX ranges."""
-    rows = []
-    for rank, d in data.items():
-        nccl, compute = (d.nccl, d.compute) if window is None else (ta.inside(d.nccl, window), ta.inside(d.compute, window))
-        rows.append({"rank": rank, "nccl_kernels": len(nccl), **_comm_overlap(nccl, compute),
-                     "compute_ms": float(compute["duration_ns"].sum()) / 1e6})
-    return pd.DataFrame(rows)
 
 
 def straggler_table(data: dict[int, RankData]) -> pd.DataFrame:
@@ -692,8 +544,6 @@ def rank_timeline(data: dict[int, RankData], window: tuple[int, int] | None = No
 def torch_trace_table(paths: Sequence[str | Path]) -> pd.DataFrame:
     """Per trace: what its ``distributedInfo`` says (backend, rank, world size), the collectives its
     ``<backend>:<collective>`` annotations record, and its NCCL kernels (count, total ms)."""
-    from ..torch_profiler.trace import read_trace
-
     rows = []
     for p in paths:
         t = read_trace(p)
@@ -701,14 +551,9 @@ def torch_trace_table(paths: Sequence[str | Path]) -> pd.DataFrame:
         ann = t.annotations()
         coll = ann[ann["name"].astype(str).str.match(r"^(nccl|gloo|ucc|mpi):")] if len(ann) else ann
         k = t.kernels()
-        nccl = k[k["name"].astype(str).str.match(NCCL_KERNEL)] if len(k) else k
+        nccl = k[is_communication(k["name"])] if len(k) else k
         rows.append({"trace": Path(p).name, "backend": info.get("backend"), "rank": info.get("rank"),
                      "world_size": info.get("world_size"),
                      "collectives": ", ".join(f"{n} x{c}" for n, c in coll["name"].value_counts().sort_index().items()),
                      "nccl_kernels": len(nccl), "nccl_ms": float(nccl["duration_ns"].sum()) / 1e6 if len(nccl) else 0.0})
     return pd.DataFrame(rows)
-
-
-def load(found: FoundCapture) -> dict[str, Any]:
-    """A JSON result file's contents."""
-    return json.loads(Path(found.path).read_text())

@@ -24,7 +24,8 @@ from ..errors import GpuprofError
 if TYPE_CHECKING:
     from ..artifacts import FoundCapture
 from ..runner import run_with_limit
-from ..nsys.sqlite import _resolve, _strings, open_export, scrub_environment, table_names
+from ..nsys.export_edit import scrub_environment
+from ..nsys.sqlite import _resolve, _strings, open_export, table_names
 
 #: NVTX domains that libraries (or nsys's library traces) fill, not the program.
 LIBRARY_DOMAINS = ("cuBLAS", "cuDNN", "NCCL", "CUDA", "PyTorch")
@@ -318,8 +319,6 @@ def switch_study(chapter: str, name: str, program: Sequence[str], configs: dict[
     ``<name>.json`` (with the names of the tracing libraries in nsys's folder, which say
     which library versions it can trace) and the run labelled ``keep`` as
     ``<name>.sqlite.gz`` in the chapter's folder (with provenance); elsewhere, or if it fails, use the course's reference files."""
-    import json
-
     from ..artifacts import chapter_output, find_capture, record_file, save_json
     from ..runner import portable_command
     from ..tools import live_tool
@@ -346,7 +345,7 @@ def switch_study(chapter: str, name: str, program: Sequence[str], configs: dict[
                             f"nsys export --type sqlite -o {name}.sqlite {name}.nsys-rep && gzip -9 {name}.sqlite",
                             {"nsys": version})
     rows_file = find_capture(chapter, f"{name}.json")
-    saved = json.loads(rows_file.path.read_text())
+    saved = rows_file.json()
     return SwitchStudy(saved["runs"], find_capture(chapter, f"{name}.sqlite.gz"), rows_file,
                        saved.get("injection_libraries", []))
 

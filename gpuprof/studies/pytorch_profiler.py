@@ -32,7 +32,6 @@ What the three modes look like in a Kineto trace (checked on torch 2.11 with an 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,16 +81,14 @@ def reconcile_runs(chapter: str, script: str | Path, batch: int, *, steps: int =
 def nsys_steps(sqlite: str | Path) -> pd.DataFrame:
     """Per ``step_N`` NVTX range of an Nsight Systems export: GPU work launched in it, busy time, span."""
     ranges = nsql.nvtx_ranges(sqlite)
-    ranges = ranges[ranges["text"].astype(str).str.match(r"^step_\d+$")]
+    ranges = activity.step_ranges(ranges)
     work = pd.concat([nsql.kernels(sqlite), nsql.memcpy(sqlite), nsql.memset(sqlite)], ignore_index=True)
     return activity.range_busy(work.dropna(subset=["correlationId"]), nsql.runtime_calls(sqlite), ranges, rule="window")
 
 
 def reconcile_table(runs: ReconcileRuns) -> pd.DataFrame:
     """Medians per run: host ms, CUDA events ms, GPU span ms and GPU busy ms (NaN where a run cannot say)."""
-    ev = json.loads(runs.events.path.read_text())
-    pr = json.loads(runs.profiler.path.read_text())
-    nj = json.loads(runs.nvtx.path.read_text())
+    ev, pr, nj = runs.events.json(), runs.profiler.json(), runs.nvtx.json()
     prof_steps = pd.DataFrame(pr["profiler_steps"])
     ns = nsys_steps(runs.nsys.path)
 

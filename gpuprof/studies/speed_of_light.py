@@ -259,9 +259,7 @@ def save(figures: list[Figure], *, command: str, overwrite: bool = True) -> None
 def load(prefer: str = "this machine") -> tuple[list[Figure], FoundCapture]:
     """The saved figures (this machine's, else the course's reference) and where they came from."""
     found = find_capture(CHAPTER, FILENAME, prefer=prefer)
-    import json
-
-    data = json.loads(found.path.read_text())
+    data = found.json()
     return [Figure.from_dict(f) for f in data["figures"]], found
 
 

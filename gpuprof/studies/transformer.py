@@ -29,6 +29,7 @@ from ..artifacts import REPO_ROOT, FoundCapture, chapter_output, find_capture, r
 from ..kernel_kinds import kernel_kind, matmul_table, time_by_kind
 from ..nsys import sqlite as ns
 from ..nsys.capture import nvtx_range_capture
+from ..nsys.export_edit import keep_callchains
 from ..errors import GpuprofError
 
 __all__ = ["BENCHMARK", "LAYER", "SIZES", "CAPTURE_ARGS", "MEASURED_RANGE", "BACKTRACES", "capture_benchmark",
@@ -57,7 +58,7 @@ def capture_benchmark(chapter: str, name: str, args: Sequence[str], options: Seq
 
     ``reports`` are ``nsys stats`` reports to run on the capture (CSV beside it).
     ``keep_backtraces`` > 0 keeps the CPU backtraces of the launches of that many longest
-    kernels only (:func:`gpuprof.nsys.sqlite.keep_callchains`: a backtrace per launch is
+    kernels only (:func:`gpuprof.nsys.export_edit.keep_callchains`: a backtrace per launch is
     most of such a capture's size), and says so in the file's provenance. Returns (the
     capture, the JSON). Without a GPU or nsys both are the course's references.
     """
@@ -72,7 +73,7 @@ def capture_benchmark(chapter: str, name: str, args: Sequence[str], options: Seq
         command = " && ".join(cap.commands[:2])
         if keep_backtraces:
             longest = ns.kernels(cap.path).nlargest(keep_backtraces, "duration_ns")["correlationId"]
-            kept = ns.keep_callchains(cap.path, longest)
+            kept = keep_callchains(cap.path, longest)
             record_file(chapter, cap.path.name, f"{command} (then only the backtraces of the launches of the "
                                                 f"{keep_backtraces} longest kernels were kept: {kept})")
         record_file(chapter, json_path.name, cap.commands[0] if cap.commands else "nsys profile ... --json")
@@ -145,7 +146,7 @@ def phase_summary(steps: pd.DataFrame) -> pd.DataFrame:
 
 def _measured_kernels(path: str | Path) -> tuple[pd.DataFrame, int]:
     ranges = ns.nvtx_ranges(path)
-    steps = ranges[ranges["text"].str.fullmatch(r"step_\d+")]
+    steps = ta.step_ranges(ranges)
     hits = ta.attribute_kernels(ns.kernels(path), ns.runtime_calls(path), steps, rule="window")
     return hits, len(steps)
 
@@ -474,7 +475,7 @@ def attention_split(path: str | Path, config: dict[str, Any]) -> pd.DataFrame:
     work in the scores' range and are not counted as FLOPs.
     """
     ranges = ns.nvtx_ranges(path)
-    steps = ranges[ranges["text"].str.fullmatch(r"step_\d+")]
+    steps = ta.step_ranges(ranges)
     parts = ranges[ranges["text"].isin(ATTENTION_PARTS)]
     hits = ta.attribute_kernels(ns.kernels(path), ns.runtime_calls(path), parts, rule="thread")
     n = max(len(steps), 1)

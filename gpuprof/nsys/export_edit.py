@@ -1,0 +1,119 @@
+"""Rewrite an Nsight Systems sqlite export in place: what a capture keeps before it is shared or committed.
+
+:mod:`gpuprof.nsys.sqlite` only reads exports; the functions here change them, so a
+reader of a module can tell which of the two it is calling. :func:`scrub_environment` runs
+on every export the course writes (the capture machine's environment variables are not
+kept); :func:`keep_callchains` and :func:`trim_reference` shrink a course reference to what
+its chapter reads, and say what they removed.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+from typing import Sequence
+
+from .sqlite import KERNEL_TABLE, RUNTIME_TABLE, nvtx_ranges, open_export, table_names
+
+__all__ = ["ENV_REMOVED", "scrub_environment", "keep_callchains", "trim_reference"]
+
+ENV_REMOVED = "(removed by gpuprof: the capture machine's environment variables are not kept)"
+
+
+def scrub_environment(path: str | Path) -> int:
+    """Blank the capture machine's environment variables that nsys stores in an export.
+
+    nsys records the profiled process's whole environment twice: as one text in
+    ``TARGET_INFO_SYSTEM_ENV`` (``DeviceEnvironment``) and one row per variable in
+    ``META_DATA_CAPTURE`` (``PROCESS_<n>:ENVIRONMENT_VARIABLE``): container names, paths,
+    and on many machines tokens. A capture meant to be shared should carry neither.
+    Returns the rows changed; the file is compacted afterwards.
+    """
+    path = Path(path)
+    open_export(path).close()  # same checks and messages as for reading
+    changed = 0
+    with closing(sqlite3.connect(path)) as conn:
+        names = table_names(conn)
+        if "TARGET_INFO_SYSTEM_ENV" in names:
+            changed += conn.execute("UPDATE TARGET_INFO_SYSTEM_ENV SET value = ? WHERE name = 'DeviceEnvironment' "
+                                    "AND value != ?", (ENV_REMOVED, ENV_REMOVED)).rowcount
+        if "META_DATA_CAPTURE" in names:
+            # One row per variable: keep one row that says what was removed, drop the rest.
+            rows = conn.execute("SELECT rowid, name FROM META_DATA_CAPTURE WHERE name LIKE '%:ENVIRONMENT_VARIABLE' "
+                                "AND value != ?", (ENV_REMOVED,)).fetchall()
+            changed += len(rows)
+            kept: set[str] = set()
+            for rowid, name in rows:
+                if name in kept:
+                    conn.execute("DELETE FROM META_DATA_CAPTURE WHERE rowid = ?", (rowid,))
+                else:
+                    kept.add(name)
+                    conn.execute("UPDATE META_DATA_CAPTURE SET value = ? WHERE rowid = ?", (ENV_REMOVED, rowid))
+        conn.commit()
+        if changed:
+            conn.execute("VACUUM")
+    return changed
+
+
+def keep_callchains(path: str | Path, correlation_ids: Sequence[int]) -> int:
+    """Keep the CPU backtraces of the runtime calls with ``correlation_ids`` only; drop the rest of ``CUDA_CALLCHAINS``.
+
+    A capture with ``--cudabacktrace=all`` stores a backtrace of every launch, most of its
+    size; a reference capture that shows a few of them need not carry thousands. The
+    runtime rows keep their ``callchainId`` (so the count of calls that had a backtrace
+    stays readable); only the frames of the others go. Returns the backtraces kept.
+    """
+    path = Path(path)
+    with closing(sqlite3.connect(path)) as conn:
+        if "CUDA_CALLCHAINS" not in table_names(conn):
+            return 0
+        ids = [int(c) for c in correlation_ids]
+        marks = ",".join("?" * len(ids)) or "NULL"
+        keep = {r[0] for r in conn.execute(f"SELECT callchainId FROM {RUNTIME_TABLE} WHERE callchainId IS NOT NULL "
+                                           f"AND correlationId IN ({marks})", ids)}
+        conn.execute("CREATE TEMP TABLE keep_ids (id INTEGER PRIMARY KEY)")
+        conn.executemany("INSERT INTO keep_ids VALUES (?)", [(k,) for k in keep])
+        conn.execute("DELETE FROM CUDA_CALLCHAINS WHERE id NOT IN (SELECT id FROM keep_ids)")
+        conn.commit()
+        conn.execute("VACUUM")
+    return len(keep)
+
+
+def trim_reference(path: str | Path, *, drop_tables: Sequence[str] = (), keep_kernels_in: str | None = None) -> str:
+    """Make an export small enough to keep as a course reference: drop whole tables a chapter does not read, and
+    keep only the kernels that start inside an NVTX range whose text matches ``keep_kernels_in`` (a regex, e.g.
+    ``step_\\d+``). Returns a sentence saying what was removed, to append to the file's provenance, because a
+    reader comparing the reference with the tool's own report must know it was cut. Only for references: a reader's
+    own capture is never changed.
+    """
+    path = Path(path)
+    before = path.stat().st_size
+    notes = []
+    with closing(sqlite3.connect(path)) as conn:
+        present = table_names(conn)
+        dropped = [t for t in drop_tables if t in present]
+        for t in dropped:
+            conn.execute(f'DROP TABLE "{t}"')
+        if dropped:
+            notes.append("the tables this chapter does not read were dropped: " + ", ".join(dropped))
+        conn.commit()
+    if keep_kernels_in is not None:
+        ranges = nvtx_ranges(path)
+        keep = ranges[ranges["text"].astype(str).map(lambda t: re.fullmatch(keep_kernels_in, t) is not None)]
+        with closing(sqlite3.connect(path)) as conn:
+            total = conn.execute(f"SELECT count(*) FROM {KERNEL_TABLE}").fetchone()[0]
+            conn.execute("CREATE TEMP TABLE keep_windows (lo INTEGER, hi INTEGER)")
+            conn.executemany("INSERT INTO keep_windows VALUES (?, ?)",
+                             [(int(a), int(b)) for a, b in zip(keep["start"], keep["end"])])
+            conn.execute(f"DELETE FROM {KERNEL_TABLE} WHERE NOT EXISTS (SELECT 1 FROM keep_windows "
+                         f"WHERE {KERNEL_TABLE}.start >= lo AND {KERNEL_TABLE}.start <= hi)")
+            kept = conn.execute(f"SELECT count(*) FROM {KERNEL_TABLE}").fetchone()[0]
+            conn.commit()
+        notes.append(f"only the kernels that start inside an NVTX range matching {keep_kernels_in!r} were kept, "
+                     f"{kept} of {total}")
+    with closing(sqlite3.connect(path)) as conn:
+        conn.execute("VACUUM")
+    after = path.stat().st_size
+    return "; ".join(notes) + f" ({before / 2**20:.1f} -> {after / 2**20:.1f} MiB)"
