@@ -47,6 +47,8 @@ def is_communication(name: str | pd.Series) -> bool | pd.Series:
 
 # (kind, pattern searched in the kernel's name, case-insensitive), first match wins.
 KIND_RULES: list[tuple[str, str]] = [
+    # Communication first: NCCL's all-reduce would otherwise count as a reduction, its all-gather as indexing.
+    COMMUNICATION_RULE,
     # Attention first: cuDNN's fused attention kernels are named ..._sdpa_..._flash_fprop_...
     ("attention", r"sdpa|fmha|flash|attention|dot_do_o|convert_dq"),
     ("convolution", r"conv|fprop|dgrad|wgrad|winograd|implicit_gemm|precomputed_convolve|im2col"),
