@@ -40,6 +40,8 @@ def test_targets_and_step_claims_hold_on_the_reference_and_fail_when_a_rung_regr
                 r["rate"] /= 2  # rung 6 now slower than rung 5
     claims = ml.step_claims(ml.timing_table(slow))
     assert not claims[6]["ok"] and claims[5]["ok"]
+    # each claim is written with the bound it is tested against
+    assert claims[6]["claim"].endswith("(checked: at least 1.2x)") and claims[4]["claim"].endswith("(checked: at least 0.85x)")
 
 
 def test_every_rung_was_checked_on_three_shapes(data):
@@ -76,5 +78,6 @@ def test_line_claims_on_the_reference_lines():
                                                                                      and r["kernel"].startswith("ladder_7") else 1))
                   for r in rows]
     assert not ml.line_claims(no_overlap)["7->8"]["ok"]
+    assert "(checked: at least 40%)" in claims["7->8"]["text"] and claims["5"]["text"].endswith("(checked: at least 25%)")
     hot = ml.hot_lines(rows)
     assert set(hot["rung"]) == set(ml.LINE_RUNGS)

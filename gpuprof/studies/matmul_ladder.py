@@ -21,12 +21,13 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import pandas as pd
 
 from ..artifacts import REPO_ROOT, FoundCapture, find_capture, save_json
 from ..backend import describe_machine
+from ..checks import Bound, at_least, at_most, between, equals, over, under
 from ..errors import GpuprofError
 from ..ncu import derived as nd
 from ..ncu import report as nr
@@ -316,24 +317,46 @@ def figure(points: pd.DataFrame, stalls: pd.DataFrame, gpu: str):  # type: ignor
 # Claims the chapter asserts. Each threshold sits well outside what the course's runs measured
 # (H100 and H200, three processes each): the large steps were 1.48x and more, the two small
 # ones within 4% of the rung before.
-BIG_STEP = 1.2       # a rung that changes the plan is at least this much faster than the one before
-SMALL_STEP = 0.85    # rungs 4 and 8 are not slower than the one before by more than 15%
+BIG_STEP = at_least(1.2)     # a rung that changes the plan is at least this much faster than the one before
+SMALL_STEP = at_least(0.85)  # rungs 4 and 8 are not slower than the one before by more than 15%
 SMALL_STEP_RUNGS = (4, 8)
+
+
+class _Checked:
+    """One sentence of several checked values: :meth:`value` writes a value beside its bound, as
+    :func:`gpuprof.checks.check` does, and tests it with the same bound; :meth:`holds` does the same for a plain
+    condition (a comparison, a name). ``ok``: whether everything written so far holds."""
+
+    def __init__(self) -> None:
+        self.ok = True
+
+    def value(self, value: float, bound: Bound, fmt: str, unit: str = "") -> str:
+        self.ok = bound.test(float(value)) and self.ok
+        return f"{format(value, fmt)}{unit} (checked: {bound.describe(fmt, unit)})"
+
+    def holds(self, condition: bool, words: str) -> str:
+        self.ok = bool(condition) and self.ok
+        return f"(checked: {words})"
+
+
+def _sentence(write: Callable[[_Checked], str]) -> dict[str, Any]:
+    """``write``'s sentence (``text``), written through a :class:`_Checked`, and whether all of it holds (``ok``)."""
+    checked = _Checked()
+    text = write(checked)
+    return {"ok": checked.ok, "text": text}
 
 
 def step_claims(table: pd.DataFrame) -> dict[int, dict[str, Any]]:
     """For each rung after the first: the claim about its speed-up over the rung before (least favourable
-    process) and whether it holds."""
+    process), with its bound, and whether it holds."""
     rungs = table[table["rung"].notna()].sort_values("rung")
     out = {}
     for _, row in rungs.iloc[1:].iterrows():
         rung = int(row["rung"])
         low = float(row["vs_previous_low"])
-        if rung in SMALL_STEP_RUNGS:
-            claim, ok = f"{low:.2f}x rung {rung - 1}, not slower by more than 15%", low >= SMALL_STEP
-        else:
-            claim, ok = f"{low:.2f}x rung {rung - 1}, at least {BIG_STEP}x", low >= BIG_STEP
-        out[rung] = {"claim": claim, "ok": bool(ok), "vs_previous_low": low}
+        bound = SMALL_STEP if rung in SMALL_STEP_RUNGS else BIG_STEP
+        said = _sentence(lambda v: f"over rung {rung - 1}, least favourable process: {v.value(low, bound, '.2f', 'x')}")
+        out[rung] = {"claim": said["text"], "ok": said["ok"], "vs_previous_low": low}
     return out
 
 
@@ -349,56 +372,51 @@ def _top_stall(counters: pd.DataFrame, rung: int) -> str:
 
 def verdicts(counters: pd.DataFrame, ops: pd.DataFrame, stalls: pd.DataFrame) -> dict[str, dict[str, Any]]:
     """For each step, the counters that pointed to it and moved with it, as one printed sentence and whether
-    the chapter's reading of them holds (thresholds far from the measured values; see each line)."""
+    the chapter's reading of them holds (thresholds far from the measured values; each written beside its value)."""
     c, o = counters, ops
     t = c["ncu_us"]
     per_ffma = lambda op, r: o.loc[r, op] / o.loc[r, "FFMA"]  # noqa: E731
-    out: dict[str, dict[str, Any]] = {}
-    ok = (_top_stall(c, 1) == "lg_throttle" and per_ffma("LDG", 1) >= 1.5 and per_ffma("LDG", 2) <= 0.1)
-    out["1->2"] = {"ok": ok, "text": (
-        f"rung 1: {per_ffma('LDG', 1):.2f} global loads (LDG) per FFMA, leading stall {_top_stall(c, 1)} "
-        f"(checked: at least 1.5, lg_throttle); rung 2: {per_ffma('LDG', 2):.3f} per FFMA (checked: at most 0.1)")}
-    ok = (_top_stall(c, 2) == "mio_throttle" and per_ffma("LDS", 2) >= 1 and c.loc[2, "lsu_pct"] > c.loc[2, "fma_pipe_pct"]
-          and per_ffma("LDS", 3) <= 0.1 and c.loc[3, "fma_pipe_pct"] >= 2 * c.loc[2, "fma_pipe_pct"])
-    out["2->3"] = {"ok": bool(ok), "text": (
-        f"rung 2: {per_ffma('LDS', 2):.2f} shared loads (LDS) per FFMA, load/store unit {c.loc[2, 'lsu_pct']:.0f}% "
-        f"against FMA pipe {c.loc[2, 'fma_pipe_pct']:.0f}%, leading stall {_top_stall(c, 2)} (checked: at least 1, "
-        f"LSU busier, mio_throttle); rung 3: {per_ffma('LDS', 3):.3f} LDS per FFMA (checked: at most 0.1), FMA pipe "
-        f"{c.loc[3, 'fma_pipe_pct']:.0f}% (checked: at least twice rung 2's)")}
-    fewer = c.loc[3, "bank_conflicts_M"] / max(c.loc[4, "bank_conflicts_M"], 1e-6)
-    ratio = t[3] / t[4]
-    ok = fewer >= 50 and c.loc[3, "fma_pipe_pct"] >= 40 and 0.85 <= ratio <= 1.2
-    out["3->4"] = {"ok": bool(ok), "text": (
-        f"bank conflicts {c.loc[3, 'bank_conflicts_M']:.1f} M -> {c.loc[4, 'bank_conflicts_M']:.2f} M ({fewer:.0f}x fewer; "
-        f"checked: at least 50x); time under ncu {ratio:.2f}x (checked: 0.85-1.2x); rung 3's FMA pipe already "
-        f"{c.loc[3, 'fma_pipe_pct']:.0f}% busy, issuing {c.loc[3, 'issue_pct']:.0f}% of cycles (checked: FMA at least 40%)")}
-    ratio = t[4] / t[5]
-    ok = (o.loc[5, "FFMA"] == 0 and o.loc[5, "HMMA"] > 0 and ratio >= 2 and c.loc[5, "tensor_pipe_pct"] < 50
-          and c.loc[5, "eligible_warps"] < 1)
-    out["4->5"] = {"ok": bool(ok), "text": (
-        f"rung 5: {o.loc[5, 'HMMA']:.1f} M HMMA, {o.loc[5, 'FFMA']:.0f} FFMA; {ratio:.1f}x rung 4 under ncu (checked: "
-        f"at least 2x); but the tensor pipe busy {c.loc[5, 'tensor_pipe_pct']:.0f}% (checked: under 50%) with "
-        f"{c.loc[5, 'eligible_warps']:.2f} eligible warps per scheduler (checked: under 1)")}
+    fma, tensor, conflicts = c["fma_pipe_pct"], c["tensor_pipe_pct"], c["bank_conflicts_M"]
     ls5, ls6 = stalls.loc[5, "long_scoreboard"], stalls.loc[6, "long_scoreboard"]
-    ok = (o.loc[6, "LDGSTS"] > 0 and o.loc[6, "LDG"] == 0 and c.loc[6, "tensor_pipe_pct"] >= c.loc[5, "tensor_pipe_pct"] + 10
-          and ls6 < ls5)
-    out["5->6"] = {"ok": bool(ok), "text": (
-        f"rung 6: {o.loc[6, 'LDGSTS']:.1f} M LDGSTS, {o.loc[6, 'LDG']:.0f} LDG; tensor pipe "
-        f"{c.loc[5, 'tensor_pipe_pct']:.0f}% -> {c.loc[6, 'tensor_pipe_pct']:.0f}% (checked: up at least 10 points); "
-        f"long_scoreboard's share of stalls {ls5:.0%} -> {ls6:.0%} (checked: lower)")}
-    ratio = t[6] / t[7]
-    ok = (o.loc[7, "HGMMA"] > 0 and o.loc[7, "UTMALDG"] > 0 and o.loc[7, "LDSM"] == 0
-          and c.loc[7, "tensor_pipe_pct"] >= 75 and ratio >= 1.5)
-    out["6->7"] = {"ok": bool(ok), "text": (
-        f"rung 7: {o.loc[7, 'HGMMA']:.2f} M HGMMA, {o.loc[7, 'UTMALDG']:.3f} M TMA loads (UTMALDG), "
-        f"{o.loc[7, 'LDSM']:.0f} ldmatrix; tensor pipe {c.loc[7, 'tensor_pipe_pct']:.0f}% (checked: at least 75%); "
-        f"{ratio:.1f}x rung 6 under ncu (checked: at least 1.5x)")}
-    ratio = t[7] / t[8]
-    ok = 0.9 <= ratio <= 1.1 and min(c.loc[7, "tensor_pipe_pct"], c.loc[8, "tensor_pipe_pct"]) >= 75
-    out["7->8"] = {"ok": bool(ok), "text": (
-        f"time under ncu {ratio:.3f}x (checked: 0.9-1.1x); tensor pipe {c.loc[7, 'tensor_pipe_pct']:.0f}% and "
-        f"{c.loc[8, 'tensor_pipe_pct']:.0f}% (checked: both at least 75%)")}
-    return out
+    busy = at_least(75)  # the tensor pipe of rungs 7 and 8
+    return {
+        "1->2": _sentence(lambda v: (
+            f"rung 1: global loads (LDG) per FFMA {v.value(per_ffma('LDG', 1), at_least(1.5), '.2f')}, leading stall "
+            f"{_top_stall(c, 1)} {v.holds(_top_stall(c, 1) == 'lg_throttle', 'the expected one')}; rung 2: LDG per FFMA "
+            f"{v.value(per_ffma('LDG', 2), at_most(0.1), '.3f')}")),
+        "2->3": _sentence(lambda v: (
+            f"rung 2: shared loads (LDS) per FFMA {v.value(per_ffma('LDS', 2), at_least(1), '.2f')}, load/store unit "
+            f"{c.loc[2, 'lsu_pct']:.0f}% against FMA pipe {fma[2]:.1f}% "
+            f"{v.holds(c.loc[2, 'lsu_pct'] > fma[2], 'LSU busier')}, "
+            f"leading stall {_top_stall(c, 2)} {v.holds(_top_stall(c, 2) == 'mio_throttle', 'the expected one')}; rung 3: "
+            f"LDS per FFMA {v.value(per_ffma('LDS', 3), at_most(0.1), '.3f')}, FMA pipe {fma[3]:.1f}%, rung 2's times "
+            f"{v.value(fma[3] / fma[2], at_least(2), '.1f')}")),
+        "3->4": _sentence(lambda v: (
+            f"bank conflicts {conflicts[3]:.1f} M -> {conflicts[4]:.2f} M, fewer by "
+            f"{v.value(conflicts[3] / max(conflicts[4], 1e-6), at_least(50), '.0f', 'x')}; time under ncu "
+            f"{v.value(t[3] / t[4], between(0.85, 1.2), '.2f', 'x')}; rung 3's FMA pipe already busy "
+            f"{v.value(fma[3], at_least(40), '.0f', '%')}, issuing {c.loc[3, 'issue_pct']:.0f}% of cycles")),
+        "4->5": _sentence(lambda v: (
+            f"rung 5: HMMA {v.value(o.loc[5, 'HMMA'], over(0), '.1f', ' M')}, "
+            f"FFMA {v.value(o.loc[5, 'FFMA'], equals(0), '.0f')}; "
+            f"speed-up on rung 4 under ncu {v.value(t[4] / t[5], at_least(2), '.1f', 'x')}; but the tensor pipe busy "
+            f"{v.value(tensor[5], under(50), '.0f', '%')}, with eligible warps per scheduler "
+            f"{v.value(c.loc[5, 'eligible_warps'], under(1), '.2f')}")),
+        "5->6": _sentence(lambda v: (
+            f"rung 6: LDGSTS {v.value(o.loc[6, 'LDGSTS'], over(0), '.1f', ' M')}, "
+            f"LDG {v.value(o.loc[6, 'LDG'], equals(0), '.0f')}; tensor pipe {tensor[5]:.0f}% -> {tensor[6]:.0f}%, "
+            f"up {v.value(tensor[6] - tensor[5], at_least(10), '.0f', ' points')}; "
+            f"long_scoreboard's share of stalls {ls5:.0%} -> {ls6:.0%} {v.holds(ls6 < ls5, 'lower')}")),
+        "6->7": _sentence(lambda v: (
+            f"rung 7: HGMMA {v.value(o.loc[7, 'HGMMA'], over(0), '.2f', ' M')}, TMA loads (UTMALDG) "
+            f"{v.value(o.loc[7, 'UTMALDG'], over(0), '.3f', ' M')}, "
+            f"ldmatrix {v.value(o.loc[7, 'LDSM'], equals(0), '.0f')}; "
+            f"tensor pipe {v.value(tensor[7], busy, '.0f', '%')}; speed-up on rung 6 under ncu "
+            f"{v.value(t[6] / t[7], at_least(1.5), '.1f', 'x')}")),
+        "7->8": _sentence(lambda v: (
+            f"time under ncu {v.value(t[7] / t[8], between(0.9, 1.1), '.3f', 'x')}; tensor pipe, rung 7 "
+            f"{v.value(tensor[7], busy, '.0f', '%')}, rung 8 {v.value(tensor[8], busy, '.0f', '%')}")),
+    }
 
 
 WAIT_GROUP = "wgmma.wait_group"
@@ -412,9 +430,9 @@ def line_claims(rows: list[dict]) -> dict[str, dict[str, Any]]:
     copy5 = lines[(lines["rung"] == 5) & lines["source"].str.contains("load16") & (lines["waiting_on"] == "long_scoreboard")]
     share5 = float(copy5["share"].sum())
     wait = {r: float(lines[(lines["rung"] == r) & lines["source"].str.contains(WAIT_GROUP)]["share"].sum()) for r in (7, 8)}
-    return {"5": {"ok": share5 >= 0.25, "text": (
-                 f"rung 5: {share5:.0%} of warp samples on the lines that copy global -> shared memory, waiting on "
-                 f"long_scoreboard (checked: at least 25%)")},
-            "7->8": {"ok": wait[7] >= 0.4 and wait[8] <= wait[7] - 0.08, "text": (
-                 f"samples on {WAIT_GROUP}: rung 7 {wait[7]:.0%} (checked: at least 40%), rung 8 {wait[8]:.0%} "
-                 f"(checked: at least 8 points fewer)")}}
+    return {"5": _sentence(lambda v: (
+                f"rung 5: warp samples on the lines that copy global -> shared memory, waiting on long_scoreboard: "
+                f"{v.value(share5, at_least(0.25), '.0%')}")),
+            "7->8": _sentence(lambda v: (
+                f"samples on {WAIT_GROUP}: rung 7 {v.value(wait[7], at_least(0.4), '.1%')}, rung 8 {wait[8]:.1%}, fewer by "
+                f"{v.value(100 * (wait[7] - wait[8]), at_least(8), '.1f', ' points')}"))}
