@@ -72,7 +72,13 @@ def test_help(script, capsys):
     assert proc.returncode == 0 and "usage:" in proc.stdout and len(proc.stdout.splitlines()) > 3
 
 
-@pytest.mark.parametrize("script", EXAMPLES, ids=lambda p: p.name)
+# Runs that took over 5 s on a busy 2-core machine (marked slow; they still run by default).
+SLOW_RUNS = {"profiler_overhead.py", "compiled_and_graphed.py", "reconcile.py", "train_profiled.py",
+             "transformer_benchmark.py", "launch_bound_layer.py", "cnn_training.py", "mixed_precision.py"}
+
+
+@pytest.mark.parametrize("script", [pytest.param(p, marks=pytest.mark.slow) if p.name in SLOW_RUNS else p for p in EXAMPLES],
+                         ids=lambda p: p.name)
 def test_runs_to_completion_on_the_cpu_and_checks_its_result(script, tmp_path):
     proc = run(script, *(a.replace("{tmp}", str(tmp_path)) for a in SMALL_ARGS[script.name]))
     assert proc.returncode == 0, proc.stderr
@@ -224,6 +230,7 @@ def test_memory_the_machine_lacks_is_refused_before_any_work(capsys):
     assert proc.returncode == 2 and "would take" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_emit_nvtx_without_a_gpu_runs_without_pytorchs_ranges():
     proc = run(REPO_ROOT / "examples" / "nsys" / "nvtx_features.py", "--sections", "training", "--emit-nvtx", "--steps", "2")
     assert proc.returncode == 0 and "needs a CUDA build of PyTorch" in proc.stdout, proc.stderr
@@ -284,6 +291,7 @@ def test_benchmark_refuses_bad_input_before_the_work(args, message, as_a_program
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_running_out_of_memory_past_the_checks_is_one_sentence():
     """A size the up-front check lets through (it is a lower bound) can still run out: under an address-space limit
     of 3 GiB, a batch of 4096 does (PyTorch's CPU allocator fails); the scripts' one handler says so in one sentence."""
@@ -311,6 +319,7 @@ def test_benchmark_runs_on_a_small_export(tmp_path):
     assert result["toolkit"]["names"] == result["baseline"]["names"]
 
 
+@pytest.mark.slow
 def test_torch_trace_benchmark_agrees_with_its_baseline(tmp_path, capsys):
     pytest.importorskip("torch")
     source = write(tmp_path, gpu_events(), gz=True)
