@@ -17,6 +17,8 @@ from pathlib import Path
 from gpuprof.artifacts import REPO_ROOT
 from gpuprof.runner import load_script
 
+EXAMPLES, SCRIPTS = REPO_ROOT / "examples", REPO_ROOT / "scripts"
+
 # ----- running a course script -----
 
 
@@ -62,14 +64,16 @@ def run_script_in_process(script: Path, *args: str, capsys) -> InProcessRun:  # 
     status 1, as it would in a process. The script is imported afresh each time (its module state is its own);
     ``sys.path``, ``sys.argv`` and the random generators are put back; and the test fails if the script changed
     anything else that outlives it (see :func:`_global_state`): a case that must change such things stays a
-    subprocess. The environment is put back too: a script may set variables for itself (``torchrun_place`` sets
-    ``RANK`` and ``WORLD_SIZE`` for a world of one) before it refuses an argument.
+    subprocess. The modules it added under the course scripts' bare names are dropped. The environment is put back
+    too: a script may set variables for itself (``torchrun_place`` sets ``RANK`` and ``WORLD_SIZE`` for a world of
+    one) before it refuses an argument.
     """
     try:
         import torch  # noqa: F401  (loaded first, so that its switches are compared before and after)
     except ImportError:
         pass
     saved_path, saved_argv, saved_environ = list(sys.path), sys.argv, dict(os.environ)
+    saved_modules = set(sys.modules)
     saved_random = random.getstate()
     numpy = sys.modules.get("numpy")
     saved_numpy_rng = numpy.random.get_state() if numpy is not None else None
@@ -95,6 +99,10 @@ def run_script_in_process(script: Path, *args: str, capsys) -> InProcessRun:  # 
         sys.path[:], sys.argv = saved_path, saved_argv
         os.environ.clear()
         os.environ.update(saved_environ)
+        # the script and the course scripts it imported from beside it, under their bare names ("cnn_training")
+        for name in set(sys.modules) - saved_modules:
+            if str(getattr(sys.modules[name], "__file__", "") or "").startswith((str(EXAMPLES), str(SCRIPTS))):
+                del sys.modules[name]
         random.setstate(saved_random)
         if saved_numpy_rng is not None:
             numpy.random.set_state(saved_numpy_rng)

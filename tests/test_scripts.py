@@ -8,6 +8,7 @@ check that the script left this process as it found it), which saves a Python st
 
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -75,12 +76,31 @@ def test_help(script, capsys):
 # Runs that took over 5 s on a busy 2-core machine (marked slow; they still run by default).
 SLOW_RUNS = {"profiler_overhead.py", "compiled_and_graphed.py", "reconcile.py", "train_profiled.py",
              "transformer_benchmark.py", "launch_bound_layer.py", "cnn_training.py", "mixed_precision.py"}
+RUN_NAME = "test_runs_to_completion_on_the_cpu_and_checks_its_result"
+
+
+@pytest.fixture(scope="module")
+def completed_runs(request, tmp_path_factory):
+    """The selected examples' runs to completion, each a program of its own, two at a time (most of a run is Python
+    and PyTorch starting up, which leaves the second core idle): all are started at the first test that needs one, the
+    slow ones first, and each test waits for its own. Each run writes into a folder of its own."""
+    wanted = [item.callspec.params["script"] for item in request.session.items
+              if getattr(item, "originalname", None) == RUN_NAME]
+    wanted.sort(key=lambda p: p.name not in SLOW_RUNS)  # the longest first: the two workers finish together
+    pool = ThreadPoolExecutor(max_workers=2)
+    runs = {}
+    for script in wanted:
+        tmp = tmp_path_factory.mktemp(script.stem)
+        runs[script.name] = pool.submit(run, script, *(a.replace("{tmp}", str(tmp)) for a in SMALL_ARGS[script.name]),
+                                        timeout=300)
+    yield runs
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 @pytest.mark.parametrize("script", [pytest.param(p, marks=pytest.mark.slow) if p.name in SLOW_RUNS else p for p in EXAMPLES],
                          ids=lambda p: p.name)
-def test_runs_to_completion_on_the_cpu_and_checks_its_result(script, tmp_path):
-    proc = run(script, *(a.replace("{tmp}", str(tmp_path)) for a in SMALL_ARGS[script.name]))
+def test_runs_to_completion_on_the_cpu_and_checks_its_result(script, completed_runs):
+    proc = completed_runs[script.name].result()
     assert proc.returncode == 0, proc.stderr
     assert NO_RESULT_ON_CPU.get(script.name, "result checked") in proc.stdout
 
