@@ -51,15 +51,43 @@ Case studies (:mod:`gpuprof.studies`), by chapter
   10: ``mixed_precision``; 11: ``matmul_ladder``
 """
 
-from .backend import Backend, MachineInfo, choose_backend, describe_machine, gpu_available
-from .errors import CaptureExists, GpuprofError, ReferenceMissing, ToolNotFound, exit_on_error
-from .ranges import annotate, mark, nvtx_backend, pop_range, push_range
-from .timing import Timing, format_seconds, time_call
+from __future__ import annotations
 
-__all__ = [
-    "Backend", "MachineInfo", "choose_backend", "describe_machine", "gpu_available",
-    "GpuprofError", "ToolNotFound", "CaptureExists", "ReferenceMissing", "exit_on_error",
-    "annotate", "push_range", "pop_range", "mark", "nvtx_backend",
-    "Timing", "time_call", "format_seconds",
-]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# The re-exports below are imported on first use (PEP 562), not with the package: a script that needs only
+# ``exit_on_error`` should not pay for NumPy and nvtx (``ranges``) at start-up.
+_EXPORTS = {
+    "backend": ("Backend", "MachineInfo", "choose_backend", "describe_machine", "gpu_available"),
+    "errors": ("GpuprofError", "ToolNotFound", "CaptureExists", "ReferenceMissing", "exit_on_error"),
+    "ranges": ("annotate", "push_range", "pop_range", "mark", "nvtx_backend"),
+    "timing": ("Timing", "time_call", "format_seconds"),
+}
+_HOME = {name: module for module, names in _EXPORTS.items() for name in names}
+# The modules that ``import gpuprof`` used to load with it stay reachable as attributes (``gpuprof.backend.x``).
+_SUBMODULES = {*_EXPORTS, "memory_probe"}
+
+__all__ = [name for names in _EXPORTS.values() for name in names]
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from .backend import Backend, MachineInfo, choose_backend, describe_machine, gpu_available
+    from .errors import CaptureExists, GpuprofError, ReferenceMissing, ToolNotFound, exit_on_error
+    from .ranges import annotate, mark, nvtx_backend, pop_range, push_range
+    from .timing import Timing, format_seconds, time_call
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # looked up once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -3,31 +3,27 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from gpuprof.artifacts import REPO_ROOT
-from gpuprof.kernel_kinds import kernel_kind, time_by_kind
+from gpuprof.fork_runs import run_all
 from gpuprof.ncu import derived as nd
 from gpuprof.ncu.csv_reader import metric_columns, read_details
 from gpuprof.nsys import sqlite as ns
 from gpuprof.runner import load_script
 from gpuprof import cnn_data
 from gpuprof.studies import cnn_training as ct
+from helpers import run_script_in_process
 
 torch = pytest.importorskip("torch")
 
 SCRIPT = REPO_ROOT / "examples" / "nsys" / "cnn_training.py"
 REF = REPO_ROOT / "artifacts" / "ch06"
 TINY = ["--warmup", "5", "--steps", "10", "--repeats", "2", "--dataset-size", "512", "--batch-size", "16"]
-
-
-def run(*args: str, timeout: int = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout)
 
 
 # ----- the data -----
@@ -74,7 +70,7 @@ def test_each_augmented_image_is_a_padded_crop_flipped_or_not():
 
 # ----- the script on the CPU -----
 
-@pytest.mark.parametrize("levers", [
+LEVERS = [
     [],
     ["--workers", "2"],
     ["--pin-memory", "--non-blocking"],
@@ -86,29 +82,65 @@ def test_each_augmented_image_is_a_padded_crop_flipped_or_not():
     ["--cuda-graphs"],
     ["--data-on-gpu", "--loss-every", "5", "--bf16", "--channels-last", "--cudnn-benchmark", "--fused-adam",
      "--cuda-graphs"],
-])
-def test_every_lever_trains_on_the_cpu(levers, tmp_path):
-    out = tmp_path / "run.json"
-    proc = run(*levers, *TINY, "--json", str(out), "--cpu")
-    assert proc.returncode == 0, proc.stderr
-    r = json.loads(out.read_text())
+]
+# Every training run this module asserts on, by name: each is made once, and read by the tests that need it.
+TRAINER_RUNS = {
+    **{f"levers {' '.join(levers)}": [*levers, *TINY] for levers in LEVERS},
+    "compile": ["--compile", "default", "--data-on-gpu", *TINY],
+    "minimum window": ["--warmup", "2", "--steps", "2", "--repeats", "1", "--min-window-s", "0.3", "--dataset-size", "512",
+                       "--batch-size", "16", "--data-on-gpu"],
+}
+
+
+@dataclass
+class TrainerRun:
+    status: str  # the process's exit status, as text
+    output: str  # its stdout and stderr together
+    result: dict[str, Any] | None  # its --json file
+
+
+@pytest.fixture(scope="module")
+def trainer_runs(tmp_path_factory) -> dict[str, TrainerRun]:
+    """The script run with each of TRAINER_RUNS's arguments (and --cpu), each in a process of its own forked from a
+    server that imported PyTorch once (gpuprof.fork_runs, as the chapter's study times its configurations): the
+    runs are separate processes, without ten ``import torch``. tests/test_scripts.py runs the script as a program."""
+    tmp = tmp_path_factory.mktemp("cnn_training_runs")
+    names = list(TRAINER_RUNS)
+    argvs = [[*TRAINER_RUNS[name], "--json", str(tmp / f"run{i}.json"), "--cpu"] for i, name in enumerate(names)]
+    runs = {}
+    for i, status, _, output in run_all(SCRIPT, argvs, timeout_s=900):
+        path = tmp / f"run{i}.json"
+        runs[names[i]] = TrainerRun(status, output, json.loads(path.read_text()) if path.exists() else None)
+    return runs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("levers", LEVERS)
+def test_every_lever_trains_on_the_cpu(levers, trainer_runs):
+    run = trainer_runs[f"levers {' '.join(levers)}"]
+    assert run.status == "0", run.output
+    r = run.result
     assert r["status"] == "ok" and r["device"] == "cpu" and r["loss_check"]["fall"] > 0
     assert len(r["windows"]) == 2 and all(w["steps"] >= 10 for w in r["windows"])
     assert len(r["losses"]) == 5 + 20  # every step's loss kept, read back every --loss-every steps
-    assert "result checked: mean loss fell" in proc.stdout
+    assert "result checked: mean loss fell" in run.output
     if "--cuda-graphs" in levers:
-        assert "cuda_graphs" in r["idle_levers"] and "nothing to act on" in proc.stdout
+        assert "cuda_graphs" in r["idle_levers"] and "nothing to act on" in run.output
+    # nothing is compiled without --compile
+    assert r["compiled_graphs"] is None and r["compile_counters"] is None
 
 
-def test_compile_runs_on_the_cpu(tmp_path):
-    out = tmp_path / "run.json"
-    proc = run("--compile", "default", "--data-on-gpu", *TINY, "--json", str(out), "--cpu", timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    r = json.loads(out.read_text())
+@pytest.mark.slow
+def test_compile_runs_on_the_cpu(trainer_runs):
+    run = trainer_runs["compile"]
+    assert run.status == "0", run.output
+    r = run.result
     assert r["config"]["compile"] == "default" and r["loss_check"]["fall"] > 0
-    # the first step holds the compilation: seconds, against tens of milliseconds for the others (60x on a 2-core CPU)
-    first, *rest = r["warmup_step_s"]
-    assert first > 5 * sorted(rest)[len(rest) // 2]
+    # the first step holds the compilation: TorchDynamo's graph count (not the step's time, which depends on the
+    # machine and on Inductor's cache) is above zero after the first warm-up step and does not grow after it
+    graphs = r["compiled_graphs_by_warmup_step"]
+    assert len(graphs) == 5 and graphs[0] >= 1
+    assert graphs == [graphs[0]] * 5 and r["compiled_graphs"] == graphs[0]
 
 
 def test_window_rule_runs_on_until_the_minimum_length():
@@ -129,17 +161,16 @@ def test_window_rule_runs_on_until_the_minimum_length():
     assert run_window(1, 1.0, 0.3) == 4
 
 
-def test_minimum_window_length_is_honoured_by_the_script(tmp_path):
-    out = tmp_path / "run.json"
-    proc = run("--warmup", "2", "--steps", "2", "--repeats", "1", "--min-window-s", "0.3", "--dataset-size", "512",
-               "--batch-size", "16", "--data-on-gpu", "--json", str(out), "--cpu")
-    assert proc.returncode == 0, proc.stderr
-    r = json.loads(out.read_text())
+@pytest.mark.slow
+def test_minimum_window_length_is_honoured_by_the_script(trainer_runs):
+    run = trainer_runs["minimum window"]
+    assert run.status == "0", run.output
+    r = run.result
     w = r["windows"][0]
     assert w["seconds"] >= 0.3 and w["steps"] >= 2 and len(r["losses"]) == 2 + w["steps"]
     # how many steps fit in 0.3 s depends on the machine: a short run says it was not judged, a long one is judged
     assert r["loss_check"]["judged"] == (len(r["losses"]) >= 20)
-    assert ("loss not checked" in proc.stdout) != ("result checked" in proc.stdout)
+    assert ("loss not checked" in run.output) != ("result checked" in run.output)
 
 
 def test_too_few_steps_are_not_judged():
@@ -157,13 +188,13 @@ def test_too_few_steps_are_not_judged():
     (["--cuda-graphs", "--warmup", "2"], "--warmup 3 or more"),
     (["--compile", "fast"], "invalid choice"),
 ])
-def test_bad_input_is_one_sentence(args, message):
-    proc = run(*args)
+def test_bad_input_is_one_sentence(args, message, capsys):
+    proc = run_script_in_process(SCRIPT, *args, capsys=capsys)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_help_names_every_lever():
-    proc = run("--help")
+def test_help_names_every_lever(capsys):
+    proc = run_script_in_process(SCRIPT, "--help", capsys=capsys)
     assert proc.returncode == 0
     for flag in ("--workers", "--pin-memory", "--non-blocking", "--data-on-gpu", "--loss-every", "--bf16",
                  "--channels-last", "--cudnn-benchmark", "--fused-adam", "--compile", "--cuda-graphs", "--profile-steps"):
@@ -242,31 +273,6 @@ def test_sync_wait_counts_the_calls_that_wait_for_the_gpu():
         assert np.allclose(ct.sync_wait_ms(REF / f"{name}.sqlite"), np.asarray(direct) / 1e6)
 
 
-# ----- kernel kinds -----
-
-@pytest.mark.parametrize("name, kind", [
-    ("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize128x128x64", "convolution"),
-    ("sm80_xmma_dgrad_implicit_gemm_tf32f32_tf32f32_f32_nhwckrsc_nhwc", "convolution"),
-    ("wgrad_alg0_engine", "convolution"),
-    ("ampere_sgemm_128x64_tn", "matrix product"),
-    ("multi_tensor_apply_kernel", "optimizer"),
-    ("max_pool_backward_nhwc", "pooling"),
-    ("vectorized_elementwise_kernel", "elementwise"),
-    ("reduce_kernel", "reduction"),
-    ("nchwToNhwcKernel", "layout change"),
-    ("triton_poi_fused_relu_0", "fused (torch.compile)"),
-    ("something_new", "other"),
-])
-def test_kernel_kind(name, kind):
-    assert kernel_kind(name) == kind
-
-
-def test_time_by_kind_shares_sum_to_one():
-    t = time_by_kind(ns.kernels(REF / "rung8.sqlite"))
-    assert np.isclose(t["share"].sum(), 1) and t["time_ms"].is_monotonic_decreasing
-    assert time_by_kind(pd.DataFrame(columns=["name", "duration_ns"])).empty
-
-
 # ----- ncu's details page read as a report -----
 
 def test_metric_columns_from_the_details_page_equal_the_report():
@@ -320,6 +326,7 @@ def test_ladder_gains_carry_the_range_the_processes_allow():
     assert row["x previous high"] == pytest.approx(230 / 90) and row["x naive"] == 2
 
 
+@pytest.mark.slow
 def test_run_configs_times_the_repeated_configurations_in_separate_processes(tmp_path, monkeypatch):
     """The whole path on the CPU: a fork server, two configurations timed in two interleaved rounds, one run once."""
     from gpuprof.backend import MachineInfo
@@ -327,7 +334,7 @@ def test_run_configs_times_the_repeated_configurations_in_separate_processes(tmp
     monkeypatch.setenv("GPUPROF_OUTPUT_DIR", str(tmp_path))
     monkeypatch.setattr(ct, "describe_machine", lambda: MachineInfo(backend="torch", device="cuda", gpu_name="test"))
     monkeypatch.setattr(ct, "DATASET_SIZE", 512)
-    tiny = ["--warmup", "2", "--steps", "20", "--repeats", "1", "--dataset-size", "512"]
+    tiny = ["--warmup", "1", "--steps", "2", "--repeats", "1", "--dataset-size", "512"]  # what is timed does not matter
     monkeypatch.setattr(ct, "run_args", lambda cfg: [*cfg.args(), *tiny])
     a, b = ct.Config("a", ("--data-on-gpu",), 16), ct.Config("b", ("--data-on-gpu", "--loss-every", "5"), 16)
     once = ct.Config("c", ("--data-on-gpu", "--bf16"), 16)

@@ -4,29 +4,49 @@ and refuses bad input in one sentence. (Its timings and the four modes' numerics
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
 from gpuprof.artifacts import REPO_ROOT
+from gpuprof.fork_runs import run_all
+from helpers import run_script_in_process
 
 pytest.importorskip("torch")
 
 SCRIPT = REPO_ROOT / "examples" / "nsys" / "mixed_precision.py"
 TINY = ["--layers", "2", "--d-model", "64", "--heads", "4", "--d-ff", "128", "--batch-size", "4", "--seq-len", "16",
         "--warmup", "1", "--steps", "2", "--cpu"]
+MODES = ["fp32", "tf32", "fp16", "bf16", "fp16-noscaler"]
 
 
-def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300)
+@dataclass
+class ModeRun:
+    status: str  # the process's exit status, as text
+    output: str  # its stdout and stderr together
+    result: dict[str, Any] | None  # its --json file
 
 
-@pytest.mark.parametrize("mode", ["fp32", "tf32", "fp16", "bf16", "fp16-noscaler"])
-def test_every_mode_runs_from_the_same_weights_and_batch(mode, tmp_path):
-    out = run("--mode", mode, *TINY, "--json", str(tmp_path / "r.json"))
-    assert out.returncode == 0, out.stderr
-    r = json.loads((tmp_path / "r.json").read_text())
+@pytest.fixture(scope="module")
+def mode_runs(tmp_path_factory) -> dict[str, ModeRun]:
+    """One run of the script per mode at the tiny size, each in a process of its own forked from a server that imported
+    PyTorch once (gpuprof.fork_runs); the tests below read them. tests/test_scripts.py runs the script as a program."""
+    tmp = tmp_path_factory.mktemp("mixed_precision_runs")
+    argvs = [["--mode", mode, *TINY, "--json", str(tmp / f"{mode}.json")] for mode in MODES]
+    runs = {}
+    for i, status, _, output in run_all(SCRIPT, argvs, timeout_s=600):
+        path = tmp / f"{MODES[i]}.json"
+        runs[MODES[i]] = ModeRun(status, output, json.loads(path.read_text()) if path.exists() else None)
+    return runs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", MODES)
+def test_every_mode_runs_from_the_same_weights_and_batch(mode, mode_runs):
+    out = mode_runs[mode]
+    assert out.status == "0", out.output
+    r = out.result
     assert r["mode"] == mode and r["device"] == "cpu" and len(r["steps"]) == 3
     assert [s["measured"] for s in r["steps"]] == [False, True, True]
     assert all(s["loss"] > 0 for s in r["steps"])
@@ -34,11 +54,12 @@ def test_every_mode_runs_from_the_same_weights_and_batch(mode, tmp_path):
     assert (r["steps"][0]["scale"] is not None) == (mode == "fp16")  # only the scaled mode has a scale
 
 
-def test_the_modes_start_from_the_same_loss(tmp_path):
+@pytest.mark.slow
+def test_the_modes_start_from_the_same_loss(mode_runs):
     first = {}
     for mode in ("fp32", "bf16"):
-        assert run("--mode", mode, *TINY, "--json", str(tmp_path / f"{mode}.json")).returncode == 0
-        first[mode] = json.loads((tmp_path / f"{mode}.json").read_text())["steps"][0]["loss"]
+        assert mode_runs[mode].status == "0", mode_runs[mode].output
+        first[mode] = mode_runs[mode].result["steps"][0]["loss"]
     assert first["bf16"] == pytest.approx(first["fp32"], rel=0.05)  # bf16 keeps ~3 significant digits
 
 
@@ -48,25 +69,23 @@ def test_the_modes_start_from_the_same_loss(tmp_path):
     (["--lr", "-1"], "--lr must be a positive number"),
     (["--mode", "fp8"], "invalid choice"),
 ])
-def test_bad_input_is_one_sentence(args, said):
-    out = run(*args, "--cpu")
+def test_bad_input_is_one_sentence(args, said, capsys):
+    out = run_script_in_process(SCRIPT, *args, "--cpu", capsys=capsys)
     assert out.returncode == 2 and said in out.stderr and "Traceback" not in out.stderr
 
 
-def test_help_names_the_modes_and_ranges():
-    out = run("--help")
+def test_help_names_the_modes_and_ranges(capsys):
+    out = run_script_in_process(SCRIPT, "--help", capsys=capsys)
     assert out.returncode == 0
     for word in ("fp32", "tf32", "fp16-noscaler", "GradScaler", "step_N", "optimizer_step"):
         assert word in out.stdout
 
 
-def test_the_memory_probe_needs_a_gpu_and_says_so():
-    out = run("--largest-batch-in", "8", "--cpu")
+def test_the_memory_probe_needs_a_gpu_and_says_so(capsys):
+    out = run_script_in_process(SCRIPT, "--largest-batch-in", "8", "--cpu", capsys=capsys)
     assert out.returncode == 2 and "there is no GPU here" in out.stderr and "Traceback" not in out.stderr
-    bad = run("--largest-batch-in", "-1", "--cpu")
+    bad = run_script_in_process(SCRIPT, "--largest-batch-in", "-1", "--cpu", capsys=capsys)
     assert bad.returncode == 2 and "positive number of GiB" in bad.stderr
-
-
 
 
 # --- the study's readers, on the reference run (artifacts/ch10) -------------------------------------------

@@ -20,11 +20,13 @@ import pandas as pd
 import pytest
 
 from gpuprof.artifacts import find_capture, reference_dir
+from gpuprof.fork_runs import run_all
 from gpuprof.kernel_kinds import is_communication
 from gpuprof.nsys import ranks
 from gpuprof.nsys import sqlite as ns
 from gpuprof.runner import load_script, portable_command, torchrun_target
 from gpuprof.studies import multi_gpu as mg
+from helpers import run_script_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 REF = reference_dir() / "ch08"
@@ -38,13 +40,35 @@ def run(cmd: list[str], timeout: int = 240, env: dict[str, str] | None = None) -
 
 # --- the scripts on the CPU ------------------------------------------------------------------------
 
-def test_ddp_one_process_says_communication_is_not_exercised(tmp_path):
-    out = tmp_path / "d.json"
-    p = run([sys.executable, str(mg.DDP), "--cpu", "--width", "64", "--depth", "3", "--batch-size", "8",
-             "--warmup", "1", "--steps", "2", "--bucket-mb", "0.01,25", "--json", str(out)])
-    assert p.returncode == 0, p.stderr
-    assert "communication is not exercised" in p.stdout and "result checked" in p.stdout
-    d = json.loads(out.read_text())
+# ddp_training.py's one-process runs that the tests below read, by name; each is made once (see one_process_runs).
+ONE_PROCESS_RUNS = {
+    "two bucket caps": ["--cpu", "--width", "64", "--depth", "3", "--batch-size", "8", "--warmup", "1", "--steps", "2",
+                        "--bucket-mb", "0.01,25"],
+    "25 MB given": ["--cpu", "--width", "512", "--depth", "4", "--batch-size", "4", "--warmup", "2", "--steps", "3"],
+    "default buckets": ["--cpu", "--width", "512", "--depth", "4", "--batch-size", "4", "--warmup", "2", "--steps", "3",
+                        "--default-buckets"],
+}
+
+
+@pytest.fixture(scope="module")
+def one_process_runs(tmp_path_factory) -> dict:
+    """ONE_PROCESS_RUNS, each a process of its own forked from a server that imported PyTorch once (gpuprof.fork_runs):
+    name -> (exit status as text, output, the --json result). tests/test_scripts.py runs the script as a program."""
+    tmp = tmp_path_factory.mktemp("ddp_one_process")
+    names = list(ONE_PROCESS_RUNS)
+    argvs = [[*ONE_PROCESS_RUNS[name], "--json", str(tmp / f"run{i}.json")] for i, name in enumerate(names)]
+    runs = {}
+    for i, status, _, output in run_all(mg.DDP, argvs, timeout_s=600):
+        path = tmp / f"run{i}.json"
+        runs[names[i]] = (status, output, json.loads(path.read_text()) if path.exists() else None)
+    return runs
+
+
+@pytest.mark.slow
+def test_ddp_one_process_says_communication_is_not_exercised(one_process_runs):
+    status, output, d = one_process_runs["two bucket caps"]
+    assert status == "0", output
+    assert "communication is not exercised" in output and "result checked" in output
     assert d["world_size"] == 1 and d["backend"] == "gloo"
     configs = d["ranks"][0]["configs"]
     assert [c["bucket_mb"] for c in configs] == [0.01, 25.0]
@@ -73,6 +97,7 @@ def test_ddp_bucket_layouts_on_a_model_with_known_answers(capsys):
     assert table.loc["not given", "first_bucket_mib"] == pytest.approx(layer / 2**20)
 
 
+@pytest.mark.slow
 def test_ddp_two_processes_average_gradients_and_write_torch_traces(tmp_path):
     out = tmp_path / "d.json"
     p = run(torchrun_target(mg.DDP, "--cpu", "--width", "64", "--depth", "3", "--batch-size", "8", "--warmup", "1",
@@ -91,13 +116,13 @@ def test_ddp_two_processes_average_gradients_and_write_torch_traces(tmp_path):
     assert all("gloo:all_reduce x3" in c for c in t["collectives"])
 
 
-def test_ddp_bad_input_is_one_sentence():
-    p = run([sys.executable, str(mg.DDP), "--cpu", "--slow-rank", "3"])
+def test_ddp_bad_input_is_one_sentence(capsys):
+    p = run_script_in_process(mg.DDP, "--cpu", "--slow-rank", "3", capsys=capsys)
     assert p.returncode != 0 and "does not exist: the world has 1 rank" in (p.stdout + p.stderr)
     assert "Traceback" not in p.stderr
-    p = run([sys.executable, str(mg.DDP), "--bucket-mb", "25,x"])
+    p = run_script_in_process(mg.DDP, "--bucket-mb", "25,x", capsys=capsys)
     assert p.returncode == 2 and "expected MB" in p.stderr
-    p = run([sys.executable, str(mg.DDP), "--bucket-mb", "1,2", "--torch-trace", "t"])
+    p = run_script_in_process(mg.DDP, "--bucket-mb", "1,2", "--torch-trace", "t", capsys=capsys)
     assert p.returncode == 2 and "one configuration" in p.stderr
 
 
@@ -107,6 +132,7 @@ def test_bucket_and_size_parsers():
     assert ar.bus_factor(2) == 1.0 and ar.bus_factor(8) == pytest.approx(1.75)
 
 
+@pytest.mark.slow
 def test_allreduce_sweep_two_processes_on_gloo(tmp_path):
     out = tmp_path / "ar.json"
     p = run(torchrun_target(mg.ALLREDUCE, "--cpu", "--sizes", "4K,256K", "--iterations", "3", "--warmup", "1",
@@ -282,6 +308,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.slow
 def test_run_with_limit_kills_hung_workers_of_a_launcher():
     """Workers in sessions of their own must still end with the launcher when the time limit passes."""
     import os
@@ -399,6 +426,7 @@ def test_bucket_model_on_known_numbers():
     assert m.loc[0.5, "comm_ms"] == pytest.approx(1.04)
 
 
+@pytest.mark.slow
 def test_ddp_knobs_run_on_two_cpu_processes(tmp_path):
     out = tmp_path / "k.json"
     p = run(torchrun_target(mg.DDP, "--cpu", "--width", "64", "--depth", "3", "--batch-size", "8", "--warmup", "1",
@@ -411,23 +439,22 @@ def test_ddp_knobs_run_on_two_cpu_processes(tmp_path):
     assert config["grad_as_bucket_view"] and config["static_graph"] and config["comm_hook"] == "fp16"
 
 
-def test_ddp_default_buckets_leaves_the_cap_to_ddp(tmp_path):
+@pytest.mark.slow
+def test_ddp_default_buckets_leaves_the_cap_to_ddp(one_process_runs):
     """--default-buckets passes no bucket_cap_mb. On 4 layers of 512 (1 MiB + 2 KiB of gradients each) DDP's own
     default caps the first bucket at 1 MiB, so it holds one layer and the other three share a second bucket; 25 MB
     given explicitly holds all four in one. The count is DDP's own (its logging data), read by the script."""
     counts = {}
-    for flag in ([], ["--default-buckets"]):
-        out = tmp_path / f"d{len(flag)}.json"
-        p = run([sys.executable, str(mg.DDP), "--cpu", "--width", "512", "--depth", "4", "--batch-size", "4",
-                 "--warmup", "2", "--steps", "3", *flag, "--json", str(out)])
-        assert p.returncode == 0, p.stderr
-        d = json.loads(out.read_text())
-        assert d["config"]["default_buckets"] == bool(flag)
-        counts[bool(flag)] = d["ranks"][0]["configs"][0]["buckets"]
+    for name, flag in (("25 MB given", False), ("default buckets", True)):
+        status, output, d = one_process_runs[name]
+        assert status == "0", output
+        assert d["config"]["default_buckets"] == flag
+        counts[flag] = d["ranks"][0]["configs"][0]["buckets"]
     assert counts == {False: 1, True: 2}
-    assert "bucket_cap_mb unset (small first bucket)" in p.stdout
+    assert "bucket_cap_mb unset (small first bucket)" in output
 
 
+@pytest.mark.slow
 def test_ddp_knobs_times_the_default_layout_against_25_given(tmp_path):
     out = tmp_path / "k.json"
     p = run(torchrun_target(mg.KNOBS, "--cpu", "--width", "512", "--depth", "4", "--batch-size", "4", "--warmup", "2",
@@ -439,12 +466,13 @@ def test_ddp_knobs_times_the_default_layout_against_25_given(tmp_path):
     assert runs["fp32+default-buckets"]["weights_identical_across_ranks"]
 
 
-def test_ddp_bf16_hook_on_the_cpu_is_refused_in_one_sentence():
-    p = run([sys.executable, str(mg.DDP), "--cpu", "--comm-hook", "bf16", "--width", "32", "--depth", "2"])
+def test_ddp_bf16_hook_on_the_cpu_is_refused_in_one_sentence(capsys):
+    p = run_script_in_process(mg.DDP, "--cpu", "--comm-hook", "bf16", "--width", "32", "--depth", "2", capsys=capsys)
     assert p.returncode != 0 and "--comm-hook bf16 needs NCCL on CUDA GPUs" in p.stdout + p.stderr
     assert "Traceback" not in p.stdout + p.stderr
 
 
+@pytest.mark.slow
 def test_ddp_knobs_interleaves_the_variants_on_two_cpu_processes(tmp_path):
     out = tmp_path / "k.json"
     p = run(torchrun_target(mg.KNOBS, "--cpu", "--width", "64", "--depth", "3", "--batch-size", "8", "--warmup", "1",
@@ -517,6 +545,7 @@ def test_reference_channel_and_first_bucket_jobs(capsys, monkeypatch):
     assert capped.loc[capped["bytes"] >= 2**20, "channels"].max() == 4
 
 
+@pytest.mark.slow
 def test_ddp_knobs_keeps_the_nccl_variables_it_ran_under(tmp_path):
     out = tmp_path / "k.json"
     p = run(torchrun_target(mg.KNOBS, "--cpu", "--width", "32", "--depth", "2", "--batch-size", "4", "--warmup", "1",

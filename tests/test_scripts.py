@@ -1,11 +1,19 @@
-"""Every script runs on a CPU-only machine, has --help, and answers bad input in one sentence."""
+"""Every script runs on a CPU-only machine, has --help, and answers bad input in one sentence.
+
+Each script runs as a program (a subprocess) at least once here: its run to completion and its first bad input
+(for the five in scripts/, the first case of their own tests). Its other bad inputs and its --help are checked in this
+process, through its ``main(argv)`` (``helpers.run_script_in_process``: the same exit status, stdout and stderr, and a
+check that the script left this process as it found it), which saves a Python start-up and ``import torch`` each.
+"""
 
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from gpuprof.artifacts import REPO_ROOT
+from helpers import gpu_events, run_script, run_script_in_process, write
 
 EXAMPLES = sorted((REPO_ROOT / "examples").rglob("*.py"))
 SCRIPTS = EXAMPLES + [REPO_ROOT / "scripts" / "capture_all.py", REPO_ROOT / "scripts" / "bench_trace_analysis.py",
@@ -46,9 +54,12 @@ SMALL_ARGS = {"tiny_kernels.py": ["--steps", "2", "--kernels", "10"], "saxpy.py"
                                      "--json", "{tmp}/mp.json"]}
 
 
-def run(script, *args):
-    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120,
-                          cwd=REPO_ROOT)
+run = run_script
+
+
+def run_here(script, *args, capsys):
+    """The script's main(args) in this process (see the module's docstring)."""
+    return run_script_in_process(script, *args, capsys=capsys)
 
 
 def test_there_are_examples_in_both_folders():
@@ -57,14 +68,40 @@ def test_there_are_examples_in_both_folders():
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
-def test_help(script):
-    proc = run(script, "--help")
+def test_help(script, capsys):
+    proc = run_here(script, "--help", capsys=capsys)
     assert proc.returncode == 0 and "usage:" in proc.stdout and len(proc.stdout.splitlines()) > 3
 
 
+# Runs that took over 5 s on a busy 2-core machine: started first. Every run is marked slow (they still run by
+# default): the first test to ask waits for the runs the fixture started ahead of its own.
+SLOW_RUNS = {"profiler_overhead.py", "compiled_and_graphed.py", "reconcile.py", "train_profiled.py",
+             "transformer_benchmark.py", "launch_bound_layer.py", "cnn_training.py", "mixed_precision.py"}
+RUN_NAME = "test_runs_to_completion_on_the_cpu_and_checks_its_result"
+
+
+@pytest.fixture(scope="module")
+def completed_runs(request, tmp_path_factory):
+    """The selected examples' runs to completion, each a program of its own, two at a time (most of a run is Python
+    and PyTorch starting up, which leaves the second core idle): all are started at the first test that needs one, the
+    slow ones first, and each test waits for its own. Each run writes into a folder of its own."""
+    wanted = [item.callspec.params["script"] for item in request.session.items
+              if getattr(item, "originalname", None) == RUN_NAME]
+    wanted.sort(key=lambda p: p.name not in SLOW_RUNS)  # the longest first: the two workers finish together
+    pool = ThreadPoolExecutor(max_workers=2)
+    runs = {}
+    for script in wanted:
+        tmp = tmp_path_factory.mktemp(script.stem)
+        runs[script.name] = pool.submit(run, script, *(a.replace("{tmp}", str(tmp)) for a in SMALL_ARGS[script.name]),
+                                        timeout=300)
+    yield runs
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("script", EXAMPLES, ids=lambda p: p.name)
-def test_runs_to_completion_on_the_cpu_and_checks_its_result(script, tmp_path):
-    proc = run(script, *(a.replace("{tmp}", str(tmp_path)) for a in SMALL_ARGS[script.name]))
+def test_runs_to_completion_on_the_cpu_and_checks_its_result(script, completed_runs):
+    proc = completed_runs[script.name].result()
     assert proc.returncode == 0, proc.stderr
     assert NO_RESULT_ON_CPU.get(script.name, "result checked") in proc.stdout
 
@@ -171,21 +208,27 @@ for name, cases in TOO_MANY.items():
     BAD_INPUT[name] += cases
 BAD_INPUT["launch_bound_layer.py"].append((["--variants", "graph", "--cpu"], "needs a GPU (CUDA graphs)"))
 BAD_CASES = [(script, args, message) for script in EXAMPLES for args, message in BAD_INPUT[script.name]]
+# Each script's first bad input runs as a program: exit_on_error's status 2 seen from outside, from a fresh process.
+AS_A_PROGRAM = {(name, tuple(cases[0][0])) for name, cases in BAD_INPUT.items()}
 
 
 @pytest.mark.parametrize("script,args,message", BAD_CASES, ids=lambda v: v.name if hasattr(v, "name") else None)
-def test_bad_input_gets_one_sentence_not_a_traceback(script, args, message):
-    proc = run(script, *args)
+def test_bad_input_gets_one_sentence_not_a_traceback(script, args, message, capsys):
+    if (script.name, tuple(args)) in AS_A_PROGRAM:
+        proc = run(script, *args)
+    else:
+        proc = run_here(script, *args, capsys=capsys)
     assert proc.returncode == 2
     assert message in proc.stderr and "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("args,message", [
-    (["/no/such.ipynb", "--cells", "x"], "is not a notebook file"),
-    (["notebooks/00__setting_up.ipynb", "--cells", "nosuchcell"], "no cell with id nosuchcell"),
-])
-def test_reexecute_cells_refuses_bad_input_in_one_sentence(args, message):
-    proc = run(REPO_ROOT / "scripts" / "reexecute_cells.py", *args)
+@pytest.mark.parametrize("args,message,as_a_program", [
+    (["/no/such.ipynb", "--cells", "x"], "is not a notebook file", True),
+    (["notebooks/00__setting_up.ipynb", "--cells", "nosuchcell"], "no cell with id nosuchcell", False),
+], ids=["args0-is not a notebook file", "args1-no cell with id nosuchcell"])
+def test_reexecute_cells_refuses_bad_input_in_one_sentence(args, message, as_a_program, capsys):
+    script = REPO_ROOT / "scripts" / "reexecute_cells.py"
+    proc = run(script, *args) if as_a_program else run_here(script, *args, capsys=capsys)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -203,11 +246,12 @@ def test_strict_nbval_parts_cover_every_notebook_once():
     assert sorted(named) == sorted(p.name for p in (REPO_ROOT / "notebooks").glob("*.ipynb"))
 
 
-def test_memory_the_machine_lacks_is_refused_before_any_work():
-    proc = run(REPO_ROOT / "examples" / "nsys" / "data_transfer.py", "--size-mib", "10000000")
+def test_memory_the_machine_lacks_is_refused_before_any_work(capsys):
+    proc = run_here(REPO_ROOT / "examples" / "nsys" / "data_transfer.py", "--size-mib", "10000000", capsys=capsys)
     assert proc.returncode == 2 and "would take" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_emit_nvtx_without_a_gpu_runs_without_pytorchs_ranges():
     proc = run(REPO_ROOT / "examples" / "nsys" / "nvtx_features.py", "--sections", "training", "--emit-nvtx", "--steps", "2")
     assert proc.returncode == 0 and "needs a CUDA build of PyTorch" in proc.stdout, proc.stderr
@@ -258,15 +302,17 @@ def test_a_partial_capture_run_keeps_the_record_of_the_others():
     assert "run E" in f and "run F" in f and "run A" not in f
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--rows", "1000000000000"], "above this script's limit of 50,000,000"),
-    (["--rows", "1000", "--json", "/nonexistent/dir/x.json"], "the folder /nonexistent/dir does not exist"),
-])
-def test_benchmark_refuses_bad_input_before_the_work(args, message):
-    proc = run(REPO_ROOT / "scripts" / "bench_trace_analysis.py", *args)
+@pytest.mark.parametrize("args,message,as_a_program", [
+    (["--rows", "1000000000000"], "above this script's limit of 50,000,000", True),
+    (["--rows", "1000", "--json", "/nonexistent/dir/x.json"], "the folder /nonexistent/dir does not exist", False),
+], ids=["args0-above this script's limit of 50,000,000", "args1-the folder /nonexistent/dir does not exist"])
+def test_benchmark_refuses_bad_input_before_the_work(args, message, as_a_program, capsys):
+    script = REPO_ROOT / "scripts" / "bench_trace_analysis.py"
+    proc = run(script, *args) if as_a_program else run_here(script, *args, capsys=capsys)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_running_out_of_memory_past_the_checks_is_one_sentence():
     """A size the up-front check lets through (it is a lower bound) can still run out: under an address-space limit
     of 3 GiB, a batch of 4096 does (PyTorch's CPU allocator fails); the scripts' one handler says so in one sentence."""
@@ -294,10 +340,9 @@ def test_benchmark_runs_on_a_small_export(tmp_path):
     assert result["toolkit"]["names"] == result["baseline"]["names"]
 
 
-def test_torch_trace_benchmark_agrees_with_its_baseline(tmp_path):
+@pytest.mark.slow
+def test_torch_trace_benchmark_agrees_with_its_baseline(tmp_path, capsys):
     pytest.importorskip("torch")
-    from test_torch_profiler import gpu_events, write
-
     source = write(tmp_path, gpu_events(), gz=True)
     out = tmp_path / "bench.json"
     proc = run(REPO_ROOT / "scripts" / "bench_torch_trace.py", "--mb", "1", "--source", str(source), "--json", str(out))
@@ -308,7 +353,7 @@ def test_torch_trace_benchmark_agrees_with_its_baseline(tmp_path):
     assert result["mb"] >= 1 and result["toolkit"]["kernels"] == result["baseline"]["kernels"] > 1000
     assert result["toolkit"]["kernel_names"] == result["baseline"]["kernel_names"] == 2
     assert result["toolkit"]["steps"] == 2 * result["toolkit"]["kernels"] // 3  # two steps and three kernels per copy
-    bad = run(REPO_ROOT / "scripts" / "bench_torch_trace.py", "--source", str(tmp_path / "missing.json"))
+    bad = run_here(REPO_ROOT / "scripts" / "bench_torch_trace.py", "--source", str(tmp_path / "missing.json"), capsys=capsys)
     assert bad.returncode == 2 and "does not exist" in bad.stderr and "Traceback" not in bad.stderr
 
 

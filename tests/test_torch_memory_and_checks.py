@@ -15,7 +15,7 @@ from gpuprof.torch_profiler import diagnose
 from gpuprof.torch_profiler import memory as tm
 from gpuprof.torch_profiler import trace as tt
 
-from test_torch_profiler import gpu_events, write  # noqa: E402  (tests/ is on sys.path under pytest)
+from helpers import gpu_events, write  # noqa: E402  (tests/ is on sys.path under pytest)
 
 PHASES = ["0:forward", "0:backward", "0:optimizer_step"]
 

@@ -9,7 +9,6 @@ and its ``key_averages`` records are checked where they exist.
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
 import warnings
@@ -28,6 +27,8 @@ from gpuprof.torch_profiler import key_averages as tk  # noqa: E402
 from gpuprof.torch_profiler import schedule as tsched  # noqa: E402
 from gpuprof.torch_profiler import summary as ts  # noqa: E402
 from gpuprof.torch_profiler import trace as tt  # noqa: E402
+
+from helpers import _x, gpu_events, write  # noqa: E402  (tests/ is on sys.path under pytest)
 
 
 def _train(prof, steps: int) -> None:
@@ -108,45 +109,6 @@ def test_check_names_reports_what_this_torch_accepts(cpu_run):
 
 
 # ---- a hand-built trace in Kineto's format, with known answers -------------------------------
-
-def _x(cat, name, ts, dur, pid, tid, **args):
-    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": pid, "tid": tid, "args": args}
-
-
-def gpu_events(correlation_args: bool = True) -> list[dict]:
-    """Two steps; step 1 launches k1 (10 us) and a copy, step 2 launches k2 twice from another thread.
-
-    Times in microseconds. CPU process 100, main thread 1, autograd thread 2; GPU 0 stream 7.
-    """
-    c = (lambda i: {"correlation": i}) if correlation_args else (lambda i: {})
-    ev = [
-        {"ph": "M", "name": "thread_name", "pid": 100, "tid": 2, "args": {"name": "autograd"}},
-        _x("user_annotation", "ProfilerStep#4", 1000.0, 100.0, 100, 1),
-        _x("cpu_op", "aten::mm", 1010.0, 20.0, 100, 1, **{"External id": 1}),
-        _x("cuda_runtime", "cudaLaunchKernel", 1015.0, 5.0, 100, 1, **c(11), **{"External id": 1}),
-        _x("cuda_runtime", "cudaMemcpyAsync", 1040.0, 5.0, 100, 1, **c(12)),
-        _x("kernel", "k1", 1030.0, 10.0, 0, 7, device=0, stream=7, **c(11)),
-        _x("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 1060.0, 4.0, 0, 7, device=0, stream=7, bytes=4096, **c(12)),
-        _x("user_annotation", "ProfilerStep#5", 1100.0, 100.0, 100, 1),
-        _x("cuda_runtime", "cudaLaunchKernel", 1120.0, 5.0, 100, 2, **c(13)),
-        _x("cuda_runtime", "cudaLaunchKernel", 1130.0, 5.0, 100, 2, **c(14)),
-        _x("kernel", "k2", 1150.0, 20.0, 0, 7, device=0, stream=7, **c(13)),
-        _x("kernel", "k2", 1180.0, 10.0, 0, 7, device=0, stream=7, **c(14)),
-    ]
-    for corr, cpu_ts, gpu_ts, cpu_tid in ((11, 1015.0, 1030.0, 1), (12, 1040.0, 1060.0, 1), (13, 1120.0, 1150.0, 2),
-                                          (14, 1130.0, 1180.0, 2)):
-        ev.append({"ph": "s", "cat": "ac2g", "id": corr, "name": "ac2g", "ts": cpu_ts, "pid": 100, "tid": cpu_tid})
-        ev.append({"ph": "f", "cat": "ac2g", "id": corr, "name": "ac2g", "ts": gpu_ts, "pid": 0, "tid": 7, "bp": "e"})
-    return ev
-
-
-def write(tmp_path, events, name="t.json", gz=False, **meta):
-    data = {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "A GPU"}], **meta, "traceEvents": events}
-    path = tmp_path / (name + (".gz" if gz else ""))
-    raw = json.dumps(data).encode()
-    path.write_bytes(gzip.compress(raw) if gz else raw)
-    return path
-
 
 def test_gpu_tables_and_their_link_to_the_cpu(tmp_path):
     t = tt.read_trace(write(tmp_path, gpu_events(), gz=True))

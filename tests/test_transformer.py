@@ -16,8 +16,10 @@ from gpuprof.kernel_kinds import kernel_kind, tensor_cores, time_by_kind
 from gpuprof.nsys import sqlite as ns
 from gpuprof.nsys.export_edit import keep_callchains
 from gpuprof.nsys import stats
+from gpuprof.fork_runs import run_all
 from gpuprof.runner import load_script
 from gpuprof.studies import transformer as tr
+from helpers import run_script_in_process
 
 torch = pytest.importorskip("torch")
 
@@ -33,17 +35,41 @@ def run(script, *args: str, timeout: int = 240) -> subprocess.CompletedProcess:
 
 # ----- transformer_benchmark.py on the CPU -----
 
-def test_benchmark_help_names_its_ranges():
-    out = run(tr.BENCHMARK, "--help")
+# The benchmark's runs to completion that the tests below read, by name; each is made once (see benchmark_runs).
+BENCHMARK_RUNS = {
+    "training": TINY,
+    "design line": ["--context_length", "16", "--d_model", "32", "--num_layers", "1", "--num_heads", "2", "--d_ff", "64",
+                    "--warmup_steps", "1", "--num_steps", "2", "--forward_only", "--batch_size", "2"],
+    "forward only": [*TINY, "--forward-only", "--dtype", "bf16"],
+}
+
+
+@pytest.fixture(scope="module")
+def benchmark_runs(tmp_path_factory) -> dict:
+    """BENCHMARK_RUNS, each in a process of its own forked from a server that imported PyTorch once (gpuprof.fork_runs,
+    as the script's own --sweep runs its children): name -> (exit status as text, output, the --json result).
+    tests/test_scripts.py runs the script as a program."""
+    tmp = tmp_path_factory.mktemp("transformer_runs")
+    names = list(BENCHMARK_RUNS)
+    argvs = [[*BENCHMARK_RUNS[name], "--json", str(tmp / f"run{i}.json")] for i, name in enumerate(names)]
+    runs = {}
+    for i, status, _, output in run_all(tr.BENCHMARK, argvs, timeout_s=600):
+        path = tmp / f"run{i}.json"
+        runs[names[i]] = (status, output, json.loads(path.read_text()) if path.exists() else None)
+    return runs
+
+
+def test_benchmark_help_names_its_ranges(capsys):
+    out = run_script_in_process(tr.BENCHMARK, "--help", capsys=capsys)
     assert out.returncode == 0
     for name in ("warmup", "measured_steps", "step_N", "forward_pass", "backward_pass", "optimizer_step", "--sweep"):
         assert name in out.stdout
 
 
-def test_benchmark_training_run_records_every_step(tmp_path):
-    out = run(tr.BENCHMARK, *TINY, "--json", str(tmp_path / "r.json"))
-    assert out.returncode == 0, out.stderr
-    r = json.loads((tmp_path / "r.json").read_text())
+@pytest.mark.slow
+def test_benchmark_training_run_records_every_step(benchmark_runs):
+    status, output, r = benchmark_runs["training"]
+    assert status == "0", output
     assert r["status"] == "ok" and r["device"] == "cpu"
     assert len(r["warmup_step_ms"]) == 2 and len(r["step_ms_each"]) == 3 and len(r["phase_ms_each"]) == 3
     assert all(len(p) == 3 for p in r["phase_ms_each"])  # forward, backward, optimizer
@@ -88,20 +114,18 @@ def test_the_design_guides_command_lines_parse_as_written(line):
     assert vars(hyphens) == vars(args)
 
 
-def test_a_design_command_line_runs_with_its_underscored_flags(tmp_path):
+@pytest.mark.slow
+def test_a_design_command_line_runs_with_its_underscored_flags(benchmark_runs):
     """One of the guide's lines, run to the end on the CPU at a tiny size (its flags as written)."""
-    out = run(tr.BENCHMARK, "--context_length", "16", "--d_model", "32", "--num_layers", "1", "--num_heads", "2",
-              "--d_ff", "64", "--warmup_steps", "1", "--num_steps", "2", "--forward_only", "--batch_size", "2",
-              "--json", str(tmp_path / "r.json"))
-    assert out.returncode == 0, out.stderr
-    r = json.loads((tmp_path / "r.json").read_text())
+    status, output, r = benchmark_runs["design line"]
+    assert status == "0", output
     assert r["status"] == "ok" and r["config"]["d_model"] == 32 and len(r["step_ms_each"]) == 2 and "backward_ms" not in r
 
 
-def test_benchmark_forward_only_times_one_phase(tmp_path):
-    out = run(tr.BENCHMARK, *TINY, "--forward-only", "--dtype", "bf16", "--json", str(tmp_path / "f.json"))
-    assert out.returncode == 0, out.stderr
-    r = json.loads((tmp_path / "f.json").read_text())
+@pytest.mark.slow
+def test_benchmark_forward_only_times_one_phase(benchmark_runs):
+    status, output, r = benchmark_runs["forward only"]
+    assert status == "0", output
     assert "forward_ms" in r and "backward_ms" not in r and all(len(p) == 1 for p in r["phase_ms_each"])
     assert r["config"]["dtype"] == "bf16" and "forward_backward_tflops" not in r
 
@@ -131,15 +155,17 @@ def test_benchmark_counts_both_allocators_failures_as_out_of_memory():
     (["--sweep", "--contexts", "128,0"], "each at least 1"),
     (["--sweep", "--sizes", "odd:10:20:1:3"], "not divisible"),
 ])
-def test_benchmark_bad_input_is_one_sentence(args, message):
-    out = run(tr.BENCHMARK, *args)
+def test_benchmark_bad_input_is_one_sentence(args, message, capsys):
+    out = run_script_in_process(tr.BENCHMARK, *args, capsys=capsys)
     assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
 
 
-def test_sweep_reports_out_of_memory_as_a_row(tmp_path):
-    """A size whose feed-forward weight cannot be allocated: a real allocation failure, here on the CPU."""
-    out = run(tr.BENCHMARK, "--sweep", "--sizes", "tiny,huge:64:100000000000:1:1", "--contexts", "8",
-              "--warmup-steps", "1", "--num-steps", "2", "--json", str(tmp_path / "s.json"))
+@pytest.mark.slow
+def test_sweep_reports_out_of_memory_as_a_row(tmp_path, capsys):
+    """A size whose feed-forward weight cannot be allocated: a real allocation failure, here on the CPU (in a child
+    of the sweep's own fork server; the sweep's main runs in this process)."""
+    out = run_script_in_process(tr.BENCHMARK, "--sweep", "--sizes", "tiny,huge:64:100000000000:1:1", "--contexts", "8",
+                                "--warmup-steps", "1", "--num-steps", "2", "--json", str(tmp_path / "s.json"), capsys=capsys)
     assert out.returncode == 0, out.stderr
     data = json.loads((tmp_path / "s.json").read_text())
     assert [(r["name"], r["status"]) for r in data["rows"]] == [("tiny", "ok"), ("huge", "out of memory")]
@@ -149,10 +175,11 @@ def test_sweep_reports_out_of_memory_as_a_row(tmp_path):
     assert table.loc[0, "mfu_fwd_bwd"] > 0 and pd.isna(table.loc[1, "tokens_per_s"])
 
 
-def test_sweep_reports_a_failed_child_and_fails(tmp_path):
+@pytest.mark.slow
+def test_sweep_reports_a_failed_child_and_fails(tmp_path, capsys):
     # a million steps cannot finish in one second on any machine
-    out = run(tr.BENCHMARK, "--sweep", "--sizes", "tiny", "--contexts", "8", "--child-timeout", "1",
-              "--num-steps", "1000000", "--json", str(tmp_path / "s.json"))
+    out = run_script_in_process(tr.BENCHMARK, "--sweep", "--sizes", "tiny", "--contexts", "8", "--child-timeout", "1",
+                                "--num-steps", "1000000", "--json", str(tmp_path / "s.json"), capsys=capsys)
     data = json.loads((tmp_path / "s.json").read_text())
     assert out.returncode == 1 and data["rows"][0]["status"] == "failed"
     assert "did not finish within 1 s" in data["rows"][0]["error"]
@@ -173,6 +200,7 @@ def test_layer_variants_compute_the_same_function():
                           atol=1e-5)
 
 
+@pytest.mark.slow
 def test_layer_script_runs_on_the_cpu_and_skips_the_graph(tmp_path):
     out = run(tr.LAYER, *LAYER_TINY, "--variants", "ops,fused,graph", "--profile-iterations", "2",
               "--json", str(tmp_path / "l.json"))
@@ -183,8 +211,8 @@ def test_layer_script_runs_on_the_cpu_and_skips_the_graph(tmp_path):
     assert r["results"]["ops"]["max_abs_diff"] == 0 and r["results"]["fused"]["ms_per_forward"] > 0
 
 
-def test_layer_script_rejects_unknown_variants():
-    out = run(tr.LAYER, "--variants", "ops,xla")
+def test_layer_script_rejects_unknown_variants(capsys):
+    out = run_script_in_process(tr.LAYER, "--variants", "ops,xla", capsys=capsys)
     assert out.returncode == 2 and "unknown variant(s) xla" in out.stderr and "Traceback" not in out.stderr
 
 
@@ -387,6 +415,7 @@ def test_matmul_share_and_warmup_table_of_the_references():
     assert (warm["first_ms"] <= warm["max_ms"]).all()
 
 
+@pytest.mark.slow
 def test_run_benchmarks_forks_each_run_and_reports_a_failure(tmp_path):
     pytest.importorskip("torch")
     from gpuprof.errors import GpuprofError

@@ -2,7 +2,6 @@
 
 import importlib.util
 import json
-import subprocess
 import sys
 
 import pytest
@@ -10,6 +9,7 @@ import torch
 
 from gpuprof.artifacts import REPO_ROOT
 from gpuprof.errors import GpuprofError
+from helpers import run_script_in_process
 
 SCRIPT = REPO_ROOT / "examples" / "nsys" / "weight_streaming.py"
 spec = importlib.util.spec_from_file_location("weight_streaming", SCRIPT)
@@ -62,28 +62,28 @@ def test_a_model_that_does_not_fit_is_refused(monkeypatch):
         ws.check_fits(ws.ModelConfig(), ws.StreamingConfig(), ("prefetch",), True, 2)
 
 
-def test_absurd_layer_counts_are_refused():
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--layers", "100000"], capture_output=True, text=True, timeout=120)
+def test_absurd_layer_counts_are_refused(capsys):
+    proc = run_script_in_process(SCRIPT, "--layers", "100000", capsys=capsys)
     assert proc.returncode == 2 and "above this script's limit of 1,024" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_config_file_and_flags(tmp_path):
+def test_config_file_and_flags(tmp_path, capsys):
     cfg = tmp_path / "streaming.json"
     cfg.write_text(json.dumps({"prefetch_distance": 1, "max_cached_layers": 2, "model": {"layers": 3, "d_model": 16,
                                                                                           "heads": 2, "ffn": 24}}))
     out = tmp_path / "r.json"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--config", str(cfg), "--mode", "prefetch", "--decode-steps", "1",
-                           "--json", str(out)], capture_output=True, text=True, timeout=120)
+    proc = run_script_in_process(SCRIPT, "--config", str(cfg), "--mode", "prefetch", "--decode-steps", "1", "--json", str(out),
+                                 capsys=capsys)
     assert proc.returncode == 0, proc.stderr
     r = json.loads(out.read_text())
     assert r["streaming"] == {"prefetch_distance": 1, "max_cached_layers": 2}
     assert r["config"]["layers"] == 3 and r["config"]["decode_steps"] == 1
 
 
-def test_config_file_with_unknown_keys(tmp_path):
+def test_config_file_with_unknown_keys(tmp_path, capsys):
     cfg = tmp_path / "bad.json"
     cfg.write_text(json.dumps({"prefetch_distanse": 1}))
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--config", str(cfg)], capture_output=True, text=True, timeout=120)
+    proc = run_script_in_process(SCRIPT, "--config", str(cfg), capsys=capsys)
     assert proc.returncode == 2 and "unknown keys" in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -132,10 +132,9 @@ def test_sweep_grid_and_an_out_of_memory_row(model_and_tokens, monkeypatch, caps
     assert "d=1 c=2: out of memory" in capsys.readouterr().out
 
 
-def test_json_results_hold_every_timed_run(tmp_path):
+def test_json_results_hold_every_timed_run(tmp_path, capsys):
     out = tmp_path / "r.json"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--mode", "all", "--compare", "0:1", "1:2", "--json", str(out)],
-                          capture_output=True, text=True, timeout=120)
+    proc = run_script_in_process(SCRIPT, "--mode", "all", "--compare", "0:1", "1:2", "--json", str(out), capsys=capsys)
     assert proc.returncode == 0, proc.stderr
     r = json.loads(out.read_text())
     assert {"resident", "transfer_only", "sync", "prefetch", "prefetch_d0_c1", "prefetch_d1_c2"} <= set(r)

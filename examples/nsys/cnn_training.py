@@ -278,6 +278,7 @@ def run(args: argparse.Namespace, device: str) -> dict[str, Any]:
 
     setup_s = time.perf_counter() - t_setup
     warmup_s: list[float] = []
+    warmup_graphs: list[int | None] = []  # with --compile: graphs compiled so far, after each warm-up step
     with annotate("warmup"):
         for step in range(args.warmup):
             t0 = time.perf_counter()
@@ -285,11 +286,13 @@ def run(args: argparse.Namespace, device: str) -> dict[str, Any]:
                 pending.extend(trainer.warm_graph(*trainer.place(*next(data)), 3))
                 sync()
                 warmup_s.append(time.perf_counter() - t0)
+                warmup_graphs.append(compiled_graphs(args))
                 break
             one_step(step)
             read_losses()
             sync()
             warmup_s.append(time.perf_counter() - t0)
+            warmup_graphs.append(compiled_graphs(args))
     step = len(losses) + len(pending)
     read_losses()
     windows: list[dict[str, float]] = []
@@ -324,7 +327,8 @@ def run(args: argparse.Namespace, device: str) -> dict[str, Any]:
             torch.cuda.profiler.stop()
     return {"setup_s": setup_s, "warmup_step_s": warmup_s, "windows": windows, "losses": losses,
             "peak_memory_bytes": int(torch.cuda.max_memory_allocated()) if gpu else None,
-            "precision": precision(torch), "compile_counters": compile_counters(args)}
+            "precision": precision(torch), "compile_counters": compile_counters(args),
+            "compiled_graphs_by_warmup_step": warmup_graphs, "compiled_graphs": compiled_graphs(args)}
 
 
 def precision(torch: Any) -> dict[str, Any]:
@@ -345,6 +349,18 @@ def compile_counters(args: argparse.Namespace) -> dict[str, int] | None:
     except ImportError:
         return None
     return {k: int(v) for k, v in counters["inductor"].items()}
+
+
+def compiled_graphs(args: argparse.Namespace) -> int | None:
+    """With --compile: the graphs TorchDynamo has compiled in this process so far (its ``unique_graphs`` counter,
+    a count that does not depend on how fast the machine is, nor on Inductor's cache); None without --compile."""
+    if args.compile == "off":
+        return None
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        return None
+    return int(counters["stats"]["unique_graphs"])
 
 
 def window_steps(step: Callable[[], None], steps: int, min_seconds: float, clock: Callable[[], float]) -> int:
