@@ -26,6 +26,10 @@ REF = REPO_ROOT / "artifacts" / "ch06"
     ("nchwToNhwcKernel", "layout change"),
     ("triton_poi_fused_relu_0", "fused (torch.compile)"),
     ("something_new", "other"),
+    # NCCL's kernels, as chapter 8's captures name them: communication, not a reduction or indexing
+    ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "communication"),
+    ("ncclDevKernel_AllGather_RING_LL", "communication"),
+    ("ncclKernel_AllReduce_RING_LL_Sum_float", "communication"),
 ])
 def test_kernel_kind(name, kind):
     assert kernel_kind(name) == kind
@@ -35,3 +39,11 @@ def test_time_by_kind_shares_sum_to_one():
     t = time_by_kind(ns.kernels(REF / "rung8.sqlite"))
     assert np.isclose(t["share"].sum(), 1) and t["time_ms"].is_monotonic_decreasing
     assert time_by_kind(pd.DataFrame(columns=["name", "duration_ns"])).empty
+
+
+def test_the_kernels_of_a_two_rank_capture_are_counted_as_communication():
+    """Chapter 8's reference rank 0 export: every NCCL kernel is communication, and nothing else is."""
+    k = ns.kernels(REPO_ROOT / "artifacts" / "ch08" / "buckets_rank0.sqlite")
+    t = time_by_kind(k).set_index("kind")
+    nccl = k["name"].str.startswith("nccl")
+    assert nccl.any() and t.loc["communication", "kernels"] == nccl.sum()
