@@ -21,10 +21,15 @@ PYTHON_FLOOR := 3.11
 BOOK_FLAGS := --warningiserror --nitpick --keep-going
 BOOK_STAMP := _build/.book-stamp
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
+# On a GPU the suite runs in one process: strict nbval re-measures on the GPU, and two
+# notebooks timing kernels side by side would disturb each other's numbers. Without one, the
+# test files run in parallel (pytest-xdist, each file whole on one worker: files share module
+# fixtures and fork servers), on at most 4 workers (each loads PyTorch and starts programs of its own).
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
 ifeq ($(HAS_GPU),yes)
 NBVAL_FLAGS := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg
 else
-NBVAL_FLAGS := --nbval-lax
+NBVAL_FLAGS := --nbval-lax -n $(TEST_WORKERS) --dist loadfile
 endif
 # What the book is built from. Sphinx tracks the prose pages and included files itself; a
 # changed notebook or configuration can change values glued into other pages, so those
