@@ -13,8 +13,10 @@ import threading
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from gpuprof.artifacts import REPO_ROOT
+from gpuprof.fork_runs import run_all
 from gpuprof.runner import load_script
 
 EXAMPLES, SCRIPTS = REPO_ROOT / "examples", REPO_ROOT / "scripts"
@@ -26,6 +28,28 @@ def run_script(script: Path, *args: str, timeout: int = 120) -> subprocess.Compl
     """The script run as a program, from the repository's root, as a reader runs it."""
     return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=timeout,
                           cwd=REPO_ROOT)
+
+
+class ForkedRun(NamedTuple):
+    """One run of :func:`forked_json_runs`: it unpacks as ``status, output, result`` and reads as attributes."""
+
+    status: str  # the process's exit status, as text
+    output: str  # its stdout and stderr together
+    result: dict[str, Any] | None  # its --json file, None when it wrote none
+
+
+def forked_json_runs(script: Path, runs: dict[str, list[str]], folder: Path, *, timeout_s: float) -> dict[str, ForkedRun]:
+    """``script`` once per named argument list, each with ``--json`` into ``folder``, each a process of its own forked
+    from a server that imported the script (and PyTorch) once (:mod:`gpuprof.fork_runs`, as the chapters' studies run
+    their configurations): separate processes, without one ``import torch`` each. The module fixtures that share a
+    script's runs among their tests call this; tests/test_scripts.py still runs every script as a program."""
+    names = list(runs)
+    argvs = [[*runs[name], "--json", str(folder / f"run{i}.json")] for i, name in enumerate(names)]
+    out = {}
+    for i, status, _, output in run_all(script, argvs, timeout_s=timeout_s):
+        path = folder / f"run{i}.json"
+        out[names[i]] = ForkedRun(status, output, json.loads(path.read_text()) if path.exists() else None)
+    return out
 
 
 @dataclass

@@ -3,21 +3,18 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pytest
 
 from gpuprof.artifacts import REPO_ROOT
-from gpuprof.fork_runs import run_all
 from gpuprof.ncu import derived as nd
 from gpuprof.ncu.csv_reader import metric_columns, read_details
 from gpuprof.nsys import sqlite as ns
 from gpuprof.runner import load_script
 from gpuprof import cnn_data
 from gpuprof.studies import cnn_training as ct
-from helpers import run_script_in_process
+from helpers import ForkedRun, forked_json_runs, run_script_in_process
 
 torch = pytest.importorskip("torch")
 
@@ -92,26 +89,11 @@ TRAINER_RUNS = {
 }
 
 
-@dataclass
-class TrainerRun:
-    status: str  # the process's exit status, as text
-    output: str  # its stdout and stderr together
-    result: dict[str, Any] | None  # its --json file
-
-
 @pytest.fixture(scope="module")
-def trainer_runs(tmp_path_factory) -> dict[str, TrainerRun]:
-    """The script run with each of TRAINER_RUNS's arguments (and --cpu), each in a process of its own forked from a
-    server that imported PyTorch once (gpuprof.fork_runs, as the chapter's study times its configurations): the
-    runs are separate processes, without ten ``import torch``. tests/test_scripts.py runs the script as a program."""
-    tmp = tmp_path_factory.mktemp("cnn_training_runs")
-    names = list(TRAINER_RUNS)
-    argvs = [[*TRAINER_RUNS[name], "--json", str(tmp / f"run{i}.json"), "--cpu"] for i, name in enumerate(names)]
-    runs = {}
-    for i, status, _, output in run_all(SCRIPT, argvs, timeout_s=900):
-        path = tmp / f"run{i}.json"
-        runs[names[i]] = TrainerRun(status, output, json.loads(path.read_text()) if path.exists() else None)
-    return runs
+def trainer_runs(tmp_path_factory) -> dict[str, ForkedRun]:
+    """The script run with each of TRAINER_RUNS's arguments (and --cpu), each made once (helpers.forked_json_runs)."""
+    runs = {name: [*args, "--cpu"] for name, args in TRAINER_RUNS.items()}
+    return forked_json_runs(SCRIPT, runs, tmp_path_factory.mktemp("cnn_training_runs"), timeout_s=900)
 
 
 @pytest.mark.slow

@@ -4,14 +4,11 @@ and refuses bad input in one sentence. (Its timings and the four modes' numerics
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Any
 
 import pytest
 
 from gpuprof.artifacts import REPO_ROOT
-from gpuprof.fork_runs import run_all
-from helpers import run_script_in_process
+from helpers import ForkedRun, forked_json_runs, run_script_in_process
 
 pytest.importorskip("torch")
 
@@ -21,24 +18,12 @@ TINY = ["--layers", "2", "--d-model", "64", "--heads", "4", "--d-ff", "128", "--
 MODES = ["fp32", "tf32", "fp16", "bf16", "fp16-noscaler"]
 
 
-@dataclass
-class ModeRun:
-    status: str  # the process's exit status, as text
-    output: str  # its stdout and stderr together
-    result: dict[str, Any] | None  # its --json file
-
-
 @pytest.fixture(scope="module")
-def mode_runs(tmp_path_factory) -> dict[str, ModeRun]:
-    """One run of the script per mode at the tiny size, each in a process of its own forked from a server that imported
-    PyTorch once (gpuprof.fork_runs); the tests below read them. tests/test_scripts.py runs the script as a program."""
-    tmp = tmp_path_factory.mktemp("mixed_precision_runs")
-    argvs = [["--mode", mode, *TINY, "--json", str(tmp / f"{mode}.json")] for mode in MODES]
-    runs = {}
-    for i, status, _, output in run_all(SCRIPT, argvs, timeout_s=600):
-        path = tmp / f"{MODES[i]}.json"
-        runs[MODES[i]] = ModeRun(status, output, json.loads(path.read_text()) if path.exists() else None)
-    return runs
+def mode_runs(tmp_path_factory) -> dict[str, ForkedRun]:
+    """One run of the script per mode at the tiny size, each made once (helpers.forked_json_runs); the tests below
+    read them."""
+    runs = {mode: ["--mode", mode, *TINY] for mode in MODES}
+    return forked_json_runs(SCRIPT, runs, tmp_path_factory.mktemp("mixed_precision_runs"), timeout_s=600)
 
 
 @pytest.mark.slow

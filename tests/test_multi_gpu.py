@@ -20,13 +20,12 @@ import pandas as pd
 import pytest
 
 from gpuprof.artifacts import find_capture, reference_dir
-from gpuprof.fork_runs import run_all
 from gpuprof.kernel_kinds import is_communication
 from gpuprof.nsys import ranks
 from gpuprof.nsys import sqlite as ns
 from gpuprof.runner import load_script, portable_command, torchrun_target
 from gpuprof.studies import multi_gpu as mg
-from helpers import run_script_in_process
+from helpers import forked_json_runs, run_script_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 REF = reference_dir() / "ch08"
@@ -52,16 +51,8 @@ ONE_PROCESS_RUNS = {
 
 @pytest.fixture(scope="module")
 def one_process_runs(tmp_path_factory) -> dict:
-    """ONE_PROCESS_RUNS, each a process of its own forked from a server that imported PyTorch once (gpuprof.fork_runs):
-    name -> (exit status as text, output, the --json result). tests/test_scripts.py runs the script as a program."""
-    tmp = tmp_path_factory.mktemp("ddp_one_process")
-    names = list(ONE_PROCESS_RUNS)
-    argvs = [[*ONE_PROCESS_RUNS[name], "--json", str(tmp / f"run{i}.json")] for i, name in enumerate(names)]
-    runs = {}
-    for i, status, _, output in run_all(mg.DDP, argvs, timeout_s=600):
-        path = tmp / f"run{i}.json"
-        runs[names[i]] = (status, output, json.loads(path.read_text()) if path.exists() else None)
-    return runs
+    """ONE_PROCESS_RUNS, each made once (helpers.forked_json_runs): name -> (exit status as text, output, result)."""
+    return forked_json_runs(mg.DDP, ONE_PROCESS_RUNS, tmp_path_factory.mktemp("ddp_one_process"), timeout_s=600)
 
 
 @pytest.mark.slow

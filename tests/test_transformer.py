@@ -16,10 +16,9 @@ from gpuprof.kernel_kinds import kernel_kind, tensor_cores, time_by_kind
 from gpuprof.nsys import sqlite as ns
 from gpuprof.nsys.export_edit import keep_callchains
 from gpuprof.nsys import stats
-from gpuprof.fork_runs import run_all
 from gpuprof.runner import load_script
 from gpuprof.studies import transformer as tr
-from helpers import run_script_in_process
+from helpers import forked_json_runs, run_script_in_process
 
 torch = pytest.importorskip("torch")
 
@@ -46,17 +45,9 @@ BENCHMARK_RUNS = {
 
 @pytest.fixture(scope="module")
 def benchmark_runs(tmp_path_factory) -> dict:
-    """BENCHMARK_RUNS, each in a process of its own forked from a server that imported PyTorch once (gpuprof.fork_runs,
-    as the script's own --sweep runs its children): name -> (exit status as text, output, the --json result).
-    tests/test_scripts.py runs the script as a program."""
-    tmp = tmp_path_factory.mktemp("transformer_runs")
-    names = list(BENCHMARK_RUNS)
-    argvs = [[*BENCHMARK_RUNS[name], "--json", str(tmp / f"run{i}.json")] for i, name in enumerate(names)]
-    runs = {}
-    for i, status, _, output in run_all(tr.BENCHMARK, argvs, timeout_s=600):
-        path = tmp / f"run{i}.json"
-        runs[names[i]] = (status, output, json.loads(path.read_text()) if path.exists() else None)
-    return runs
+    """BENCHMARK_RUNS, each made once (helpers.forked_json_runs, as the script's own --sweep runs its children):
+    name -> (exit status as text, output, the --json result)."""
+    return forked_json_runs(tr.BENCHMARK, BENCHMARK_RUNS, tmp_path_factory.mktemp("transformer_runs"), timeout_s=600)
 
 
 def test_benchmark_help_names_its_ranges(capsys):
