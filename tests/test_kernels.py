@@ -10,6 +10,7 @@ from gpuprof import kernels as gk
 from gpuprof.cli import output_file, require_memory
 from gpuprof.memory_probe import available_memory
 from gpuprof.errors import GpuprofError
+from conftest import write_exe
 
 
 def test_bench_times_checks_and_rates_each_variant():
@@ -155,9 +156,10 @@ def test_training_memory_bound_counts_what_autograd_keeps():
 # ---- finding nvcc and building a course .cu file (run on every machine, GPU or not) ----
 
 def _program(path, executable: bool):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("#!/bin/sh\nexit 0\n")
-    path.chmod(0o755 if executable else 0o644)
+    """A stand-in nvcc (conftest.write_exe), with its execute bits taken away when ``executable`` is False."""
+    write_exe(path, "exit 0")
+    if not executable:
+        path.chmod(0o644)
     return path
 
 
