@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 
@@ -229,3 +230,15 @@ def test_a_found_captures_json_is_read_plain_or_gzipped(tmp_path):
     packed.write_bytes(gzip.compress(json.dumps({"traceEvents": []}).encode()))
     assert artifacts.FoundCapture(plain, "reference", {}).json() == {"rows": [1, 2]}
     assert artifacts.FoundCapture(packed, "reference", {}).json() == {"traceEvents": []}
+
+
+def test_shown_path_hides_the_machines_folders():
+    """Transcripts name files relative to the repository, temporary files by name: no machine path in the book."""
+    import tempfile
+
+    from gpuprof.artifacts import REPO_ROOT, shown_path
+
+    assert shown_path(REPO_ROOT / "artifacts" / "ch05" / "x.json.gz") == "artifacts/ch05/x.json.gz"
+    tmp_file = Path(tempfile.gettempdir()) / "tmpab12cd" / "train_run.json"
+    assert shown_path(tmp_file) == "train_run.json (in a temporary folder)"
+    assert shown_path("/opt/elsewhere/y.json") == "/opt/elsewhere/y.json"
