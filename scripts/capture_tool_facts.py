@@ -18,14 +18,23 @@ is checked by tests/test_book_facts.py against these files, so that a claim abou
   nvprof -> ncu table in ``nvprof-ncu-metrics.csv`` uses), so that the table's names are the
   tool's own (tests/test_book_facts.py checks every one). Needs ncu, not a GPU.
 
-Usage: ``python scripts/capture_tool_facts.py`` (about a minute; needs nsys and a GPU), or
-``python scripts/capture_tool_facts.py --ncu-metrics`` (seconds).
+* with ``--nvtx-trigger`` instead: ``nvtx-capture-trigger.json``, whether ``--capture-range=nvtx``
+  starts on a range opened by the ``nvtx`` package (which registers its messages) and by
+  ``torch.cuda.nvtx`` (plain strings), each with and without
+  ``NSYS_NVTX_PROFILER_REGISTER_ONLY=0`` (the User Guide says nsys compares only registered
+  strings by default): four captures of a small PyTorch program, each with its exit status,
+  whether a report was written and how many kernels it holds. Needs nsys and a GPU.
+
+Usage: ``python scripts/capture_tool_facts.py`` (about a minute; needs nsys and a GPU),
+``python scripts/capture_tool_facts.py --ncu-metrics`` (seconds), or
+``python scripts/capture_tool_facts.py --nvtx-trigger`` (under a minute; needs nsys and a GPU).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sqlite3
 import subprocess
@@ -43,8 +52,8 @@ PROGRAM = ("import torch; x = torch.ones(4096, device='cuda'); [x.mul_(1.0001) f
            "torch.cuda.synchronize(); y = x.cpu()")
 
 
-def sh(*cmd: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(list(cmd), capture_output=True, text=True, cwd=cwd, timeout=300)
+def sh(*cmd: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(list(cmd), capture_output=True, text=True, cwd=cwd, timeout=300, env=env)
 
 
 def backtraces(nsys: str, value: str, tmp: Path) -> dict:
@@ -56,6 +65,75 @@ def backtraces(nsys: str, value: str, tmp: Path) -> dict:
     calls, with_bt = con.execute("SELECT count(*), sum(callchainId IS NOT NULL) FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()
     return {"rc": r.returncode, "cuda_api_calls": calls, "with_backtrace": int(with_bt or 0),
             "said": [ln for ln in (r.stdout + r.stderr).splitlines() if "backtrace" in ln.lower()][:3]}
+
+
+TRIGGER_RANGE = "trigger_range"
+REGISTER_ONLY = "NSYS_NVTX_PROFILER_REGISTER_ONLY"
+# 50 kernels inside the range; the tensor is made (and its fill kernel run) before it opens.
+_TRIGGER_BODY = ("x = torch.ones(4096, device='cuda'); torch.cuda.synchronize()\n"
+                 "{open}\n"
+                 "for _ in range(50):\n    x.mul_(1.0001)\n"
+                 "torch.cuda.synchronize()\n"
+                 "{close}\n")
+TRIGGER_PROGRAMS = {
+    "nvtx": "import nvtx, torch\n" + _TRIGGER_BODY.format(
+        open=f"nvtx.push_range({TRIGGER_RANGE!r})", close="nvtx.pop_range()"),
+    "torch.cuda.nvtx": "import torch\n" + _TRIGGER_BODY.format(
+        open=f"torch.cuda.nvtx.range_push({TRIGGER_RANGE!r})", close="torch.cuda.nvtx.range_pop()"),
+}
+
+
+def trigger_command(nsys: str, api: str, full_match: bool) -> list[str]:
+    """``nsys profile`` over the program of ``api`` that records only inside ``trigger_range``."""
+    name = f"trigger_{api.replace('.', '_')}_{'full_match' if full_match else 'default'}"
+    env = [f"--env-var={REGISTER_ONLY}=0"] if full_match else []
+    return [nsys, "profile", "--trace=cuda,nvtx", "--sample=none", "--cpuctxsw=none", "--capture-range=nvtx",
+            f"--nvtx-capture={TRIGGER_RANGE}", "--capture-range-end=stop", *env, "-o", name, "-f", "true",
+            sys.executable, "-c", TRIGGER_PROGRAMS[api]]
+
+
+def nvtx_trigger(nsys: str, api: str, full_match: bool, tmp: Path) -> dict:
+    """One capture: did the range start it, and how many kernels did the report get (50 expected)?
+
+    The variable is removed from the environment nsys inherits, so that "default" means
+    nsys's own default, whatever the calling shell set.
+    """
+    cmd = trigger_command(nsys, api, full_match)
+    name = cmd[cmd.index("-o") + 1]
+    env = {k: v for k, v in os.environ.items() if k != REGISTER_ONLY}
+    r = sh(*cmd, cwd=tmp, env=env)
+    report = tmp / f"{name}.nsys-rep"
+    kernels = None
+    if report.exists():
+        sh(nsys, "export", "--type", "sqlite", "-o", f"{name}.sqlite", "-f", "true", report.name, cwd=tmp)
+        con = sqlite3.connect(tmp / f"{name}.sqlite")
+        tables = {t for (t,) in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        kernels = (con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+                   if "CUPTI_ACTIVITY_KIND_KERNEL" in tables else 0)
+        con.close()
+    shown = ["nsys", *cmd[1:cmd.index(sys.executable)], "python", "-c", "..."]
+    return {"api": api, "env": f"{REGISTER_ONLY}=0" if full_match else "unset", "command": " ".join(shown),
+            "rc": r.returncode, "report_written": report.exists(), "kernels": kernels,
+            "said": [ln for ln in (r.stdout + r.stderr).splitlines()
+                     if any(w in ln.lower() for w in ("capture", "no reports", "error", "warning"))][:4]}
+
+
+def record_nvtx_trigger(out: Path) -> int:
+    from importlib.metadata import version
+
+    nsys = str(find_tool("nsys").path)
+    facts: dict = {"machine": describe_machine().summary(), "nsys": sh(nsys, "--version", cwd=out).stdout.strip(),
+                   "nvtx": version("nvtx"), "range": TRIGGER_RANGE, "kernels_inside_the_range": 50, "runs": []}
+    with tempfile.TemporaryDirectory() as t:
+        for api in TRIGGER_PROGRAMS:
+            for full_match in (False, True):
+                run = nvtx_trigger(nsys, api, full_match, Path(t))
+                print(f"{api:<16} {run['env']:<36} rc {run['rc']}, report {run['report_written']}, "
+                      f"kernels {run['kernels']}")
+                facts["runs"].append(run)
+    (out / "nvtx-capture-trigger.json").write_text(json.dumps(facts, indent=1) + "\n")
+    print(f"wrote {out / 'nvtx-capture-trigger.json'}")
+    return 0
 
 
 def table_bases(csv_path: Path) -> list[str]:
@@ -88,12 +166,18 @@ def record_ncu_metrics(out: Path) -> int:
 @exit_on_error
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--ncu-metrics", action="store_true", help="record ncu's metric names for the nvprof table instead")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--ncu-metrics", action="store_true", help="record ncu's metric names for the nvprof table instead")
+    what.add_argument("--nvtx-trigger", action="store_true",
+                      help="record whether --capture-range=nvtx starts on the nvtx package's and torch.cuda.nvtx's "
+                           f"ranges, with and without {REGISTER_ONLY}=0, instead")
     args = p.parse_args(argv)
     out = ROOT / "artifacts" / "tools"
     out.mkdir(parents=True, exist_ok=True)
     if args.ncu_metrics:
         return record_ncu_metrics(out)
+    if args.nvtx_trigger:
+        return record_nvtx_trigger(out)
     nsys = str(find_tool("nsys").path)
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)

@@ -198,3 +198,34 @@ def test_pid_and_tid_unpack_an_nsys_global_id_for_one_id_an_array_and_a_series()
     pids, tids = ns.pid_of(series), ns.tid_of(series)
     assert isinstance(pids, pd.Series) and pids.index.tolist() == [5, 9] and pids.tolist() == [4321, 7]
     assert tids.tolist() == [4325, 0]
+
+
+def test_nvtx_strings_tell_registered_messages_from_plain_ones(tmp_path):
+    """A registered message is a textId (its text NULL); a plain one is the text column; events without a
+    message (a pop) are left out. Built by hand, so that each row's kind is known."""
+    f = tmp_path / "nvtx.sqlite"
+    con = sqlite3.connect(f)
+    con.execute("CREATE TABLE StringIds (id INTEGER, value TEXT)")
+    con.execute("INSERT INTO StringIds VALUES (7, 'step_0')")
+    con.execute("CREATE TABLE ENUM_NSYS_EVENT_TYPE (id INTEGER, name TEXT)")
+    con.execute("INSERT INTO ENUM_NSYS_EVENT_TYPE VALUES (59, 'NvtxPushPopRange'), (34, 'NvtxMark')")
+    con.execute("CREATE TABLE NVTX_EVENTS (start INTEGER, end INTEGER, eventType INTEGER, text TEXT, textId INTEGER, "
+                "globalTid INTEGER, domainId INTEGER, category INTEGER)")
+    con.executemany("INSERT INTO NVTX_EVENTS VALUES (?, ?, ?, ?, ?, 1, NULL, NULL)",
+                    [(0, 10, 59, None, 7), (20, 30, 59, None, 7), (40, 50, 59, "optimizer_step", None),
+                     (60, None, 34, "saved", None), (70, None, 76, None, None)])
+    con.commit()
+    con.close()
+    s = ns.nvtx_strings(f).set_index("text")
+    assert list(s.index) == ["saved", "optimizer_step", "step_0"]
+    assert s.loc["step_0", "registered"] and s.loc["step_0", "events"] == 2
+    assert not s.loc["optimizer_step", "registered"] and not s.loc["saved", "registered"]
+    assert s.loc["saved", "event"] == "NvtxMark" and (s["domain"] == "default").all()
+
+
+def test_nvtx_strings_of_the_chapter_2_capture_the_nvtx_package_registers_torch_does_not():
+    """nvtx 0.2.17 registers every message; torch.cuda.nvtx (nvtxRangePushA) sends plain text."""
+    s = ns.nvtx_strings(REPO_ROOT / "artifacts" / "ch02" / "features.sqlite")
+    ranges = s[s["event"] == "NvtxPushPopRange"].set_index("text")
+    assert ranges.loc["step_0", "registered"] and ranges.loc["library_call_0", "domain"] == "course"
+    assert not ranges.loc["optimizer_step", "registered"]

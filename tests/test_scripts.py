@@ -424,3 +424,23 @@ def test_reexecute_cells_leaves_other_cells_byte_for_byte(tmp_path):
     after = nbformat.read(path, as_version=4)
     assert after.cells[0].outputs[0]["text"] == "42\n"
     assert after.cells[1].outputs[0]["data"]["image/png"] == png
+
+
+def test_the_nvtx_trigger_facts_differ_only_in_the_register_only_variable():
+    """capture_tool_facts.py --nvtx-trigger (run on a GPU): one range name, one program per binding, the same
+    nsys line with and without NSYS_NVTX_PROFILER_REGISTER_ONLY=0."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("capture_tool_facts", REPO_ROOT / "scripts" / "capture_tool_facts.py")
+    facts = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(facts)
+    assert set(facts.TRIGGER_PROGRAMS) == {"nvtx", "torch.cuda.nvtx"}
+    for api, program in facts.TRIGGER_PROGRAMS.items():
+        compile(program, api, "exec")
+        assert program.count(repr(facts.TRIGGER_RANGE)) == 1  # the range is opened once: only the first one triggers
+        default, full = facts.trigger_command("nsys", api, False), facts.trigger_command("nsys", api, True)
+        assert [a for a in full if "REGISTER_ONLY" not in a and "trigger_" not in a] == \
+               [a for a in default if "trigger_" not in a]
+        assert "--env-var=NSYS_NVTX_PROFILER_REGISTER_ONLY=0" in full and "--nvtx-capture=trigger_range" in default
+    assert "nvtx.push_range" in facts.TRIGGER_PROGRAMS["nvtx"]
+    assert "torch.cuda.nvtx.range_push" in facts.TRIGGER_PROGRAMS["torch.cuda.nvtx"]

@@ -30,8 +30,13 @@ QUIET = ["--sample=none", "--cpuctxsw=none"]
 def nvtx_range_capture(range_name: str) -> list[str]:
     """nsys options that record only while the NVTX range ``range_name`` is open (from its push to its pop).
 
-    Python's NVTX strings are not registered strings, which ``--nvtx-capture`` matches by
-    default; the environment variable makes nsys match them too.
+    By default ``--nvtx-capture`` compares only messages given as NVTX registered strings,
+    and ``NSYS_NVTX_PROFILER_REGISTER_ONLY=0`` makes it compare every message (the Nsight
+    Systems User Guide, "Run application, start/stop collection using NVTX"). The ``nvtx``
+    package (0.2.17) registers every message it is given; ``torch.cuda.nvtx``, which
+    :mod:`gpuprof.ranges` falls back to without that package, and C's ``nvtxRangePushA``
+    pass plain strings. The variable is set so that the range triggers the capture
+    whichever binding opened it.
     """
     return ["--capture-range=nvtx", f"--nvtx-capture={range_name}", "--capture-range-end=stop",
             "--env-var=NSYS_NVTX_PROFILER_REGISTER_ONLY=0"]

@@ -26,7 +26,7 @@ from ..errors import GpuprofError
 
 __all__ = ["NoKernelRows", "open_export", "table_names", "kernels", "nvtx_ranges", "runtime_calls",
            "attribute_to_ranges", "nvtx_marks", "ensure_sqlite", "memcpy", "memset", "synchronization", "streams", "gpu_info",
-           "memory_usage", "thread_names", "LAUNCH_COLUMNS", "pid_of", "tid_of"]
+           "memory_usage", "thread_names", "nvtx_strings", "LAUNCH_COLUMNS", "pid_of", "tid_of"]
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
@@ -432,6 +432,38 @@ def nvtx_ranges(path: str | Path) -> pd.DataFrame:
             open_ends.append(end)
     df["depth"] = depth
     return df[cols]
+
+
+def nvtx_strings(path: str | Path) -> pd.DataFrame:
+    """How each NVTX message reached the tool: one row per (event kind, domain, text), with
+    ``registered`` and ``events`` (how many).
+
+    The export keeps the two kinds of message apart: a registered string (the program
+    handed NVTX the text once, ``nvtxDomainRegisterStringA``, then only its handle) is a
+    ``textId`` into ``StringIds``; a plain one (``nvtxRangePushA("...")``, or an event
+    attribute with an ASCII message) is the ``text`` column, copied at every event. Which
+    kind a binding sends decides what an event costs and whether ``--capture-range=nvtx``
+    matches it by default, and bindings do not document it; this reads it from the capture.
+    ``event`` is the export's name for the kind (``NvtxPushPopRange``, ``NvtxMark``,
+    ``NvtxDomainCreate``, ...; the number where the export lacks the table of names).
+    """
+    cols = ["event", "domain", "text", "registered", "events"]
+    with closing(open_export(path)) as conn:
+        names = table_names(conn)
+        table = next((t for t in ("NVTX_EVENTS", "NVTX_EVENTS_V2") if t in names), None)
+        if table is None:
+            return pd.DataFrame(columns=cols)
+        kinds = (dict(conn.execute("SELECT id, name FROM ENUM_NSYS_EVENT_TYPE").fetchall())
+                 if "ENUM_NSYS_EVENT_TYPE" in names else {})
+        registered = pd.read_sql_query(f"SELECT eventType, text IS NULL AND textId IS NOT NULL AS registered "
+                                       f"FROM {table}", conn)["registered"].astype(bool)
+    df, _ = _nvtx_events(path)
+    if df.empty:
+        return pd.DataFrame(columns=cols)
+    df = df.assign(registered=registered.to_numpy(), event=df["eventType"].map(lambda e: kinds.get(int(e), str(e))))
+    df = df[df["text"] != "?"]  # events that carry no message (a pop, a domain's destruction)
+    out = df.groupby(["event", "domain", "text", "registered"], sort=True).size().rename("events").reset_index()
+    return out[cols]
 
 
 def nvtx_marks(path: str | Path) -> pd.DataFrame:
