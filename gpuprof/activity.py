@@ -14,6 +14,8 @@ by one definition of each measure:
 * **copy/compute overlap**: the share of copy time hidden under kernels running on
   other streams;
 * **launch latency**: from the CPU's launch call to the kernel's start;
+* **service order**: whether work on several streams ran in the order the CPU issued it,
+  and in which runs of one stream's items (:func:`service_order`);
 * **synchronisation wait share**: CPU time spent in ``*Synchronize`` calls over a window;
 * **attribution** of kernels to ranges (NVTX ranges, ``record_function`` or
   ``ProfilerStep#N`` annotations) by the launching thread or by time window;
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import re
 import warnings
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -58,7 +61,7 @@ def api_name(name: str) -> str:
 __all__ = ["api_name", "merge_intervals", "busy_fraction", "idle_gaps", "copy_summary", "copy_compute_overlap", "launch_latency",
            "sync_wait_share", "window_of", "range_window", "last_repeat_window", "inside", "calls_by_range", "copy_curve",
            "exposed_copy_fraction", "attribute_kernels", "ATTRIBUTION_RULES", "find_steps", "step_ranges",
-           "STEP_NUMBERED", "STEP_REPEATED", "NUMBERED_STEP"]
+           "STEP_NUMBERED", "STEP_REPEATED", "NUMBERED_STEP", "overlap_ns", "issue_order", "ServiceOrder", "service_order"]
 
 SYNC_API = r"Synchronize"
 
@@ -186,6 +189,20 @@ def _covered(ks: np.ndarray, ke: np.ndarray, cum: np.ndarray, lo: int, hi: int) 
     return float(max(0, inner))
 
 
+def overlap_ns(intervals: pd.DataFrame, cover: pd.DataFrame) -> int:
+    """Nanoseconds of ``intervals`` (merged: overlaps count once) during which some row of ``cover`` was running.
+
+    The general form of the overlap measures: how much of the gaps between kernels fell while
+    a copy ran, how much of one stream's time another stream shared.
+    """
+    if intervals.empty or cover.empty:
+        return 0
+    s, e = merge_intervals(intervals["start"].to_numpy(), intervals["end"].to_numpy())
+    cs, ce = merge_intervals(cover["start"].to_numpy(), cover["end"].to_numpy())
+    cum = np.concatenate([[0], np.cumsum(ce - cs)])
+    return round(sum(_covered(cs, ce, cum, int(a), int(b)) for a, b in zip(s, e)))
+
+
 def launch_latency(kernels: pd.DataFrame, runtime: pd.DataFrame) -> pd.Series:
     """Per kernel: ns from the start of the CPU call that launched it to the kernel's start."""
     launches = runtime[["correlationId", "start"]].rename(columns={"start": "launch_start"})
@@ -265,6 +282,83 @@ def exposed_copy_fraction(copies: pd.DataFrame, kernels: pd.DataFrame, window: t
     cum = np.concatenate([[0], np.cumsum(ke - ks)])
     hidden = sum(_covered(ks, ke, cum, int(a), int(b)) for a, b in zip(cs, ce))
     return (float((ce - cs).sum()) - hidden) / (hi - lo)
+
+
+def issue_order(work: pd.DataFrame, runtime: pd.DataFrame) -> pd.DataFrame:
+    """Copies (or kernels) with ``issued``, the start of the CPU call that queued each, in the order they ran.
+
+    A timeline shows when each copy ran, not when the CPU asked for it; the CUDA call that
+    queued it (same ``correlationId`` in the runtime table) does. Within one stream the GPU
+    keeps the order of issue; between streams CUDA promises no order at all (the CUDA C++
+    Programming Guide, *Streams*), so what a GPU did is something only a capture can say.
+    Rows are sorted by ``start`` and numbered: ``run_rank`` (0, 1, ... in the order they
+    ran) and ``issue_rank`` (the same in the order they were issued). Work without a
+    matching call (recorded outside the traced API) is left out.
+    """
+    calls = runtime[["correlationId", "start"]].rename(columns={"start": "issued"})
+    df = work.merge(calls, on="correlationId", how="inner")
+    df = df.sort_values(["start", "issued"], kind="stable", ignore_index=True)
+    df["run_rank"] = np.arange(len(df), dtype=np.int64)
+    df["issue_rank"] = (df["issued"].rank(method="first").to_numpy() - 1).astype(np.int64) if len(df) else []
+    return df
+
+
+def _inversions(seq: np.ndarray) -> int:
+    """Pairs i < j with ``seq[i] > seq[j]`` in a permutation of 0..n-1, counted with a Fenwick tree (n log n)."""
+    n = len(seq)
+    tree = np.zeros(n + 1, dtype=np.int64)
+    count = 0
+    for seen, v in enumerate(seq):
+        i, not_greater = int(v) + 1, 0
+        while i > 0:
+            not_greater += int(tree[i])
+            i -= i & -i
+        count += seen - not_greater
+        i = int(v) + 1
+        while i <= n:
+            tree[i] += 1
+            i += i & -i
+    return count
+
+
+@dataclass(frozen=True)
+class ServiceOrder:
+    """How the order in which work ran departs from the order in which the CPU issued it.
+
+    ``runs`` has one row per run of consecutive items of one stream, in the order they ran:
+    ``streamId``, ``items``, ``start`` and ``end`` (when the run ran), ``first_issued`` and
+    ``last_issued`` (when its items were issued), and ``next_issued``: when the CPU issued
+    that stream's next item (NaN if none), so that ``next_issued > end`` says the stream had
+    nothing queued when the GPU left it.
+    """
+
+    items: int
+    inverted: int  # pairs of items that ran in the opposite order to their issue
+    runs: pd.DataFrame
+
+    @property
+    def pairs(self) -> int:
+        return self.items * (self.items - 1) // 2
+
+    @property
+    def longest(self) -> pd.Series:
+        """The run with the most items (the earliest of equals)."""
+        return self.runs.loc[self.runs["items"].idxmax()]
+
+
+def service_order(order: pd.DataFrame) -> ServiceOrder:
+    """Count the out-of-order pairs of an :func:`issue_order` table and group it into runs by stream."""
+    columns = ["streamId", "items", "start", "end", "first_issued", "last_issued", "next_issued"]
+    if order.empty:
+        return ServiceOrder(0, 0, pd.DataFrame(columns=columns))
+    ranked = order.sort_values("run_rank", kind="stable")
+    inverted = _inversions(ranked["issue_rank"].to_numpy())
+    block = (ranked["streamId"] != ranked["streamId"].shift()).cumsum()
+    runs = ranked.groupby(block, sort=False).agg(
+        streamId=("streamId", "first"), items=("streamId", "size"), start=("start", "min"), end=("end", "max"),
+        first_issued=("issued", "min"), last_issued=("issued", "max")).reset_index(drop=True)
+    runs["next_issued"] = runs.groupby("streamId")["first_issued"].shift(-1)
+    return ServiceOrder(len(ranked), inverted, runs[columns])
 
 
 ATTRIBUTION_RULES = ("thread", "window")

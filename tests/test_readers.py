@@ -116,6 +116,31 @@ def test_capture_without_kernels_says_why(tmp_path):
     assert ns.nvtx_ranges(f).empty and ns.runtime_calls(f).empty
 
 
+def test_gpu_metrics_are_read_by_the_names_the_export_gives(tmp_path):
+    """The two tables of an export made with --gpu-metrics-devices (their documented columns); the names
+    are the export's own, whatever they are (two GPUs may name the same counter differently)."""
+    f = tmp_path / "metrics.sqlite"
+    con = sqlite3.connect(f)
+    con.execute("CREATE TABLE TARGET_INFO_GPU_METRICS (typeId INTEGER, sourceId INTEGER, typeName TEXT, "
+                "metricId INTEGER, metricName TEXT)")
+    con.execute("CREATE TABLE GPU_METRICS (typeId INTEGER, timestamp INTEGER, metricId INTEGER, value INTEGER)")
+    con.executemany("INSERT INTO TARGET_INFO_GPU_METRICS VALUES (?, ?, ?, ?, ?)",
+                    [(1, 0, "GH100", 0, "DRAM Read Bandwidth [Throughput %]"), (1, 0, "GH100", 1, "PCIe RX Throughput [%]"),
+                     (2, 0, "GH100", 0, "another GPU's counter 0")])
+    con.executemany("INSERT INTO GPU_METRICS VALUES (?, ?, ?, ?)",
+                    [(1, 100, 0, 10), (1, 100, 1, 50), (1, 200, 0, 30), (1, 200, 1, 70), (1, 300, 0, 90), (2, 150, 0, 5)])
+    con.commit()
+    con.close()
+    samples = ns.gpu_metrics(f)
+    assert len(samples) == 6 and samples["timestamp"].is_monotonic_increasing
+    assert set(samples[samples["typeId"] == 2]["metric"]) == {"another GPU's counter 0"}  # joined on the GPU too
+    means = ns.gpu_metric_means(f, (100, 300)).set_index("metric")
+    assert means.loc["DRAM Read Bandwidth [Throughput %]"].tolist() == [2, 20.0, 30]  # the sample at 300 is outside
+    assert means.loc["PCIe RX Throughput [%]", "mean"] == 60.0
+    assert ns.gpu_metric_means(f, (400, 500)).empty
+    assert ns.gpu_metrics(SQLITE).empty  # a capture made without the option
+
+
 def test_export_is_opened_read_only(tmp_path):
     copy = tmp_path / "ro.sqlite"
     shutil.copy(ns.ensure_sqlite(SQLITE), copy)

@@ -127,3 +127,55 @@ def test_step_ranges_are_the_scripts_step_n_sorted_by_start_with_kept_columns():
     assert steps["text"].tolist() == ["step_2", "step_10"] and steps["step"].tolist() == [2, 10]
     assert steps["start"].is_monotonic_increasing and steps.index.tolist() == [0, 1]
     assert step_ranges(ranges.iloc[0:0]).empty and step_ranges(_ranges(["warmup"])).empty
+
+
+# --- Service order: the order work ran in against the order it was issued ------------------
+
+
+def queued(rows):
+    """rows: (issued, start, end, stream); one copy each, paired with its CPU call by correlationId."""
+    work = pd.DataFrame([(s, e, st, i) for i, (_, s, e, st) in enumerate(rows)],
+                        columns=["start", "end", "streamId", "correlationId"])
+    calls = pd.DataFrame([(iss, iss + 1, i) for i, (iss, *_) in enumerate(rows)], columns=["start", "end", "correlationId"])
+    return work, calls
+
+
+def test_issue_order_and_runs_known_case():
+    # issued a0 b0 a1 b1 a2; ran a0 a1 a2 b0 b1: b0 and b1 each overtaken by the a's issued after them
+    work, calls = queued([(0, 10, 20, 1), (1, 50, 60, 2), (2, 20, 30, 1), (3, 60, 70, 2), (4, 30, 40, 1)])
+    order = ta.issue_order(work, calls)
+    assert order["run_rank"].tolist() == [0, 1, 2, 3, 4]
+    assert order["issued"].tolist() == [0, 2, 4, 1, 3] and order["issue_rank"].tolist() == [0, 2, 4, 1, 3]
+    served = ta.service_order(order)
+    assert (served.items, served.pairs, served.inverted) == (5, 10, 3)  # (b0,a1) (b0,a2) (b1,a2)
+    assert served.runs[["streamId", "items", "start", "end"]].values.tolist() == [[1, 3, 10, 40], [2, 2, 50, 70]]
+    # stream 1 had nothing left when the GPU moved on; stream 2 is the last run
+    assert np.isnan(served.runs["next_issued"]).tolist() == [True, True]
+    assert served.longest["items"] == 3
+
+
+def test_next_issued_says_whether_a_stream_was_drained():
+    # a0 runs, then b0; a1 was issued before b0 started (a was not drained), a2 after b1 ended
+    work, calls = queued([(0, 10, 20, 1), (1, 20, 30, 2), (5, 30, 40, 1), (6, 40, 50, 2), (60, 70, 80, 1)])
+    runs = ta.service_order(ta.issue_order(work, calls)).runs
+    assert runs["streamId"].tolist() == [1, 2, 1, 2, 1]
+    assert runs["next_issued"].tolist()[:3] == [5, 6, 60]
+    assert ta.service_order(ta.issue_order(work.iloc[0:0], calls)).items == 0
+
+
+def test_inversions_match_brute_force():
+    rng = np.random.default_rng(11)
+    n = 60
+    issued = rng.permutation(n) * 10
+    rows = [(int(issued[k]), k * 100, k * 100 + 50, int(rng.integers(0, 3))) for k in range(n)]
+    work, calls = queued(rows)
+    served = ta.service_order(ta.issue_order(work, calls))
+    brute = sum(1 for i in range(n) for j in range(i + 1, n) if issued[i] > issued[j])  # ran i before j, issued after
+    assert served.inverted == brute and served.pairs == n * (n - 1) // 2
+
+
+def test_overlap_ns_known_case():
+    gaps = frame([(0, 10), (5, 20), (40, 50)])   # merged: 0-20 and 40-50
+    cover = frame([(15, 45), (48, 100)])
+    assert ta.overlap_ns(gaps, cover) == 5 + 5 + 2
+    assert ta.overlap_ns(gaps, frame([])) == 0

@@ -140,3 +140,25 @@ def test_json_results_hold_every_timed_run(tmp_path, capsys):
     assert {"resident", "transfer_only", "sync", "prefetch", "prefetch_d0_c1", "prefetch_d1_c2"} <= set(r)
     assert r["prefetch_d0_c1"]["max_cached_layers"] == 1 and len(r["transfer_only"]["pass_ms"]) == 1 + r["config"]["decode_steps"]
     assert "computed the same logits" in proc.stdout
+
+
+def test_repeats_keep_every_pass_and_report_the_median(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    proc = run_script_in_process(SCRIPT, "--mode", "all", "--repeats", "3", "--sweep", "--json", str(out), capsys=capsys)
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(out.read_text())
+    steps = r["config"]["decode_steps"]
+    assert r["repeats"] == 3
+    for name in ("resident", "sync", "prefetch"):
+        assert len(r[name]["prefill_runs_ms"]) == 3 and len(r[name]["decode_ms"]) == 3 * steps
+        assert r[name]["prefill_ms"] == sorted(r[name]["prefill_runs_ms"])[1]
+    assert len(r["transfer_only"]["pass_ms"]) == 3 * (1 + steps)
+    assert all(len(row["prefill_runs_ms"]) == 3 for row in r["sweep"])
+    assert "(median of 3, IQR " in proc.stdout
+
+
+def test_summarise_passes_and_spread():
+    s = ws.summarise_passes([[10.0, 1.0, 2.0], [30.0, 3.0, 4.0], [20.0, 5.0, 6.0]])
+    assert s == {"prefill_ms": 20.0, "prefill_runs_ms": [10.0, 30.0, 20.0], "decode_ms": [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]}
+    assert ws.spread([5.0]) == ""
+    assert ws.spread([1.0, 2.0, 3.0, 4.0, 5.0]) == " (median of 5, IQR 2.00-4.00)"

@@ -30,8 +30,11 @@ reads one value back to the CPU after every layer (as a router or an early-exit 
 would), so the CPU cannot run ahead of the GPU; --competing-h2d-mib adds other
 host-to-device traffic on its own stream. --sweep measures prefetch_distance x
 max_cached_layers (step time, GPU memory held; an out-of-memory configuration becomes a
-row, and the sweep goes on). Without a GPU the same code runs on the CPU with a tiny
-model and plain copies, so it is testable anywhere.
+row, and the sweep goes on). --repeats N times every run (and every sweep setting) N times,
+in rounds over the runs so that a slow spell of the machine falls on all of them: the
+JSON keeps every pass, and its prefill_ms is their median (one pass is one sample: a
+single slow pass looks like a finding). Without a GPU the same code runs on the CPU
+with a tiny model and plain copies, so it is testable anywhere.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from gpuprof import annotate, exit_on_error  # noqa: E402
 from gpuprof.backend import torch_backend_or_cpu  # noqa: E402
 from gpuprof.cli import nonnegative_int, output_file, positive_int, require_memory  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
+from gpuprof.timing import Timing  # noqa: E402
 
 MODES = ("resident", "transfer_only", "sync", "prefetch")
 MAX_LAYERS = 1024
@@ -345,6 +349,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--competing-h2d-mib", type=nonnegative_int, default=0,
                    help="other host-to-device traffic: MiB copied per layer on another stream (default: 0)")
     p.add_argument("--sweep", action="store_true", help="sweep prefetch_distance x max_cached_layers (prefetch mode)")
+    p.add_argument("--repeats", type=positive_int, default=1,
+                   help="time every run and sweep setting this many times; the JSON keeps each pass (default: 1)")
     p.add_argument("--json", type=output_file, default=None, metavar="FILE", help="also write the results to FILE")
     p.add_argument("--backend", choices=["torch", "cpu"], default=None, help="force a backend (default: torch CUDA, else CPU)")
     return p.parse_args(argv)
@@ -463,18 +469,24 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.profiler.start()  # nsys --capture-range=cudaProfilerApi records from here ...
     reference = None
     worst = 0.0
+    passes: dict[str, list[list[float]]] = {name: [] for name, _, _ in runs}  # per run: each repeat's pass times
+    for _ in range(args.repeats):  # rounds over the runs: a slow spell of the machine falls on all of them
+        for name, mode, streaming in runs:
+            with annotate(f"mode_{name}"):
+                if mode == "transfer_only":
+                    passes[name].append(transfer_only(model, 1 + cfg.decode_steps))
+                    continue
+                logits, times = generate(model, mode, streaming, tokens, args.competing_h2d_mib, args.host_sync_per_layer)
+            passes[name].append(times)
+            if reference is None:
+                reference = logits
+            else:
+                worst = max(worst, check_same_logits(f"{name}", logits, reference, gpu))
     for name, mode, streaming in runs:
-        with annotate(f"mode_{name}"):
-            if mode == "transfer_only":
-                times = transfer_only(model, 1 + cfg.decode_steps)
-                results[name] = {"pass_ms": times}
-                continue
-            logits, times = generate(model, mode, streaming, tokens, args.competing_h2d_mib, args.host_sync_per_layer)
-        results[name] = {"prefill_ms": times[0], "decode_ms": times[1:], **asdict(streaming)}
-        if reference is None:
-            reference = logits
+        if mode == "transfer_only":
+            results[name] = {"pass_ms": [t for rep in passes[name] for t in rep]}
         else:
-            worst = max(worst, check_same_logits(f"{name}", logits, reference, gpu))
+            results[name] = {**summarise_passes(passes[name]), **asdict(streaming)}
     if gpu:
         torch.cuda.synchronize()
         torch.cuda.profiler.stop()  # ... to here
@@ -487,9 +499,11 @@ def main(argv: list[str] | None = None) -> int:
                 line += f": {r['weight_copy_gbps']:.1f} GB/s"
             print(line)
         elif isinstance(r, dict) and "prefill_ms" in r:
-            print(f"  {name:<16} prefill {r['prefill_ms']:8.2f} ms, decode {statistics.median(r['decode_ms']):8.2f} ms per step (median)")
+            print(f"  {name:<16} prefill {r['prefill_ms']:8.2f} ms{spread(r['prefill_runs_ms'])}, "
+                  f"decode {statistics.median(r['decode_ms']):8.2f} ms per step (median)")
     if args.sweep:
-        results["sweep"] = sweep(model, tokens, cfg, args.competing_h2d_mib, args.host_sync_per_layer)
+        results["sweep"] = sweep(model, tokens, cfg, args.competing_h2d_mib, args.host_sync_per_layer, args.repeats)
+    results["repeats"] = args.repeats
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
         print(f"results written to {args.json}")
@@ -509,7 +523,25 @@ def sweep_configs(layers: int) -> list[StreamingConfig]:
     return out
 
 
-def sweep(model: Model, tokens, cfg: ModelConfig, competing_mib: int = 0, host_sync: bool = False) -> list[dict]:  # type: ignore[no-untyped-def]
+def summarise_passes(passes: list[list[float]]) -> dict[str, object]:
+    """One run's repeats (each [prefill, decode_0, ...] in ms) as the JSON keeps them: every prefill
+    (``prefill_runs_ms``) and their median (``prefill_ms``), and every decoding step of every repeat
+    (``decode_ms``, whose median is the median step)."""
+    prefills = [p[0] for p in passes]
+    return {"prefill_ms": statistics.median(prefills), "prefill_runs_ms": prefills,
+            "decode_ms": [t for p in passes for t in p[1:]]}
+
+
+def spread(samples: list[float]) -> str:
+    """' (median of 5, IQR 79.4-80.2)' for several samples, '' for one."""
+    if len(samples) < 2:
+        return ""
+    lo, hi = Timing(tuple(samples), "perf_counter", 1).iqr
+    return f" (median of {len(samples)}, IQR {lo:.2f}-{hi:.2f})"
+
+
+def sweep(model: Model, tokens, cfg: ModelConfig, competing_mib: int = 0, host_sync: bool = False,  # type: ignore[no-untyped-def]
+          repeats: int = 1) -> list[dict]:
     """prefetch_distance x max_cached_layers: prefill and decode times, GPU memory held; OOM is a row."""
     torch, gpu = model.torch, model.device == "cuda"
     rows = []
@@ -521,16 +553,21 @@ def sweep(model: Model, tokens, cfg: ModelConfig, competing_mib: int = 0, host_s
             if gpu:
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats()
-            with annotate(f"sweep_d{d}_c{c}"):
-                _, times = generate(model, "prefetch", sc, tokens, competing_mib, host_sync)
-            row.update(prefill_ms=times[0], decode_ms=statistics.median(times[1:]) if len(times) > 1 else None,
+            passes = []
+            for _ in range(repeats):
+                with annotate(f"sweep_d{d}_c{c}"):
+                    passes.append(generate(model, "prefetch", sc, tokens, competing_mib, host_sync)[1])
+            summary = summarise_passes(passes)
+            decode = summary["decode_ms"]
+            row.update(prefill_ms=summary["prefill_ms"], prefill_runs_ms=summary["prefill_runs_ms"],
+                       decode_ms=statistics.median(decode) if decode else None,
                        peak_gib=torch.cuda.max_memory_allocated() / 2**30 if gpu else None)
         except torch.cuda.OutOfMemoryError:
             row["error"] = "out of memory"
             if gpu:
                 torch.cuda.empty_cache()
         rows.append(row)
-        shown = row.get("error") or f"prefill {row['prefill_ms']:.2f} ms" + (
+        shown = row.get("error") or f"prefill {row['prefill_ms']:.2f} ms{spread(row['prefill_runs_ms'])}" + (
             f", decode {row['decode_ms']:.2f} ms" if row.get("decode_ms") is not None else "")
         print(f"  sweep {k}/{len(grid)} d={d} c={c}: {shown}")
     return rows

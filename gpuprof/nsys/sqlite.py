@@ -26,7 +26,8 @@ from ..errors import GpuprofError
 
 __all__ = ["NoKernelRows", "open_export", "table_names", "kernels", "nvtx_ranges", "runtime_calls",
            "attribute_to_ranges", "nvtx_marks", "ensure_sqlite", "memcpy", "memset", "synchronization", "streams", "gpu_info",
-           "memory_usage", "thread_names", "nvtx_strings", "LAUNCH_COLUMNS", "pid_of", "tid_of"]
+           "memory_usage", "thread_names", "nvtx_strings", "LAUNCH_COLUMNS", "pid_of", "tid_of", "gpu_metrics",
+           "gpu_metric_means"]
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
@@ -340,6 +341,40 @@ def gpu_info(path: str | Path) -> pd.DataFrame:
     if conn is not None:
         conn.close()
     return df
+
+
+def gpu_metrics(path: str | Path) -> pd.DataFrame:
+    """The GPU's own counters, sampled by ``nsys profile --gpu-metrics-devices``: one row per sample,
+    ``timestamp`` (ns), ``metric`` (its name as this nsys and GPU call it, e.g. a DRAM bandwidth or a
+    PCIe throughput, often in percent of peak: the name says its unit), ``value`` and ``typeId``
+    (which GPU). A CUDA trace has no device-memory traffic; these samples do, at the sampling rate.
+
+    The names are read from the export (``TARGET_INFO_GPU_METRICS``), never assumed: they differ
+    between GPU generations and nsys versions. Empty when the capture was made without the option.
+    """
+    columns = ["timestamp", "metric", "value", "typeId"]
+    with closing(open_export(path)) as conn:
+        tables = table_names(conn)
+        if not {"GPU_METRICS", "TARGET_INFO_GPU_METRICS"} <= tables:
+            return pd.DataFrame(columns=columns)
+        df = pd.read_sql_query("SELECT m.timestamp, n.metricName AS metric, m.value, m.typeId FROM GPU_METRICS m "
+                               "JOIN TARGET_INFO_GPU_METRICS n ON m.typeId = n.typeId AND m.metricId = n.metricId", conn)
+    return df.sort_values(["timestamp", "metric"], ignore_index=True)[columns]
+
+
+def gpu_metric_means(path: str | Path, window: tuple[int, int]) -> pd.DataFrame:
+    """Per metric, the samples inside ``window`` (ns): how many, their mean and their maximum.
+
+    A mean over a window is only as good as the samples in it: at the default sampling rate a
+    pass of tens of milliseconds holds hundreds of samples, a kernel of microseconds none.
+    """
+    samples = gpu_metrics(path)
+    lo, hi = window
+    inside = samples[(samples["timestamp"] >= lo) & (samples["timestamp"] < hi)]
+    if inside.empty:
+        return pd.DataFrame(columns=["metric", "samples", "mean", "max"])
+    out = inside.groupby("metric").agg(samples=("value", "size"), mean=("value", "mean"), max=("value", "max"))
+    return out.reset_index()
 
 
 def runtime_calls(path: str | Path) -> pd.DataFrame:
