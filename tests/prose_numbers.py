@@ -131,8 +131,10 @@ PROSE_NUMBER = re.compile(
 # Outputs: the same, and scientific notation (pandas prints 1.2e+06).
 OUTPUT_NUMBER = re.compile(
     rf"(?<![\w.])(?P<num>(?:{_NUM})(?:[eE][+-]?\d+)?)"
-    rf"(?:(?P<ratio>[x×](?![\w×]))|(?P<pct>%)|[ \t]?(?P<unit>{_UNIT_ALT})(?![\w/]))?"
+    rf"(?:(?P<ratio>[x×](?![\w×]))|(?P<pct>%)|[ \t]?(?P<unit>{_UNIT_ALT})(?![\w/])|"
+    rf"[ \t]?(?P<mult>[kMG]|thousand|million|billion)(?=[ \t]+[a-z]))?"  # "2.57 G parameters"
 )
+_OUTPUT_MULTIPLIERS = {"k": 1e3, "M": 1e6, "G": 1e9, **MULTIPLIERS}
 
 # ---- masking: what is not prose -------------------------------------------------------------------------
 
@@ -161,10 +163,11 @@ _MASKS: list[re.Pattern[str]] = [
     re.compile(r"\b\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2})?)?\b"),  # dates
     re.compile(r"\b\d+:\d{2}(?::\d{2})?\b"),  # clock times
     re.compile(r"(?<![\w.])\d+(?:\.\d+){2,}\b"),  # versions 2025.3.1, 580.159.04
+    re.compile(r"\b\d+[x×]\d+\b|\b\d+(?:[ \t]?[x×][ \t]?\d+)+(?![\w.])"),  # dimensions 32x32, 32 x 32 x 3
+    re.compile(r"(?<![\w.,])\d[\d,]*-(?!odd\b)(?=[a-z])"),  # sizes as adjectives: a 128-byte swizzle, 3,072-wide
     re.compile(rf"\b(?:{_TOOL_WORDS})[ \t]?(?=\d)\d+(?:\.\d+)*(?![\w%×]|\.\d|[ \t]?(?:{_UNIT_ALT})\b)"),  # torch 2.11
     re.compile(r"(?<![\w,.])(?:19\d{2}|20[0-3]\d)(?![\w%×]|[.,]\d)(?![ \t]?(?:" + _UNIT_ALT + r")\b)"),  # years
     re.compile(r"(?<![\w.])\d+(?:\.\d+)?[BM](?![\w/])"),  # model sizes: the 2.7B model, GPT-2's 124M
-    re.compile(r"\b\d+[x×]\d+\b|\b\d+(?:[ \t]?[x×][ \t]?\d+)+(?![\w.])"),  # dimensions 32x32, 32 x 32 x 3
 ]
 
 
@@ -206,6 +209,13 @@ class Quantity:
         """How many significant digits the prose wrote (12,000 -> 5; 0.30 -> 2; 6.5 -> 2)."""
         digits = re.sub(r"\D", "", re.match(r"[\d,.]*", self.text).group(0))
         return len(digits.lstrip("0")) or 1
+
+    @property
+    def precise(self) -> int:
+        """Significant digits that cannot be a round figure's zeros: "100 us" has one, "100.0 us" four."""
+        written = re.match(r"[\d,.]*", self.text).group(0)
+        digits = re.sub(r"\D", "", written).lstrip("0")
+        return len(digits if "." in written else digits.rstrip("0")) or 1
 
 
 def _read(num: str) -> tuple[float, int]:
@@ -353,6 +363,10 @@ def read_numbers(text: str, cell: str = "") -> Iterator[Printed]:
         elif m.group("unit"):
             dimension, scale = UNITS[m.group("unit")]
             yield _printed(num, dimension, scale, cell, shown)
+        elif m.group("mult"):
+            p = _printed(num, None, 1.0, cell, shown)
+            f = _OUTPUT_MULTIPLIERS[m.group("mult")]
+            yield Printed(p.raw * f, None, cell, shown, p.raw * f, 0, 1.0)
         else:
             yield _printed(num, None, 1.0, cell, shown)
         if "," in num:  # "1,234" may be two numbers of a list: keep both readings, bare
@@ -531,7 +545,7 @@ def printed_near(q: Quantity, near: Index) -> Printed | None:
         return next(near.find_raw(low * q.scale, high * q.scale), None)
     hit = next(near.find(_dimension(q), low * q.scale, high * q.scale), None)
     for f, digits in BARE_FACTORS[q.kind]:
-        if hit is None and q.significant >= digits:
+        if hit is None and q.precise >= digits:
             hit = next(near.find(None, low / f, high / f), None)
     return hit
 
@@ -545,7 +559,9 @@ def printed_as_written(q: Quantity, everything: Index) -> Printed | None:
     low, high = _window(q)
     if q.kind in ("count", "number"):
         pool = everything.find_raw(low * q.scale, high * q.scale)
-        return next((p for p in pool if p.decimals == q.decimals or q.scale != 1.0), None)
+        # a count printed as a float (867.0) is the same count
+        return next((p for p in pool if p.decimals == q.decimals or q.scale != 1.0
+                     or (q.decimals == 0 and p.raw == q.value)), None)
     for p in everything.find(_dimension(q), low * q.scale, high * q.scale):
         if p.decimals == q.decimals and abs(p.scale - (1.0 if q.kind != "unit" else q.scale)) <= _EPS * p.scale:
             return p
@@ -558,6 +574,26 @@ def printed_rounded(q: Quantity, everything: Index) -> Printed | None:
     if q.kind in ("count", "number"):
         return next(everything.find_raw(low * q.scale, high * q.scale), None)
     return next(everything.find(_dimension(q), low * q.scale, high * q.scale), None)
+
+
+_SCRIPT_REF = re.compile(r"\b(examples/[\w/.-]+\.(?:py|cu))\b|`(\w+\.(?:py|cu))`")
+_SCRIPTS: dict[Path, list[Printed]] = {}
+
+
+def script_numbers(markdown: str, root: Path) -> Index:
+    """Numbers in the source of the example scripts a markdown cell names (``examples/nsys/x.py`` or
+    `` `x.py` ``): a parameter the script sets is its own source, for the cell that says which script."""
+    found: list[Printed] = []
+    for full, short in _SCRIPT_REF.findall(markdown):
+        for path in [root / full] if full else sorted((root / "examples").glob(f"*/{short}")):
+            if path not in _SCRIPTS:
+                text = path.read_text(errors="replace") if path.is_file() else ""
+                text = re.sub(r"//.*|#.*", "", text)  # comments (C++ and Python) are not parameters
+                _SCRIPTS[path] = [Printed(float(m.group(1).replace("_", "")), "code", path.name, m.group(1),
+                                          float(m.group(1).replace("_", "")))
+                                  for m in re.finditer(r"(?<![\w.])(\d[\d_]*)(?![\w.])", text)]
+            found.extend(_SCRIPTS[path])
+    return Index(found)
 
 
 def set_by_code(q: Quantity, code: Index) -> Printed | None:
@@ -620,8 +656,12 @@ class Exemption:
 
     notebook: str  # the notebook's stem, e.g. "06__cnn_training"
     cell: str  # cell id
-    quantity: str  # as written, e.g. "6.5 s"
-    source: str  # where the figure comes from
+    quantity: str  # as written, e.g. "6.5 s"; several figures of one sentence separated by "; "
+    source: str  # where the figures come from
+
+    @property
+    def figures(self) -> list[str]:
+        return [one_line(f) for f in self.quantity.split(";") if f.strip()]
 
 
 @dataclass(frozen=True)
@@ -630,7 +670,7 @@ class Finding:
     cell: str
     quantity: Quantity
     sentence: str
-    how: str  # "near", "output", "code", "record", "chapter NN", "source", "exempt", or "" (unmatched)
+    how: str  # "near", "output", "code", "script", "record", "chapter NN", "source", "exempt", or "" (unmatched)
     detail: str = ""  # the printed number or code literal that matched: [cell] 'text'
 
     def line(self) -> str:
@@ -667,12 +707,13 @@ def sections(nb: dict) -> list[tuple[int, int]]:
 
 
 def tie(q: Quantity, sentence: str, outputs: Outputs, near: Index, code: Index,
-        notebooks_dir: Path) -> tuple[str, Printed | None]:
-    """How the quantity is tied to a source: ("near" | "output" | "code" | "record" | "chapter NN" |
-    "source", what matched), or ("", None)."""
+        notebooks_dir: Path, scripts: Index | None = None) -> tuple[str, Printed | None]:
+    """How the quantity is tied to a source: ("near" | "output" | "code" | "script" | "record" | "chapter NN"
+    | "source", what matched), or ("", None)."""
     for how, find in (("near", lambda: printed_near(q, near)),
                       ("output", lambda: printed_as_written(q, outputs.everything)),
-                      ("code", lambda: set_by_code(q, code))):
+                      ("code", lambda: set_by_code(q, code)),
+                      ("script", lambda: scripts and set_by_code(q, scripts))):
         hit = find()
         if hit:
             return how, hit
@@ -695,17 +736,18 @@ def check(nb: dict, name: str, exemptions: Iterable[Exemption] = (),
     """Every quantity of the notebook's markdown cells, and how (if at all) it is tied to a source."""
     outputs = read_outputs(nb)
     code = code_numbers(nb)
-    exempt = {(e.cell, one_line(e.quantity)) for e in exemptions if e.notebook == name}
+    exempt = {(e.cell, figure) for e in exemptions if e.notebook == name for figure in e.figures}
     findings = []
     for cell, (lo, hi) in zip(nb["cells"], sections(nb)):
         if cell["cell_type"] != "markdown":
             continue
         text = "".join(cell["source"])
         masked = mask_markdown(text)
+        scripts = script_numbers(text, notebooks_dir.parent)
         for q in extract(text):
             s, e = sentence_bounds(text, masked, q.start)
             sentence = one_line(text[s:e])
-            how, hit = tie(q, sentence, outputs, outputs.near(lo, hi), code, notebooks_dir)
+            how, hit = tie(q, sentence, outputs, outputs.near(lo, hi), code, notebooks_dir, scripts)
             if not how and (cell["id"], q.text) in exempt:
                 how = "exempt"
             detail = f"[{hit.cell}] {hit.text!r}" if hit else ""
