@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import functools
 import html
 import io
 import json
@@ -176,6 +177,7 @@ def blank(text: str, start: int, end: int) -> str:
     return text[:start] + re.sub(r"[^\n]", " ", text[start:end]) + text[end:]
 
 
+@functools.lru_cache(maxsize=4096)
 def mask_markdown(text: str) -> str:
     """Markdown with everything that is not prose blanked out (see the module docstring)."""
     for pattern in _MASKS:
@@ -731,11 +733,24 @@ def tie(q: Quantity, sentence: str, outputs: Outputs, near: Index, code: Index,
     return "", None
 
 
+_READ: dict[str, tuple[Outputs, Index]] = {}
+
+
+def _read_cached(nb: dict) -> tuple[Outputs, Index]:
+    """read_outputs and code_numbers, once per distinct set of code cells (the tests check a notebook many
+    times with one markdown cell changed)."""
+    key = json.dumps([(c.get("id"), c.get("source"), c.get("outputs")) for c in nb["cells"]
+                      if c["cell_type"] == "code"] + [c.get("id") for c in nb["cells"]])
+    if key not in _READ:
+        _READ.clear()  # one notebook at a time is enough, and keeps memory flat
+        _READ[key] = (read_outputs(nb), code_numbers(nb))
+    return _READ[key]
+
+
 def check(nb: dict, name: str, exemptions: Iterable[Exemption] = (),
           notebooks_dir: Path = NOTEBOOKS_DIR) -> list[Finding]:
     """Every quantity of the notebook's markdown cells, and how (if at all) it is tied to a source."""
-    outputs = read_outputs(nb)
-    code = code_numbers(nb)
+    outputs, code = _read_cached(nb)
     exempt = {(e.cell, figure) for e in exemptions if e.notebook == name for figure in e.figures}
     findings = []
     for cell, (lo, hi) in zip(nb["cells"], sections(nb)):
