@@ -355,16 +355,27 @@ class Index:
 
 
 def read_numbers(text: str, cell: str = "") -> Iterator[Printed]:
-    """Every number of an output's text, with the unit printed beside it (bare if none)."""
-    for m in OUTPUT_NUMBER.finditer(text):
+    """Every number of an output's text, with the unit printed beside it (bare if none); a unit printed once
+    after a range or list ("0.90 and 2.24 ms", "1.76 to 2.10 ms") belongs to each of its numbers."""
+    matches = list(OUTPUT_NUMBER.finditer(text))
+    kinds: list[tuple[str, re.Match[str]] | None] = [None] * len(matches)
+    for i in range(len(matches) - 1, -1, -1):
+        m = matches[i]
+        for group in ("pct", "ratio", "unit"):
+            if m.group(group):
+                kinds[i] = (group, m)
+        if kinds[i] is None and not m.group("mult") and i + 1 < len(matches) and kinds[i + 1] and \
+                _SHARED_UNIT.fullmatch(text[m.end():matches[i + 1].start()]):
+            kinds[i] = kinds[i + 1]
+    for m, kind in zip(matches, kinds):
         num, shown = m.group("num"), m.group(0)
-        if m.group("pct"):
+        if kind and kind[0] == "pct":
             yield _printed(num, "%", 1.0, cell, shown)
-        elif m.group("ratio"):
+        elif kind and kind[0] == "ratio":
             yield _printed(num, "x", 1.0, cell, shown)
-        elif m.group("unit"):
-            dimension, scale = UNITS[m.group("unit")]
-            yield _printed(num, dimension, scale, cell, shown)
+        elif kind:
+            dimension, scale = UNITS[kind[1].group("unit")]
+            yield _printed(num, dimension, scale, cell, shown if m is kind[1] else f"{shown} [{kind[1].group('unit')}]")
         elif m.group("mult"):
             p = _printed(num, None, 1.0, cell, shown)
             f = _OUTPUT_MULTIPLIERS[m.group("mult")]
@@ -420,9 +431,15 @@ def read_table(table: str, cell: str) -> Iterator[Printed]:
         values = [text for kind, text in cells if kind == "td"]
         row_name = " ".join(text for kind, text in cells if kind == "th")
         yield from read_numbers(row_name, cell)
+        columns = [" ".join(h[len(h) - len(values) + k] for h in header if len(h) - len(values) + k >= 0)
+                   for k in range(len(values))]
+        types = [header_dimension(c) for c in columns]
+        for k in range(1, len(types)):  # step_ms, step_lo, step_hi: a range's columns share the unit
+            if types[k] is None and types[k - 1] and re.search(r"(?:^|[_ ])(?:lo|hi|low|high|min|max)$", columns[k]):
+                types[k] = types[k - 1]
         for k, value in enumerate(values):
-            column = " ".join(h[len(h) - len(values) + k] for h in header if len(h) - len(values) + k >= 0)
-            typed = header_dimension(column) or header_dimension(row_name)
+            column = columns[k]
+            typed = types[k] or header_dimension(row_name)
             for p in read_numbers(value, cell):
                 if typed and p.dimension is None:
                     label = f"{p.text} ({column or row_name})"
@@ -566,6 +583,8 @@ def printed_as_written(q: Quantity, everything: Index) -> Printed | None:
                      or (q.decimals == 0 and p.raw == q.value)), None)
     for p in everything.find(_dimension(q), low * q.scale, high * q.scale):
         if p.decimals == q.decimals and abs(p.scale - (1.0 if q.kind != "unit" else q.scale)) <= _EPS * p.scale:
+            return p
+        if abs(p.value - q.value * q.scale) <= _EPS * p.value:  # the same value in another unit: 4 KiB, 4096 B
             return p
     return None
 
