@@ -589,8 +589,13 @@ def printed_as_written(q: Quantity, everything: Index) -> Printed | None:
     return None
 
 
-def printed_rounded(q: Quantity, everything: Index) -> Printed | None:
-    """A number printed with a unit anywhere in ``everything`` that rounds to ``q`` (for a cited chapter)."""
+def printed_in_chapter(q: Quantity, everything: Index) -> Printed | None:
+    """A number another chapter prints that is ``q``: as written, or, for a figure of three significant
+    digits or more, rounded to it (2.76 TB/s for 2763.6 GB/s); a shorter figure could be the rounding of
+    anything that chapter prints."""
+    hit = printed_as_written(q, everything)
+    if hit or q.precise < 3:
+        return hit
     low, high = _window(q)
     if q.kind in ("count", "number"):
         return next(everything.find_raw(low * q.scale, high * q.scale), None)
@@ -744,7 +749,7 @@ def tie(q: Quantity, sentence: str, outputs: Outputs, near: Index, code: Index,
             return "record", hit
     for number in sorted(cited_chapters(sentence)):
         other = chapter_outputs(number, notebooks_dir)
-        hit = other and printed_rounded(q, other.everything)
+        hit = other and printed_in_chapter(q, other.everything)
         if hit:
             return f"chapter {number}", hit
     if cites_source(sentence):
