@@ -431,7 +431,7 @@ def read_table(table: str, cell: str) -> Iterator[Printed]:
         values = [text for kind, text in cells if kind == "td"]
         row_name = " ".join(text for kind, text in cells if kind == "th")
         yield from read_numbers(row_name, cell)
-        columns = [" ".join(h[len(h) - len(values) + k] for h in header if len(h) - len(values) + k >= 0)
+        columns = [" ".join(h[len(h) - len(values) + k] for h in header if len(h) - len(values) + k >= 0).strip()
                    for k in range(len(values))]
         types = [header_dimension(c) for c in columns]
         for k in range(1, len(types)):  # step_ms, step_lo, step_hi: a range's columns share the unit
