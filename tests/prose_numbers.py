@@ -166,7 +166,7 @@ _MASKS: list[re.Pattern[str]] = [
     re.compile(r"(?<![\w.])\d+(?:\.\d+){2,}\b"),  # versions 2025.3.1, 580.159.04
     re.compile(r"\b\d+[x×]\d+\b|\b\d+(?:[ \t]?[x×][ \t]?\d+)+(?![\w.])"),  # dimensions 32x32, 32 x 32 x 3
     re.compile(r"(?<![\w.,])\d[\d,]*-(?!odd\b)(?=[a-z])"),  # sizes as adjectives: a 128-byte swizzle, 3,072-wide
-    re.compile(rf"\b(?:{_TOOL_WORDS})[ \t]?(?=\d)\d+(?:\.\d+)*(?![\w%×]|\.\d|[ \t]?(?:{_UNIT_ALT})\b)"),  # torch 2.11
+    re.compile(rf"\b(?:{_TOOL_WORDS})[ \t\n]?(?=\d)\d+(?:\.\d+)*(?![\w%×]|\.\d|[ \t]?(?:{_UNIT_ALT})\b)"),  # torch 2.11
     re.compile(r"(?<![\w,.])(?:19\d{2}|20[0-3]\d)(?![\w%×]|[.,]\d)(?![ \t]?(?:" + _UNIT_ALT + r")\b)"),  # years
     re.compile(r"(?<![\w.])\d+(?:\.\d+)?[BM](?![\w/])"),  # model sizes: the 2.7B model, GPT-2's 124M
 ]
@@ -836,6 +836,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--words", action="store_true", help="also list quantities in words (twice, most of...)")
     parser.add_argument("--explain", action="store_true", help="list every quantity and what matched it")
     parser.add_argument("--no-exemptions", action="store_true", help="ignore the test's exemption list")
+    parser.add_argument("--tsv", action="store_true",
+                        help="print only the unmatched quantities, one a line: notebook, cell id, quantity, sentence")
     args = parser.parse_args(argv)
     exemptions: tuple[Exemption, ...] = ()
     if not args.no_exemptions:
@@ -851,6 +853,9 @@ def main(argv: list[str] | None = None) -> int:
         findings = check(nb, path.stem, exemptions, path.parent)
         missing = [f for f in findings if not f.how]
         total += len(missing)
+        if args.tsv:
+            print("\n".join(f.line() for f in missing) if missing else "", end="\n" if missing else "")
+            continue
         print(f"== {path.name}: {len(findings)} quantities, {len(missing)} unmatched")
         for f in findings if args.explain else missing:
             tag = f"{f.how} {f.detail}".strip() if f.how else "UNMATCHED"

@@ -109,7 +109,7 @@ def test_the_extractor_reads_quantities(markdown, expected):
     "prefetching hid {glue:text}`ch03_hidden` of it",  # a glue role
     "## 3. The captures",  # heading numbering
     "1. Run it.\n2. Compare.",  # list numbering
-    "captured on 2026-11-24 in 2025 with nsys 2025.3.1, torch 2.11, CUDA 13.0",  # dates, years, versions
+    "captured on 2026-11-24 in 2025 with nsys 2025.3.1, torch 2.11, CUDA 13.0, Nsight Compute\n2025.3",  # versions
     "on an H100 (sm_90) in bf16 with int64 indices",  # identifiers
     "32 x 32 images, 1024x768 and 4 x 4 tiles",  # dimensions
     "the 2.7B model, rank 0 times a copy, chapter 11",  # a model's name, a verb, a chapter
@@ -123,6 +123,19 @@ def test_masking_keeps_offsets():
     text = "A `code 12` cell, $x = 3$ and [a link](http://x/1) then 4.5 ms."
     masked = mask_markdown(text)
     assert len(masked) == len(text) and masked.index("4.5 ms") == text.index("4.5 ms")
+
+
+def test_the_command_line_lists_what_is_unmatched(tmp_path, capsys):
+    from prose_numbers import main
+
+    path = tmp_path / "99__x.ipynb"
+    path.write_text(json.dumps(notebook("It took 3.3 us, then 14.5x.", "3.27 us")))
+    assert main([str(path), "--no-exemptions"]) == 1
+    out = capsys.readouterr().out
+    assert "1 unmatched" in out and "[prose] '14.5x' (UNMATCHED): It took 3.3 us, then 14.5x." in out
+    path.write_text(json.dumps(notebook("It took 3.3 us.", "3.27 us")))
+    assert main([str(path), "--explain"]) == 0
+    assert "'3.3 us' (near [run] '3.27 us')" in capsys.readouterr().out
 
 
 def test_words_are_reported_not_failed():
