@@ -279,9 +279,9 @@ def extract(markdown: str) -> list[Quantity]:
 
 # ---- sentences ------------------------------------------------------------------------------------------
 
-# Sentence ends, read on the blanked text (a period inside code or a number is not one), and block
-# boundaries (blank lines, list items, table rows, headings), read on the markdown itself.
-_SENTENCE_END = re.compile(r"(?<=[.!?])[ \t]+(?=[A-Z(\[*_\"'])|(?<=[.!?])\n(?=[ \t]*[A-Z(\[*_\"'])")
+# Sentence ends (a period, then a capital, a bracket, emphasis or code; not a period inside code or math),
+# and block boundaries (blank lines, list items, table rows, headings).
+_SENTENCE_END = re.compile(r"(?<=[.!?])[ \t]+(?=[A-Z(\[*_\"'`])|(?<=[.!?])\n(?=[ \t]*[A-Z(\[*_\"'`])")
 _BLOCK = re.compile(r"\n[ \t]*\n|\n(?=[ \t]*(?:[-*+]|\d+[.)])[ \t])|\n(?=[ \t]*\|)|\n(?=#)|\|")
 _ABBREVIATIONS = re.compile(r"\b(?:e\.g|i\.e|vs|etc|cf|Fig|approx|no)\.$", re.I)
 
@@ -289,8 +289,9 @@ _ABBREVIATIONS = re.compile(r"\b(?:e\.g|i\.e|vs|etc|cf|Fig|approx|no)\.$", re.I)
 def sentence_bounds(text: str, masked: str, pos: int) -> tuple[int, int]:
     """[start, end) of the sentence of ``text`` (``masked``: the same, blanked) that holds offset ``pos``."""
     starts = {0}
-    for m in _SENTENCE_END.finditer(masked):
-        if not _ABBREVIATIONS.search(masked[:m.start()].rstrip()[-8:]):
+    for m in _SENTENCE_END.finditer(text):
+        # a period inside code or math ends no sentence; "e.g." and "vs." end none either
+        if masked[m.start() - 1] == text[m.start() - 1] and not _ABBREVIATIONS.search(text[:m.start()].rstrip()[-8:]):
             starts.add(m.end())
     starts |= {m.end() for m in _BLOCK.finditer(text)}
     ordered = sorted(starts)
@@ -354,9 +355,15 @@ class Index:
                     yield p
 
 
+# In an output, a list of labelled figures whose unit is printed once: "FP32 FFMA 51, BF16 mma.sync 545, BF16
+# wgmma 818 TFLOP/s".
+_LABELLED_LIST = re.compile(r",[ \t]+[A-Za-z][\w.+\- ]{0,30}[ \t]")
+
+
 def read_numbers(text: str, cell: str = "") -> Iterator[Printed]:
     """Every number of an output's text, with the unit printed beside it (bare if none); a unit printed once
-    after a range or list ("0.90 and 2.24 ms", "1.76 to 2.10 ms") belongs to each of its numbers."""
+    after a range or list ("0.90 and 2.24 ms", "1.76 to 2.10 ms", "FFMA 51, wgmma 818 TFLOP/s") belongs to each
+    of its numbers."""
     matches = list(OUTPUT_NUMBER.finditer(text))
     kinds: list[tuple[str, re.Match[str]] | None] = [None] * len(matches)
     for i in range(len(matches) - 1, -1, -1):
@@ -365,7 +372,8 @@ def read_numbers(text: str, cell: str = "") -> Iterator[Printed]:
             if m.group(group):
                 kinds[i] = (group, m)
         if kinds[i] is None and not m.group("mult") and i + 1 < len(matches) and kinds[i + 1] and \
-                _SHARED_UNIT.fullmatch(text[m.end():matches[i + 1].start()]):
+                (_SHARED_UNIT.fullmatch(text[m.end():matches[i + 1].start()])
+                 or _LABELLED_LIST.fullmatch(text[m.end():matches[i + 1].start()])):
             kinds[i] = kinds[i + 1]
     for m, kind in zip(matches, kinds):
         num, shown = m.group("num"), m.group(0)
