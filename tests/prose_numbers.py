@@ -22,26 +22,36 @@ Design, and why:
   ``torch 2.11``, ``CUDA 13.0``), identifiers (``H100``, ``sm_90``, ``bf16``) and dimensions written
   ``32x32``. They are blanked (replaced by spaces, so offsets and sentences stay intact) before numbers
   are read.
-* **Matched by an output.** Every number printed in the same notebook's outputs (stream text, text/plain,
-  text/html with its tags removed, text/markdown, glue values) is read with the unit printed beside it, if
-  any. A quantity matches a number of the same dimension (a time matches a time in any of ns/us/ms/s), or
-  a bare number (a table cell: its unit is in the header) times 10^-6..10^6 for a unit, times 1 or 100 for a
-  percentage (a fraction printed as 0.954 is 95.4%), times 1 for a ratio or count. It matches when the
-  printed figure, rounded to the prose's own precision, is the prose's figure: "3x" matches 3.3 but not
-  2.4; "3.3x" matches 3.27 but not 3.4. A figure written with more digits than any output prints does not.
-* **Matched by the code.** A count or a quantity with a unit of two significant digits or more may be a
-  parameter the notebook's code sets (``64 MiB``, ``batch 256``, ``10,000 images``): numbers in the code
-  cells' sources (literals and strings, not comments) match at scale 1. Ratios and percentages are
-  results, never parameters, so the code cannot vouch for them; nor for one-digit figures, which every
-  piece of code has.
-* **Matched by a source.** A sentence that names its source (a datasheet, documentation, a guide, a
-  specification, a paper, a link) vouches for its figures. A sentence that names another chapter
-  ("chapter 4's device copy", ``{doc}`00__setting_up```) is checked against that chapter's outputs.
-* **Exemptions** are the last resort: :class:`Exemption` (notebook, cell id, quantity, where it comes
-  from), kept in the test file, each of which must still be needed.
-* **Tight enough to fail on one digit.** Matching at the prose's precision against numbers of the same
-  dimension is what makes a changed digit an unmatched quantity; ``tests/test_prose_numbers.py`` changes
-  digits of real quoted figures and checks that they are flagged.
+* **Printed near the sentence.** Every number the notebook's outputs print (stream text, text/plain
+  where no HTML says the same, HTML tables cell by cell, text/markdown, glue values) is read with its unit:
+  the one printed beside it, the one printed once after its range or list ("1.76 to 2.10 ms"), or the one
+  its table column's header names (``time_ms``, ``SM %``, ``x previous``; ``*_share`` is a fraction; a
+  ``*_lo``/``*_hi`` column takes its neighbour's). In the cells of the sentence's own section (heading to
+  heading), where prose reads a result, a quantity matches a number of its dimension (a time in any of
+  ns/us/ms/s) that rounds to it at the prose's precision ("3.3x" matches 3.27 but not 3.4), and within
+  10% of it ("1 GiB" is not 512 MiB). A number whose unit nothing names matches only a figure of three
+  significant digits or more (times 1 or 10^±3 for a unit), or a percentage of two read from a fraction
+  (0.81 as 81%): a two-digit figure would otherwise match some table cell by chance.
+* **Printed elsewhere, as written.** Anywhere else in the notebook, the figure must be the one printed,
+  to the same digits and unit ("0.984x", "331 GB/s", or the same value in another unit: 4 KiB, 4096 B); a
+  rounding far from its output could as well be the rounding of another number.
+* **Set by the code.** A whole count, or a whole quantity with a unit, of two significant digits or more
+  may be a parameter: numbers in the code cells' sources (literals and strings, not comments), and in the
+  example scripts the markdown cell names (``transformer_benchmark.py``). Ratios, percentages, decimals
+  and one-digit figures are results or too common: the code cannot vouch for them.
+* **Read from a record or another chapter.** A sentence that names a committed record
+  (``artifacts/capture_run.md``) is checked against that file's numbers; one that names another chapter
+  ("chapter 4's device copy", ``{doc}`00__setting_up```) against that chapter's outputs, as written or
+  rounded to three significant digits or more.
+* **Cited.** A sentence that names its source (a datasheet, documentation, a guide, a specification, a
+  paper, a tool's help, a link) vouches for its figures; the checker cannot read those.
+* **Exemptions** are the last resort: :class:`Exemption` (notebook, cell id, the figures, where they come
+  from: arithmetic in the sentence, a docstring's measurement), kept in the test file, each still needed.
+* **Tight enough to fail on one digit.** Matching at the prose's precision, by dimension, near the
+  sentence, is what makes a changed digit an unmatched quantity; ``tests/test_prose_numbers.py`` changes
+  digits of real quoted figures and checks that they are flagged. It is not proof against chance: over
+  the twelve chapters, about a quarter of last-digit changes of tied figures still land on another number
+  printed near them (a table's low and high beside its median), most of them two-digit figures.
 * **Quantities in words** ("twice", "four times faster", "most of them", "barely") are not failures (a
   rule that flags them all would flag their legitimate uses), but the CLI reports them with ``--words``
   so that an author can replace a measured one by the figure the output prints.
@@ -58,7 +68,7 @@ import json
 import re
 import sys
 import tokenize
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -170,11 +180,6 @@ _MASKS: list[re.Pattern[str]] = [
     re.compile(r"(?<![\w,.])(?:19\d{2}|20[0-3]\d)(?![\w%×]|[.,]\d)(?![ \t]?(?:" + _UNIT_ALT + r")\b)"),  # years
     re.compile(r"(?<![\w.])\d+(?:\.\d+)?[BM](?![\w/])"),  # model sizes: the 2.7B model, GPT-2's 124M
 ]
-
-
-def blank(text: str, start: int, end: int) -> str:
-    """``text`` with [start, end) replaced by spaces (newlines kept), so offsets and sentences survive."""
-    return text[:start] + re.sub(r"[^\n]", " ", text[start:end]) + text[end:]
 
 
 @functools.lru_cache(maxsize=4096)
