@@ -323,6 +323,7 @@ class Printed:
     raw: float = 0.0  # the number as printed (12 for "12 ms")
     decimals: int = 0  # digits after the point as printed
     scale: float = 1.0  # the printed unit's factor to the dimension's base (1e-3 for ms)
+    context: str = ""  # for a number in code: its line, where a unit may be named (size_mib = 64)
 
 
 def _printed(num: str, dimension: str | None, scale: float, cell: str, text: str) -> Printed:
@@ -531,11 +532,11 @@ def code_numbers(nb: dict) -> Index:
                     value = float(int(literal, 0)) if re.fullmatch(r"0[xob]\w+", literal, re.I) else float(literal)
                 except ValueError:
                     continue
-                found.append(Printed(abs(value), "code", cell["id"], tok.string, abs(value)))
+                found.append(Printed(abs(value), "code", cell["id"], tok.string, abs(value), context=tok.line))
             elif tok.type == tokenize.STRING or tok.type == getattr(tokenize, "FSTRING_MIDDLE", -1):
                 for m in re.finditer(rf"(?<![\w.])({_NUM})", tok.string):
                     value = float(m.group(1).replace(",", ""))
-                    found.append(Printed(value, "code", cell["id"], m.group(1), value))
+                    found.append(Printed(value, "code", cell["id"], m.group(1), value, context=tok.line))
     return Index(found)
 
 
@@ -629,20 +630,37 @@ def script_numbers(markdown: str, root: Path) -> Index:
                 text = path.read_text(errors="replace") if path.is_file() else ""
                 text = re.sub(r"//.*|#.*", "", text)  # comments (C++ and Python) are not parameters
                 _SCRIPTS[path] = [Printed(float(m.group(1).replace("_", "")), "code", path.name, m.group(1),
-                                          float(m.group(1).replace("_", "")))
+                                          float(m.group(1).replace("_", "")),
+                                          context=text[text.rfind("\n", 0, m.start()) + 1:text.find("\n", m.end())])
                                   for m in re.finditer(r"(?<![\w.])(\d[\d_]*)(?![\w.])", text)]
             found.extend(_SCRIPTS[path])
     return Index(found)
 
 
+def _unit_words(dimension: str) -> re.Pattern[str]:
+    """The spellings of a dimension's units (two letters or more), as a code line may name them: ``size_mib``,
+    ``"12 ms"``, ``bytes_moved``."""
+    words = {u.lower() for u, (d, _) in UNITS.items() if d == dimension and len(u) > 1} | {dimension.lower()}
+    return re.compile(r"(?<![a-z])(?:" + "|".join(re.escape(w) for w in sorted(words, key=len, reverse=True))
+                      + r")(?![a-z])")
+
+
+_UNIT_WORDS = {d: _unit_words(d) for d in {d for d, _ in UNITS.values()}}
+
+
 def set_by_code(q: Quantity, code: Index) -> Printed | None:
     """A parameter the code sets: a whole count, or a whole quantity with a unit, of two significant digits or
-    more (a decimal in code is a threshold or a figure size, not a parameter the prose would quote)."""
+    more (a decimal in code is a threshold or a figure size, not a parameter the prose would quote). For a
+    quantity with a unit, the code's line must name a unit of its dimension (``--competing-h2d-mib 64``,
+    ``title=f"... 12 ms"``): a bare 12 in code is as likely a count of steps as a size in bytes."""
     if q.kind not in ("unit", "count") or q.significant < 2 or q.decimals:
         return None
     low, high = _window(q)
     f = q.scale if q.kind == "count" else 1.0  # "67 million" is 67e6 in the code; "64 MiB" is 64 there
-    return next(code.find("code", low * f, high * f), None)
+    for p in code.find("code", low * f, high * f):
+        if q.kind == "count" or _UNIT_WORDS[q.dimension].search(p.context.lower()):
+            return p
+    return None
 
 
 SOURCE_WORDS = re.compile(
