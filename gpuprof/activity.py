@@ -13,7 +13,8 @@ by one definition of each measure:
   CPU was in at the time (a synchronisation, a blocking copy, or nothing: Python);
 * **copy/compute overlap**: the share of copy time hidden under kernels running on
   other streams;
-* **launch latency**: from the CPU's launch call to the kernel's start;
+* **launch latency**: from the CPU's launch call to the kernel's start (:func:`launch_delays`: from
+  the call's start and from its end, with the call's own duration);
 * **service order**: whether work on several streams ran in the order the CPU issued it,
   and in which runs of one stream's items (:func:`service_order`);
 * **synchronisation wait share**: CPU time spent in ``*Synchronize`` calls over a window;
@@ -59,6 +60,7 @@ def api_name(name: str) -> str:
     return name[:-6] if len(name) > 6 and name[-6:-4] == "_v" else name
 
 __all__ = ["api_name", "merge_intervals", "busy_fraction", "idle_gaps", "copy_summary", "copy_compute_overlap", "launch_latency",
+           "launch_delays", "covered_lengths",
            "sync_wait_share", "window_of", "range_window", "last_repeat_window", "inside", "calls_by_range", "copy_curve",
            "exposed_copy_fraction", "attribute_kernels", "ATTRIBUTION_RULES", "find_steps", "step_ranges",
            "STEP_NUMBERED", "STEP_REPEATED", "NUMBERED_STEP", "overlap_ns", "issue_order", "ServiceOrder", "service_order"]
@@ -177,6 +179,25 @@ def copy_compute_overlap(copies: pd.DataFrame, kernels: pd.DataFrame) -> float:
     return hidden / total if total else 0.0
 
 
+def covered_lengths(starts: np.ndarray, ends: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """For each window [lo, hi), how much of it the intervals (starts, ends) cover (overlaps counted once).
+
+    The windows may be many (every piece of every range's self time, say): the intervals are
+    merged once and each window is answered from prefix sums, without a loop over windows.
+    """
+    lo, hi = np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64)
+    if len(starts) == 0 or len(lo) == 0:
+        return np.zeros(len(lo), dtype=np.int64)
+    ks, ke = merge_intervals(np.asarray(starts), np.asarray(ends))
+    cum = np.concatenate([[0], np.cumsum(ke - ks)])
+    i = np.searchsorted(ke, lo, side="right")  # first interval ending after lo
+    j = np.searchsorted(ks, hi, side="left")   # first interval starting at or after hi
+    some = j > i
+    ii, jj = np.minimum(i, len(ks) - 1), np.maximum(j - 1, 0)
+    inner = cum[j] - cum[i] - np.maximum(0, lo - ks[ii]) - np.maximum(0, ke[jj] - hi)
+    return np.where(some, np.maximum(0, inner), 0).astype(np.int64)
+
+
 def _covered(ks: np.ndarray, ke: np.ndarray, cum: np.ndarray, lo: int, hi: int) -> float:
     """Length of [lo, hi) covered by the disjoint sorted intervals (ks, ke), via prefix sums."""
     i = np.searchsorted(ke, lo, side="right")  # first interval ending after lo
@@ -208,6 +229,23 @@ def launch_latency(kernels: pd.DataFrame, runtime: pd.DataFrame) -> pd.Series:
     launches = runtime[["correlationId", "start"]].rename(columns={"start": "launch_start"})
     m = kernels[["correlationId", "start"]].merge(launches, on="correlationId", how="inner")
     return (m["start"] - m["launch_start"]).rename("launch_latency_ns")
+
+
+def launch_delays(kernels: pd.DataFrame, runtime: pd.DataFrame) -> pd.DataFrame:
+    """Per kernel: the launch call's own duration, and the kernel's start measured from the call's start and end.
+
+    :func:`launch_latency` counts from the call's *start*, so its figure includes the call
+    itself; where the GPU has a long queue (milliseconds) that hardly matters, but where it
+    waits for the host, the call's own time (which a profiler lengthens) can be most of it.
+    Measured from the call's *end*, the delay is the queue the kernel waited in after the
+    host had handed it over; it is negative when the kernel started before the call
+    returned. Columns: ``call_ns``, ``from_call_start_ns``, ``from_call_end_ns`` (one row per
+    kernel matched to its call by ``correlationId``).
+    """
+    calls = runtime[["correlationId", "start", "end"]].rename(columns={"start": "call_start", "end": "call_end"})
+    m = kernels[["correlationId", "start"]].merge(calls, on="correlationId", how="inner")
+    return pd.DataFrame({"call_ns": m["call_end"] - m["call_start"], "from_call_start_ns": m["start"] - m["call_start"],
+                         "from_call_end_ns": m["start"] - m["call_end"]})
 
 
 def sync_wait_share(runtime: pd.DataFrame, window: tuple[int, int]) -> float:

@@ -1,5 +1,6 @@
 """Small pieces every example script's command line shares: argparse types that answer a bad
-value in one sentence, ``--sections``, and a size check that refuses what will not fit."""
+value in one sentence, ``--sections``, a size check that refuses what will not fit, and how a
+script prints a path it wrote."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from .errors import GpuprofError
 from .memory_probe import available_memory, total_memory
 
 __all__ = ["positive_int", "nonnegative_int", "positive_float", "add_sections_argument", "resolve_sections",
-           "output_file", "require_memory", "bounded_int"]
+           "output_file", "require_memory", "bounded_int", "shown_path"]
 
 
 def positive_int(text: str) -> int:
@@ -110,3 +111,19 @@ def require_memory(nbytes: int, device: str, what: str, option: str, *, lower_bo
         has = f"{free / 2**30:,.1f} GiB is available" + (f" (of {total / 2**30:,.1f} GiB)" if total else "")
         raise GpuprofError(f"{what} would take {'at least ' if lower_bound else ''}{nbytes / 2**30:,.1f} GiB of {where}, "
                            f"but only {has}.", f"Choose a smaller {option}.")
+
+
+def shown_path(path: str | Path) -> str:
+    """A path as a script prints it: relative to the repository when it lies inside it, else as given.
+
+    A notebook runs the scripts with absolute paths into ``artifacts/``; printed as they are,
+    the transcripts would show where the capture machine keeps its checkout, which says
+    nothing to a reader and differs on every machine.
+    """
+    from .artifacts import REPO_ROOT  # here, not at the top: a script's start-up should not pay for it
+
+    p = Path(path)
+    try:
+        return str(p.resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)

@@ -12,11 +12,12 @@ from __future__ import annotations
 import gzip
 import json
 
+import numpy as np
 import pytest
 
 from gpuprof.artifacts import REPO_ROOT
 from gpuprof.torch_profiler import read_trace
-from gpuprof.studies.pytorch_profiler import GRAPH_LAUNCH, mode_table, step_launches
+from gpuprof.studies.pytorch_profiler import GRAPH_LAUNCH, launch_pace, mode_table, same_process_baseline, step_launches
 
 REF = REPO_ROOT / "artifacts" / "ch05"
 
@@ -77,6 +78,29 @@ def test_mode_table_counts_per_step_and_the_busy_share_uses_the_unprofiled_time(
     assert t.loc["graphed", "ATen ops"] == 5 and t.loc["graphed", "generated"] == 6
     assert t.loc["eager", "busy share"] == 0.25 and t.loc["graphed", "busy share"] == 0.5
     assert t.loc["compiled", "busy share"] is None or t["busy share"].isna()["compiled"]
+    assert t.loc["eager", "profiled x"] == 2.0 and t.loc["graphed", "profiled x"] == 1.25
+
+
+def test_launch_pace_separates_the_calls_from_the_host_time_between_them(tmp_path):
+    pace = launch_pace(graphed_trace(tmp_path)).set_index("step")
+    assert pace.loc[1, "launches"] == 3 and pace.loc[1, "step_ms"] == pytest.approx(0.1)
+    assert pace.loc[1, "calls_ms"] == pytest.approx(0.014) and pace.loc[1, "call_us"] == pytest.approx(2)
+    assert pace.loc[1, "gap_us"] == pytest.approx(8)  # 112 -> 120 us on thread 1; thread 2's one call has no gap
+    assert pace.loc[0, "launches"] == 1 and np.isnan(pace.loc[0, "gap_us"])
+
+
+def test_same_process_baseline_reads_the_unprofiled_steps_and_skips_older_captures():
+    from types import SimpleNamespace
+
+    found = lambda d: SimpleNamespace(json=lambda: d)  # noqa: E731  (a capture whose JSON is d)
+    runs = SimpleNamespace(profiler=found({"event_ms": [3.0, 3.0, 3.3], "baseline_event_ms": [2.0, 2.4],
+                                           "after_event_ms": [2.2, 2.8]}),
+                           nvtx=found({"event_ms": [2.5]}))  # made before the script timed unprofiled steps
+    t = same_process_baseline(runs)
+    assert list(t.index) == ["torch.profiler"]
+    assert t.loc["torch.profiler", "unprofiled before ms"] == pytest.approx(2.2)
+    assert t.loc["torch.profiler", "unprofiled after ms"] == pytest.approx(2.5)
+    assert t.loc["torch.profiler", "profiled / unprofiled"] == pytest.approx(3.0 / 2.3)
 
 
 def test_the_stored_reference_agrees_with_its_own_traces():

@@ -7,7 +7,7 @@ import pytest
 
 from gpuprof import choose_backend
 from gpuprof import kernels as gk
-from gpuprof.cli import output_file, require_memory
+from gpuprof.cli import output_file, require_memory, shown_path
 from gpuprof.memory_probe import available_memory
 from gpuprof.errors import GpuprofError
 from conftest import write_exe
@@ -60,6 +60,13 @@ def test_output_file_is_checked_before_any_work(tmp_path):
         output_file(str(tmp_path / "missing" / "x.json"))
     with pytest.raises(argparse.ArgumentTypeError, match="is a folder"):
         output_file(str(tmp_path))
+
+
+def test_a_path_is_shown_relative_to_the_repository_when_it_lies_inside_it(tmp_path):
+    from gpuprof.artifacts import REPO_ROOT
+
+    assert shown_path(REPO_ROOT / "artifacts" / "ch05" / "t.json.gz") == "artifacts/ch05/t.json.gz"
+    assert shown_path(tmp_path / "t.json") == str(tmp_path / "t.json")  # outside it: as given
 
 
 def test_sizes_beyond_the_machine_are_refused_in_a_sentence():

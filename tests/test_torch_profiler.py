@@ -123,6 +123,50 @@ def test_gpu_tables_and_their_link_to_the_cpu(tmp_path):
     assert t.thread_names[(100, 2)] == "autograd"
 
 
+def test_launch_delays_from_the_call_s_start_and_from_its_end(tmp_path):
+    t = tt.read_trace(write(tmp_path, gpu_events()))
+    d = ts.launch_delays(t)
+    assert d["call_ns"].tolist() == [5_000] * 3
+    assert d["from_call_start_ns"].tolist() == list(ts.launch_latency(t)) == [15_000, 30_000, 50_000]
+    assert d["from_call_end_ns"].tolist() == [10_000, 25_000, 45_000]
+
+
+def _ranges_trace(tmp_path):
+    """Main thread 1: 'forward' (0..100 us) whose operators fill 10..90, projected on the GPU from 20 to 60 us
+    (External id 5) over two kernels; 'backward' (200..300) with one operator (200..210) while thread 2 runs
+    operators 220..250, 260..290 and 295..320; the backward's GPU projection holds one fill kernel."""
+    return tt.read_trace(write(tmp_path, [
+        _x("user_annotation", "forward", 0.0, 100.0, 100, 1, **{"External id": 5}),
+        _x("cpu_op", "aten::mm", 10.0, 80.0, 100, 1, **{"External id": 6}),
+        _x("gpu_user_annotation", "forward", 20.0, 40.0, 0, 7, **{"External id": 5}),
+        _x("kernel", "gemm", 20.0, 30.0, 0, 7, device=0, stream=7, correlation=1),
+        _x("kernel", "add", 52.0, 8.0, 0, 7, device=0, stream=7, correlation=2),
+        _x("user_annotation", "backward", 200.0, 100.0, 100, 1, **{"External id": 7}),
+        _x("cpu_op", "aten::ones_like", 200.0, 10.0, 100, 1, **{"External id": 8}),
+        _x("gpu_user_annotation", "backward", 230.0, 1.0, 0, 7, **{"External id": 7}),
+        _x("kernel", "fill", 230.0, 1.0, 0, 7, device=0, stream=7, correlation=3),
+        _x("kernel", "mm_backward", 240.0, 30.0, 0, 7, device=0, stream=7, correlation=4),
+        _x("cpu_op", "MmBackward0", 220.0, 30.0, 100, 2),
+        _x("cpu_op", "AddBackward0", 260.0, 30.0, 100, 2),
+        _x("cpu_op", "AccumulateGrad", 295.0, 25.0, 100, 2),
+    ]))
+
+
+def test_a_range_whose_self_time_is_a_wait_for_another_thread(tmp_path):
+    w = ts.range_waits(_ranges_trace(tmp_path)).set_index("key")
+    assert w.loc["backward", "self_cpu_us"] == pytest.approx(90) and w.loc["forward", "self_cpu_us"] == pytest.approx(20)
+    assert w.loc["backward", "elsewhere_us"] == pytest.approx(30 + 30 + 5)  # thread 2's operators, clipped at 300 us
+    assert w.loc["backward", "elsewhere_share"] == pytest.approx(65 / 90) and w.loc["forward", "elsewhere_share"] == 0
+    assert list(w.index) == ["backward", "forward"]  # largest self time first
+
+
+def test_a_range_s_gpu_projection_holds_only_what_its_own_thread_launched(tmp_path):
+    p = ts.range_projections(_ranges_trace(tmp_path)).set_index("key")
+    assert p.loc["forward", "cpu_us"] == pytest.approx(100) and p.loc["forward", "gpu_us"] == pytest.approx(40)
+    assert p.loc["forward", "gpu_work"] == 2 and sorted(p.loc["forward", "work_names"]) == ["add", "gemm"]
+    assert p.loc["backward", "gpu_us"] == pytest.approx(1) and p.loc["backward", "work_names"] == ["fill"]
+
+
 def test_step_summary_by_window_and_by_thread(tmp_path):
     t = tt.read_trace(write(tmp_path, gpu_events()))
     w = ts.step_summary(t, rule="window").set_index("step")
@@ -252,3 +296,31 @@ def test_kernel_operators_of_a_stored_gpu_trace_agree_with_each_kernels_lineage(
     for label in kernels["duration_ns"].nlargest(5).index:  # the longest kernels, followed one by one
         assert ops[label] == ts.kernel_lineage(trace, label)["operator"]["name"]
     assert ops[kernels["name"].str.contains("conv|wgrad|dgrad|fprop", case=False)].str.contains("conv").all()
+
+
+def test_the_stored_trace_s_ranges_backward_waits_and_projects_onto_one_kernel():
+    """The chapter's batch-256 trace: ``backward``'s self time is mostly autograd's thread at work, and its
+    GPU projection (like each ``ProfilerStep``'s) holds one piece of work while ``forward``'s holds all of its own."""
+    from gpuprof.torch_profiler import diagnose
+
+    trace = tt.read_trace(CH05 / "train_steps.json.gz")
+    w = ts.range_waits(trace).set_index("key")["elsewhere_share"]
+    assert w["backward"] > 0.5 and w["forward"] == 0
+    p = ts.range_projections(trace).set_index("key")
+    assert p.loc["backward", "gpu_work"] == 1 and p.loc["ProfilerStep*", "gpu_work"] == 1
+    assert p.loc["backward", "gpu_us"] < 2 and p.loc["forward", "gpu_us"] > 500 and p.loc["forward", "gpu_work"] > 10
+    lines = diagnose.report(trace).splitlines()
+    marked = [line for line in lines if "a wait, not work" in line]
+    assert len(marked) == 1 and marked[0].split("x  ")[1].startswith("backward")
+
+
+def test_waves_of_the_longest_kernel_of_the_stored_trace():
+    """max_pool_backward_nchw: 65,536 blocks of 256 threads on 132 SMs; 8 fit on an SM at once (warps and
+    registers both allow 8, and Kineto's occupancy estimate says 100%): 62 waves, not the 496.5 blocks per SM."""
+    trace = tt.read_trace(CH05 / "train_steps.json.gz")
+    w = ts.kernel_waves(trace, ts.kernel_lineage(trace)["kernel"])
+    assert w["blocks"] == 65_536 and w["sms"] == 132 and w["blocks_per_sm"] == pytest.approx(496.485, abs=1e-3)
+    assert w["resident"] == w["warp_limit"] == w["register_limit"] == 8
+    assert w["waves"] == pytest.approx(65_536 / 132 / 8)
+    small = trace.kernels()[trace.kernels()["grid"].map(lambda g: int(np.prod(g))) < 132].iloc[0]
+    assert ts.kernel_waves(trace, small)["resident"] is None and np.isnan(ts.kernel_waves(trace, small)["waves"])

@@ -97,6 +97,26 @@ def test_on_the_reference_capture():
     assert set(summary["Range"]) == {":warmup", ":step_0", ":step_1", ":step_2", ":step_3", ":step_4"}
 
 
+def test_covered_lengths_count_overlapping_intervals_once():
+    from gpuprof.activity import covered_lengths
+
+    starts, ends = np.array([0, 10, 12]), np.array([5, 15, 20])  # [10, 15) and [12, 20) merge into [10, 20)
+    got = covered_lengths(starts, ends, np.array([2, 6, 0, 21, 14]), np.array([4, 11, 100, 30, 16]))
+    assert got.tolist() == [2, 1, 15, 0, 2]
+    assert covered_lengths(np.array([]), np.array([]), np.array([0]), np.array([9])).tolist() == [0]
+
+
+def test_launch_delays_split_the_call_from_the_queue():
+    from gpuprof.activity import launch_delays
+
+    kernels = pd.DataFrame({"correlationId": [1, 2], "start": [130, 500]})
+    runtime = pd.DataFrame({"correlationId": [1, 2, 3], "start": [100, 480, 600], "end": [125, 510, 610]})
+    d = launch_delays(kernels, runtime)
+    assert d["call_ns"].tolist() == [25, 30]
+    assert d["from_call_start_ns"].tolist() == [30, 20] == ta.launch_latency(kernels, runtime).tolist()
+    assert d["from_call_end_ns"].tolist() == [5, -10]  # the second kernel started before its call returned
+
+
 # ---- steps ----
 
 def _ranges(names: list[str]) -> pd.DataFrame:

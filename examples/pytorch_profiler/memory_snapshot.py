@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywher
 
 from gpuprof import exit_on_error  # noqa: E402
 from gpuprof.backend import require_torch  # noqa: E402
-from gpuprof.cli import output_file, positive_int  # noqa: E402
+from gpuprof.cli import output_file, positive_int, shown_path  # noqa: E402
 
 PHASES = ("forward", "backward", "optimizer_step")
 
@@ -137,8 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     data = json.dumps(log).encode()
     args.log.parent.mkdir(parents=True, exist_ok=True)
     args.log.write_bytes(gzip.compress(data, mtime=0) if args.log.name.endswith(".gz") else data)
-    print(f"log written to {args.log} ({args.log.stat().st_size / 1e3:.0f} kB)" +
-          (f"; full snapshot {args.pickle} ({args.pickle.stat().st_size / 1e6:.1f} MB)" if args.pickle else ""))
+    print(f"log written to {shown_path(args.log)} ({args.log.stat().st_size / 1e3:.0f} kB)" +
+          (f"; full snapshot {shown_path(args.pickle)} ({args.pickle.stat().st_size / 1e6:.1f} MB)" if args.pickle else ""))
     if args.json:
         from gpuprof.kernels import write_json
 

@@ -14,8 +14,15 @@ the time the profiler takes after the last step to process and export the trace,
 trace's size, and what the option added: events and arguments in the trace (read back
 with gpuprof.torch_profiler), and rows of key_averages() with FLOP counts.
 
+Each step ends by reading the loss back (``loss.item()``), so a step's time is its latency
+with the GPU drained at its end, the host never running ahead into the next step.
+
+--also adds configurations of several options together (``--also with_stack+profile_memory``),
+to find which ones cost more together than the sum of their prices alone.
+
 Runs on a CPU too (CPU activities only). Example:
   python examples/pytorch_profiler/profiler_overhead.py --json overhead.json
+  python examples/pytorch_profiler/profiler_overhead.py --also record_shapes+with_stack --also with_stack+profile_memory
 """
 
 from __future__ import annotations
@@ -47,8 +54,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=positive_int, default=3, help="interleaved rounds over all configurations (default: 3)")
     p.add_argument("--batch", type=positive_int, default=64, help="images per step (default: 64)")
     p.add_argument("--json", type=output_file, default=None, metavar="FILE", help="also write the results to FILE")
+    p.add_argument("--also", action="append", default=[], type=option_set, metavar="OPT+OPT",
+                   help=f"another configuration: options joined by + (any of {', '.join(OPTIONS)}); may be repeated")
     p.add_argument("--cpu", action="store_true", help="run on the CPU even where a GPU is available")
     return p.parse_args(argv)
+
+
+def option_set(text: str) -> tuple[str, ...]:
+    """argparse type: options joined by '+', each one of OPTIONS."""
+    names = tuple(n.strip() for n in text.split("+") if n.strip())
+    bad = [n for n in names if n not in OPTIONS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"{bad[0] if bad else text!r} is not an option; the options are {', '.join(OPTIONS)}")
+    return names
+
+
+def configurations(also: list[tuple[str, ...]]) -> dict[str, dict[str, bool] | None]:
+    """The standard configurations, then each --also set (named by its options joined by '+')."""
+    return {**CONFIGS, **{"+".join(names): {n: True for n in names} for names in also}}
 
 
 def trace_contents(path: Path) -> dict:
@@ -67,13 +90,14 @@ def trace_contents(path: Path) -> dict:
 @exit_on_error
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    configs = configurations(args.also)
     torch = require_torch("profiler_overhead.py")
     from torch.profiler import ProfilerActivity, profile, schedule
     from gpuprof.models import check_loss_fell, require_training_memory, small_cnn, synthetic_batch, train_step
 
     device = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    print(f"profiler_overhead: {len(CONFIGS)} configurations x {args.rounds} rounds x {args.steps} steps of batch "
+    print(f"profiler_overhead: {len(configs)} configurations x {args.rounds} rounds x {args.steps} steps of batch "
           f"{args.batch} on {device}" + ("" if device == "cuda" else " (CPU activities only)"), flush=True)
     torch.manual_seed(0)
     require_training_memory(small_cnn, (3, 32, 32), args.batch, device, "--batch", optimizer_states=1)  # SGD, momentum
@@ -90,13 +114,13 @@ def main(argv: list[str] | None = None) -> int:
 
     for _ in range(3):  # the first steps pay one-time costs (cuDNN plans, allocator growth)
         step()
-    times: dict[str, list[float]] = {name: [] for name in CONFIGS}
-    post: dict[str, list[float]] = {name: [] for name in CONFIGS}
+    times: dict[str, list[float]] = {name: [] for name in configs}
+    post: dict[str, list[float]] = {name: [] for name in configs}
     contents: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the profiler's notes about warm-up and cycles are not findings here
         for r in range(args.rounds):
-            for name, options in CONFIGS.items():
+            for name, options in configs.items():
                 if options is None:
                     times[name] += [step() for _ in range(args.steps)]
                     continue
@@ -127,8 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     base = statistics.median(times["no profiler"])
     ops_per_step = contents["profiler, no options"]["events"]["cpu_op"] / args.steps
     rows = []
-    print(f"\n{'configuration':<22}{'step ms':>9}{'spread':>8}{'vs none':>9}{'us/op':>8}{'export s':>10}{'trace MB':>10}")
-    for name in CONFIGS:
+    width = max(22, *(len(n) + 2 for n in configs))
+    print(f"\n{'configuration':<{width}}{'step ms':>9}{'spread':>8}{'vs none':>9}{'us/op':>8}{'export s':>10}{'trace MB':>10}")
+    for name in configs:
         med = statistics.median(times[name])
         q = statistics.quantiles(times[name], n=4) if len(times[name]) > 1 else [med, med, med]
         c = contents.get(name)
@@ -137,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
                "added_us_per_op": added_us, "export_s": statistics.median(post[name]) if post[name] else 0.0,
                "trace": c}
         rows.append(row)
-        print(f"{name:<22}{med * 1e3:>9.2f}{row['iqr_ms']:>8.2f}{row['ratio']:>8.2f}x{added_us:>8.1f}"
+        print(f"{name:<{width}}{med * 1e3:>9.2f}{row['iqr_ms']:>8.2f}{row['ratio']:>8.2f}x{added_us:>8.1f}"
               f"{row['export_s']:>10.2f}{(c['bytes'] / 1e6 if c else 0):>10.2f}")
     print(f"\n{ops_per_step:.0f} CPU operators per step; median of {args.rounds * args.steps} steps each, "
           "spread = interquartile range")
@@ -145,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
           "key_averages rows with FLOP counts):")
     for name, c in contents.items():
         ev = ", ".join(f"{v:,} {k}" for k, v in c["events"].items() if v)
-        print(f"  {name:<22}{ev}; shapes on {c['args']['Input Dims']:,} ops, flops on {c['args']['flops']:,}; "
+        print(f"  {name:<{width}}{ev}; shapes on {c['args']['Input Dims']:,} ops, flops on {c['args']['flops']:,}; "
               f"key_averages flops rows {c['key_averages_rows_with_flops']}")
     if args.json:
         from gpuprof.kernels import write_json

@@ -17,6 +17,15 @@ so the three measurements are three runs of this script, each in its own process
 
 Every mode records the CUDA events too, so each run also says what its profiler did to
 the event timings. Warm-up steps (cuDNN's and cuBLAS's first calls) come first, untimed.
+In the two profiled modes, --baseline-steps steps are also timed without the profiler in
+the same process, before the profiled steps and again after them (under nsys: outside the
+capture range), so that the profiler's cost is a ratio within one process: a step whose
+host sets the pace drifts between processes by as much as a profiler costs.
+
+Every timed step is synchronised before and after (``torch.cuda.synchronize()``): the
+times are per-step latencies of a loop in which the host never runs ahead into the next
+step and the GPU drains at every step's end. A training loop without those syncs overlaps
+one step's host work with the last step's kernels, so its step time and idle share differ.
 
 Examples:
   python examples/pytorch_profiler/reconcile.py --mode events
@@ -32,13 +41,14 @@ import contextlib
 import statistics
 import sys
 import time
+import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere in the repo
 
 from gpuprof import exit_on_error  # noqa: E402
 from gpuprof.backend import require_torch  # noqa: E402
-from gpuprof.cli import nonnegative_int, output_file, positive_int  # noqa: E402
+from gpuprof.cli import nonnegative_int, output_file, positive_int, shown_path  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
 
 MODES = ("events", "profiler", "nvtx")
@@ -50,6 +60,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mode", choices=MODES, default="events", help="how the steps are timed (default: events)")
     p.add_argument("--steps", type=positive_int, default=20, help="timed steps (default: 20)")
     p.add_argument("--warmup", type=nonnegative_int, default=5, help="untimed steps first (default: 5)")
+    p.add_argument("--baseline-steps", type=nonnegative_int, default=20,
+                   help="--mode profiler and nvtx: steps timed without the profiler in the same process, before the "
+                        "profiled steps and again after them (default: 20)")
     p.add_argument("--batch", type=positive_int, default=256, help="images per step (default: 256)")
     p.add_argument("--trace", type=output_file, default=Path("reconcile.json.gz"), metavar="FILE",
                    help="--mode profiler: where the trace goes (default: reconcile.json.gz)")
@@ -88,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     wall_ms: list[float] = []
     pairs = []
 
-    def timed_step() -> None:
+    def timed_step(walls: list[float] = wall_ms, events: list = pairs) -> None:  # type: ignore[type-arg]
         sync()
         t0 = time.perf_counter()
         if gpu:
@@ -97,10 +110,18 @@ def main(argv: list[str] | None = None) -> int:
         loss = train_step(model, opt, x, y)
         if gpu:
             end.record()
-            pairs.append((start, end))
+            events.append((start, end))
         sync()
-        wall_ms.append((time.perf_counter() - t0) * 1e3)
+        walls.append((time.perf_counter() - t0) * 1e3)
         losses.append(float(loss.item()))
+
+    baseline: dict[str, tuple[list[float], list]] = {"baseline": ([], []), "after": ([], [])}  # type: ignore[type-arg]
+
+    def unprofiled(when: str) -> None:
+        """--baseline-steps steps in this process, outside the profiler (before or after its steps)."""
+        if args.mode != "events":
+            for _ in range(args.baseline_steps):
+                timed_step(*baseline[when])
 
     result: dict = {"mode": args.mode, "batch": args.batch, "steps": args.steps, "warmup": args.warmup,
                     "torch": torch.__version__}
@@ -108,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.steps):
             timed_step()
     elif args.mode == "nvtx":
+        unprofiled("baseline")
         if gpu:
             torch.cuda.cudart().cudaProfilerStart()
         for i in range(args.steps):
@@ -115,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                 timed_step()
         if gpu:
             torch.cuda.cudart().cudaProfilerStop()
+        unprofiled("after")
     else:
         from torch.profiler import ProfilerActivity, profile, schedule
 
@@ -123,29 +146,40 @@ def main(argv: list[str] | None = None) -> int:
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
         args.trace.parent.mkdir(parents=True, exist_ok=True)
         sched = schedule(wait=0, warmup=1, active=args.steps, repeat=1)
-        with profile(activities=activities, schedule=sched,
-                     on_trace_ready=lambda p: p.export_chrome_trace(str(args.trace))) as prof:
-            train_step(model, opt, x, y)  # the profiler's own warm-up step: traced, then discarded
-            sync()
-            prof.step()
-            for _ in range(args.steps):
-                timed_step()
+        unprofiled("baseline")
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*clears events.*")  # one cycle here: nothing is cleared
+            with profile(activities=activities, schedule=sched,
+                         on_trace_ready=lambda p: p.export_chrome_trace(str(args.trace))) as prof:
+                train_step(model, opt, x, y)  # the profiler's own warm-up step: traced, then discarded
+                sync()
                 prof.step()
+                for _ in range(args.steps):
+                    timed_step()
+                    prof.step()
+        unprofiled("after")
         trace = read_trace(args.trace)
         steps = step_summary(trace, rule="window")
         if len(steps) != args.steps:
             raise GpuprofError(f"the trace holds {len(steps)} ProfilerStep ranges for {args.steps} timed steps.")
         result["profiler_steps"] = steps.to_dict(orient="records")
         result["trace"] = str(args.trace)
-        print(f"  trace {args.trace} ({args.trace.stat().st_size / 1e6:.2f} MB): {trace.describe()}")
+        print(f"  trace {shown_path(args.trace)} ({args.trace.stat().st_size / 1e6:.2f} MB): {trace.describe()}")
         if gpu:
             print(f"  torch.profiler per step (median): GPU span {median(steps['gpu_span_ms'].tolist()):.3f} ms, "
                   f"GPU busy {median(steps['gpu_busy_ms'].tolist()):.3f} ms, {int(steps['launches'].median())} launches")
     event_ms = [s.elapsed_time(e) for s, e in pairs]
     print(check_loss_fell(losses))
-    result.update(wall_ms=wall_ms, event_ms=event_ms, loss=losses)
+    result.update(wall_ms=wall_ms, event_ms=event_ms, loss=losses, synchronised_steps=True)
     print(f"  per step (median of {args.steps}): host clock {median(wall_ms):.3f} ms"
           + (f", CUDA events {median(event_ms):.3f} ms" if event_ms else ""))
+    if args.mode != "events" and args.baseline_steps:
+        for when, (walls, events) in baseline.items():
+            ms = [s.elapsed_time(e) for s, e in events]
+            result[f"{when}_wall_ms"], result[f"{when}_event_ms"] = walls, ms
+        before, after = (result[f"{w}_event_ms" if gpu else f"{w}_wall_ms"] for w in ("baseline", "after"))
+        print(f"  same process without the profiler ({'CUDA events' if gpu else 'host clock'}, median of "
+              f"{args.baseline_steps}): {median(before):.3f} ms before the profiled steps, {median(after):.3f} ms after")
     if args.json:
         from gpuprof.kernels import write_json
 

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywher
 
 from gpuprof import exit_on_error  # noqa: E402
 from gpuprof.backend import require_torch  # noqa: E402
-from gpuprof.cli import nonnegative_int, output_file, positive_int  # noqa: E402
+from gpuprof.cli import nonnegative_int, output_file, positive_int, shown_path  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
 
 OPTIONS = ("record_shapes", "profile_memory", "with_stack", "with_flops", "with_modules")
@@ -118,12 +118,14 @@ def main(argv: list[str] | None = None) -> int:
                                                     prof.key_averages(group_by_input_shape=True), device=device,
                                                     options=options, cycle=cycle, group_by_input_shape=True))
         written.append(entry)
-        print(f"  cycle {cycle}: trace {path} ({path.stat().st_size / 1e6:.2f} MB), key_averages records {records.name}")
+        print(f"  cycle {cycle}: trace {shown_path(path)} ({path.stat().st_size / 1e6:.2f} MB), "
+              f"key_averages records {records.name}")
         print(averages.table(sort_by=sort_key, row_limit=args.rows))
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     losses, step_ms = [], []
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
         warnings.filterwarnings("ignore", message=".*warmup.*")  # warmup=0 is allowed; the chapter explains the cost
         with profile(activities=activities, schedule=sched, on_trace_ready=on_ready, **options) as prof:
             for _ in range(steps):
@@ -132,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
                 losses.append(float(loss.item()))  # reads the loss back: the step's GPU work is finished
                 step_ms.append((time.perf_counter() - t0) * 1e3)
                 prof.step()
+    # What PyTorch warned about (the events a cycle keeps, say), once each, without the file and line of
+    # the installed PyTorch that raised it.
+    for message in dict.fromkeys(" ".join(str(w.message).split()) for w in said):
+        print(f"  PyTorch warned: {message}")
     print(check_loss_fell(losses))
 
     recorded = plan.loc[plan["recorded"], ["step", "cycle"]]

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from .. import activity
@@ -48,7 +49,7 @@ from ..torch_profiler.trace import Trace
 
 __all__ = ["ReconcileRuns", "reconcile_runs", "reconcile_table", "nsys_steps",
            "KERNEL_LAUNCHES", "GRAPH_LAUNCH", "LAUNCH_CALLS", "COMPILED_NAMES", "GENERATED_PREFIX",
-           "mode_table", "step_launches"]
+           "mode_table", "step_launches", "launch_pace", "same_process_baseline"]
 
 
 @dataclass
@@ -117,7 +118,8 @@ def mode_table(run: dict[str, Any]) -> pd.DataFrame:
 
     ``step ms`` is the unprofiled median, ``rounds`` the range of its per-round medians (the
     modes were timed in turn, round after round), ``profiled ms`` the median under the profiler;
-    ``generated`` counts TorchInductor's kernels. Counts are divided by the number of profiled steps, so runs with different step counts
+    ``generated`` counts TorchInductor's kernels; ``profiled x`` is how much longer the step is under
+    the profiler (profiled over unprofiled). Counts are divided by the number of profiled steps, so runs with different step counts
     compare; ``kernel launches`` counts the calls that launch one kernel each, ``graph
     launches`` the ``cudaGraphLaunch`` calls (each of which runs many kernels). ``busy
     share`` is the GPU's busy time per profiled step (kernels barely change under the
@@ -134,6 +136,7 @@ def mode_table(run: dict[str, Any]) -> pd.DataFrame:
                      "ATen ops": m["aten_ops"] / n, "kernels": m["kernels"] / n, "generated": m["generated_kernels"] / n,
                      "kernel launches": sum(v for k, v in launches.items() if k in KERNEL_LAUNCHES) / n,
                      "graph launches": launches.get(GRAPH_LAUNCH, 0) / n, "GPU busy ms": m.get("gpu_busy_ms"),
+                     "profiled x": m["traced_step_ms"] / m["step_ms"],
                      "busy share": m["gpu_busy_ms"] / m["step_ms"] if m.get("gpu_busy_ms") else None})
     return pd.DataFrame(rows).set_index("mode")
 
@@ -164,3 +167,52 @@ def step_launches(trace: Trace, step: int, pattern: str = r"step (\d+)") -> tupl
                                 "launched_by": kernels["launched_by"].to_numpy(),
                                 "generated": kernels["name"].astype(str).str.startswith(GENERATED_PREFIX).to_numpy()})
     return out_calls, out_kernels.sort_values("start_ms", ignore_index=True), float(start)
+
+
+def launch_pace(trace: Trace, pattern: str = r"step (\d+)") -> pd.DataFrame:
+    """Per step: the launch calls' own time against the host time between them.
+
+    A step whose host sets the pace can be slow because each launch call is slow, or because
+    of the host work between launches (Python, the dispatcher, autograd, a compiled
+    module's wrapper calling each generated kernel). Columns: step, step_ms (the range on the
+    CPU), launches (calls that launch kernels or graphs, any thread), calls_ms (their summed
+    duration), call_us (median call), gap_us (median time from one launch call's end to the
+    next one's start on the same thread).
+    """
+    steps = trace.steps(pattern)
+    calls = trace.runtime_calls()
+    calls = calls[calls["name"].isin(LAUNCH_CALLS)]
+    rows = []
+    for s in steps.itertuples():
+        c = calls[(calls["start"] >= s.start) & (calls["start"] < s.end)].sort_values("start")
+        gaps = np.concatenate([g["start"].to_numpy()[1:] - g["end"].to_numpy()[:-1] for _, g in c.groupby("globalTid")]) \
+            if len(c) else np.array([])
+        rows.append({"step": s.step, "step_ms": s.duration_ns / 1e6, "launches": len(c),
+                     "calls_ms": c["duration_ns"].sum() / 1e6,
+                     "call_us": float(c["duration_ns"].median()) / 1e3 if len(c) else np.nan,
+                     "gap_us": float(np.median(gaps)) / 1e3 if len(gaps) else np.nan})
+    return pd.DataFrame(rows, columns=["step", "step_ms", "launches", "calls_ms", "call_us", "gap_us"])
+
+
+def same_process_baseline(runs: ReconcileRuns) -> pd.DataFrame:
+    """For each profiled run of ``reconcile.py``: CUDA-event step times without the profiler in the same process
+    (before and after the profiled steps), beside the profiled steps, and the ratio.
+
+    Comparing the profiled run with the separate run of ``--mode events`` compares two
+    processes, and a host-bound step drifts between processes; the unprofiled steps of the
+    same process remove that drift from the ratio. Empty for captures made before the
+    script timed them (their JSON has no ``baseline_event_ms``).
+    """
+    rows = []
+    for name, found in (("torch.profiler", runs.profiler), ("nsys", runs.nvtx)):
+        r = found.json()
+        before, after = r.get("baseline_event_ms"), r.get("after_event_ms")
+        if not before or not r.get("event_ms"):
+            continue
+        unprofiled = float(np.median(before + (after or [])))
+        profiled = float(np.median(r["event_ms"]))
+        rows.append({"run": name, "unprofiled before ms": float(np.median(before)),
+                     "unprofiled after ms": float(np.median(after)) if after else np.nan,
+                     "profiled ms": profiled, "profiled / unprofiled": profiled / unprofiled})
+    return pd.DataFrame(rows, columns=["run", "unprofiled before ms", "unprofiled after ms", "profiled ms",
+                                       "profiled / unprofiled"]).set_index("run")

@@ -20,6 +20,12 @@ check                  measure (median over the steps)                          
 A flagged check is a place to look, not a verdict: ``sync_wait`` is high in any step
 that ends by reading a result back while the GPU is busy (the GPU is the bottleneck and
 the host waits, as it should).
+
+The report's list of CPU operators by self time has the same trap: a ``record_function``
+range around ``loss.backward()`` tops it, yet its self time is its thread waiting while
+autograd's thread runs the backward operators. A range for which other threads were inside
+operators during at least ``WAIT_SHARE`` of its self time is marked as a wait
+(:func:`gpuprof.torch_profiler.summary.range_waits`).
 """
 
 from __future__ import annotations
@@ -30,13 +36,14 @@ import numpy as np
 import pandas as pd
 
 from .. import activity
-from .summary import KERNEL_LAUNCHES, gpu_activity, kernel_summary, op_summary, step_summary
+from .summary import KERNEL_LAUNCHES, gpu_activity, kernel_summary, op_summary, range_waits, step_summary
 from .trace import Trace
 
-__all__ = ["checks", "report", "SYNC_CALLS"]
+__all__ = ["checks", "report", "SYNC_CALLS", "WAIT_SHARE"]
 
 SYNC_CALLS = re.compile(r"^cuda(Stream|Device|Event)Synchronize|^cudaMemcpy(?!Async)|^cuStreamSynchronize|^cuCtxSynchronize")
 LAUNCH_CALLS = re.compile("^(" + "|".join(KERNEL_LAUNCHES) + ")")
+WAIT_SHARE = 0.5  # a range whose self time overlaps other threads' operators this much is waiting for them
 
 
 def checks(trace: Trace) -> pd.DataFrame:
@@ -99,8 +106,13 @@ def report(trace: Trace, *, top: int = 5) -> str:
     ops = op_summary(trace)
     ops = ops[~ops["key"].str.startswith("ProfilerStep")]
     if len(ops):
+        waits = range_waits(trace).set_index("key")["elsewhere_share"]
         lines.append("top CPU operators by self CPU time:")
-        lines += [f"  {r.self_cpu_us / 1e3:8.2f} ms  {r.calls:>4} x  {r.key[:70]}" for r in ops.head(top).itertuples()]
+        for r in ops.head(top).itertuples():
+            share = waits.get(r.key, 0.0)
+            note = (f"  (a record_function range: other threads ran operators for {share:.0%} of its self time: "
+                    "a wait, not work)") if share >= WAIT_SHARE else ""
+            lines.append(f"  {r.self_cpu_us / 1e3:8.2f} ms  {r.calls:>4} x  {r.key[:70]}{note}")
     c = checks(trace)
     if len(c):
         lines.append("checks (value against threshold):")

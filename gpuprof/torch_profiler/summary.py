@@ -15,6 +15,12 @@ launch latency, with the same definitions the Nsight Systems chapters use
   device time of the kernel's row);
 * :func:`step_summary`: per ``ProfilerStep#N``, CPU time, launches, GPU busy time and share;
 * :func:`launch_latency`: per kernel, from the launch call to the kernel's start;
+  :func:`launch_delays` from the call's start and from its end, with the call's own duration;
+* :func:`range_waits`: per ``record_function`` range, how much of its self time other threads
+  spent inside operators (a range whose self time is a wait for another thread);
+* :func:`range_projections`: per ``record_function`` range, its CPU time beside its projection on
+  the GPU and the GPU work that projection holds;
+* :func:`kernel_waves`: one kernel's blocks per SM, the blocks an SM holds at once, and the waves;
 * :func:`kernel_operators`: per kernel, the operator that launched it (:func:`kernel_lineage`
   follows one kernel the whole way).
 """
@@ -28,8 +34,9 @@ from .. import activity
 from ..errors import GpuprofError
 from .trace import STEP_PATTERN, Trace
 
-__all__ = ["self_times", "op_summary", "kernel_summary", "step_summary", "launch_latency", "gpu_activity",
-           "key_name", "kernel_lineage", "kernel_operators", "LAUNCH_FIELDS", "KERNEL_LAUNCHES"]
+__all__ = ["self_times", "op_summary", "kernel_summary", "step_summary", "launch_latency", "launch_delays", "gpu_activity",
+           "key_name", "kernel_lineage", "kernel_operators", "kernel_waves", "range_waits", "range_projections",
+           "LAUNCH_FIELDS", "KERNEL_LAUNCHES"]
 
 CPU_KINDS = ("cpu_op", "user_annotation")
 # The runtime and driver calls that launch one kernel each, as Kineto names them (PyTorch's own kernels,
@@ -114,8 +121,10 @@ def op_summary(trace: Trace, *, kinds: tuple[str, ...] = CPU_KINDS, by: str = "k
 
     Self time is computed over operators and ``record_function`` ranges together, as the
     profiler does, and an only child with its parent's name is merged into the parent, as
-    the profiler does. With ``with_stack=True`` the profiler also nests Python frames and its
-    self times can go negative (a known trap); these, from time nesting alone, cannot.
+    the profiler does. Older PyTorch versions could print negative self times (events
+    mis-parented by timestamps truncated to microseconds, pytorch/pytorch#101861, and
+    grandchildren subtracted as if direct children, #128479; both fixed in 2024); these, from
+    the file's nanoseconds and proper nesting, cannot.
     Sorted by self CPU time, largest first.
 
     ``by="thread"`` sums per thread instead (column ``thread``: the reader's ``globalTid``): self
@@ -179,6 +188,88 @@ def launch_latency(trace: Trace) -> pd.Series:
                                    trace.runtime_calls().dropna(subset=["correlationId"]))
 
 
+def launch_delays(trace: Trace) -> pd.DataFrame:
+    """Per kernel: the launch call's duration, and the kernel's start from the call's start and from its end
+    (ns; :func:`gpuprof.activity.launch_delays`). From the end is the queue; from the start adds the call."""
+    return activity.launch_delays(trace.kernels().dropna(subset=["correlationId"]),
+                                  trace.runtime_calls().dropna(subset=["correlationId"]))
+
+
+def range_waits(trace: Trace) -> pd.DataFrame:
+    """Per ``record_function`` range name: its self time, and the part of it during which *other* threads were
+    inside CPU operators.
+
+    A range's self time is the time on its thread outside its children. For ``forward`` that
+    is Python between operators: work. For a range around ``loss.backward()`` it is mostly the
+    thread waiting while autograd runs the backward operators on a thread of its own: no
+    work at all, yet ``key_averages()`` ranks it first by self CPU time. A large
+    ``elsewhere_share`` tells the two apart. Columns: key, calls, self_cpu_us, elsewhere_us,
+    elsewhere_share; largest self time first.
+    """
+    cols = ["key", "calls", "self_cpu_us", "elsewhere_us", "elsewhere_share"]
+    ops, ann = trace.cpu_ops(), trace.annotations()
+    if ann.empty:
+        return pd.DataFrame(columns=cols)
+    ev = pd.concat([ops[["start", "end", "name", "globalTid"]].assign(is_range=False),
+                    ann[["start", "end", "name", "globalTid"]].assign(is_range=True)], ignore_index=True)
+    parent = _parents(ev)
+    rows = []
+    for i in np.flatnonzero(ev["is_range"].to_numpy()):
+        r = ev.iloc[i]
+        kids = ev[parent == i].sort_values("start")
+        # The range's self time as intervals: the range less its direct children (disjoint on one thread).
+        lo = np.concatenate([[r["start"]], kids["end"].to_numpy()])
+        hi = np.concatenate([kids["start"].to_numpy(), [r["end"]]])
+        keep = hi > lo
+        lo, hi = lo[keep], hi[keep]
+        others = ops[ops["globalTid"] != r["globalTid"]]
+        elsewhere = activity.covered_lengths(others["start"].to_numpy(), others["end"].to_numpy(), lo, hi).sum()
+        rows.append({"key": key_name(str(r["name"])), "self_ns": int((hi - lo).sum()), "elsewhere_ns": int(elsewhere)})
+    t = pd.DataFrame(rows)
+    g = t.groupby("key")
+    out = pd.DataFrame({"calls": g.size(), "self_cpu_us": g["self_ns"].sum() / 1e3,
+                        "elsewhere_us": g["elsewhere_ns"].sum() / 1e3}).reset_index()
+    out["elsewhere_share"] = (out["elsewhere_us"] / out["self_cpu_us"]).where(out["self_cpu_us"] > 0, 0.0)
+    return out.sort_values(["self_cpu_us", "key"], ascending=[False, True], ignore_index=True)[cols]
+
+
+def range_projections(trace: Trace) -> pd.DataFrame:
+    """Per ``record_function`` range (``ProfilerStep#N`` included): its CPU duration beside its projection on the GPU.
+
+    Kineto projects a range onto a GPU stream (``gpu_user_annotation``, same ``External id``)
+    from the first to the last GPU activity it links to the range: work launched *on the
+    range's own thread*, outside any nested range that claims it. So a range whose kernels
+    are launched from another thread (``backward``: autograd's) or by its nested ranges
+    (``ProfilerStep#N``: its forward, backward and optimizer) projects onto almost nothing.
+    Columns: key, calls, cpu_us (median duration on the CPU), gpu_us (median duration of the
+    projection; NaN where a range has none), gpu_work (the median number of kernels, copies
+    and memsets inside the projection), work_names (their names, most frequent first).
+    """
+    cols = ["key", "calls", "cpu_us", "gpu_us", "gpu_work", "work_names"]
+    cpu, gpu = trace.annotations(), trace.annotations(gpu=True)
+    if cpu.empty:
+        return pd.DataFrame(columns=cols)
+    work = gpu_activity(trace)
+    rows = []
+    for r in cpu.itertuples():
+        proj = gpu[gpu["externalId"] == r.externalId] if "externalId" in gpu and pd.notna(r.externalId) else gpu.iloc[0:0]
+        if proj.empty:
+            rows.append({"key": key_name(str(r.name)), "cpu_ns": r.duration_ns, "gpu_ns": np.nan, "n": 0, "names": []})
+            continue
+        p = proj.iloc[0]
+        inside = work[(work["start"] >= p["start"]) & (work["end"] <= p["end"]) & (work["deviceId"] == p["deviceId"])] \
+            if "deviceId" in proj else work[(work["start"] >= p["start"]) & (work["end"] <= p["end"])]
+        rows.append({"key": key_name(str(r.name)), "cpu_ns": r.duration_ns, "gpu_ns": float(p["duration_ns"]),
+                     "n": len(inside), "names": inside["name"].astype(str).tolist()})
+    t = pd.DataFrame(rows)
+    out = []
+    for key, g in t.groupby("key", sort=False):
+        names = pd.Series([n for ns in g["names"] for n in ns], dtype=object)
+        out.append({"key": key, "calls": len(g), "cpu_us": g["cpu_ns"].median() / 1e3, "gpu_us": g["gpu_ns"].median() / 1e3,
+                    "gpu_work": float(g["n"].median()), "work_names": names.value_counts().index.tolist()})
+    return pd.DataFrame(out, columns=cols)
+
+
 def step_summary(trace: Trace, *, rule: str, pattern: str | None = None) -> pd.DataFrame:
     """Per ``ProfilerStep#N`` (or per range matching ``pattern``: see :meth:`Trace.steps`): CPU time,
     GPU work launched in it, and how busy that kept the GPU.
@@ -209,6 +300,43 @@ LAUNCH_FIELDS = ["grid", "block", "registers per thread", "shared memory", "bloc
                  "est. achieved occupancy %"]
 
 
+def kernel_waves(trace: Trace, kernel: pd.Series) -> dict:
+    """How many blocks of one kernel an SM holds at once, and so how many waves its grid takes.
+
+    Kineto writes ``blocks per SM`` as the grid's blocks over the GPU's SMs: the blocks each SM
+    runs over the whole grid, not at once. Its ``est. achieved occupancy %`` is the CUDA
+    occupancy calculator's answer for the launch configuration (registers, shared memory,
+    block size), capped by the grid's blocks per SM: an estimate, not a measurement. Read back,
+    it gives the blocks an SM holds at once (``resident``: occupancy x the SM's thread slots /
+    the block's threads), and the waves are blocks per SM over that. The two simplest limits are
+    computed beside it from ``deviceProperties`` (``warp_limit``: the SM's thread slots over the
+    block's threads, rounded up to whole warps; ``register_limit``: the SM's registers over the
+    block's, registers allocated per warp in units of 256), so a reader can see which one binds.
+    Returns a dict; ``resident`` is None and ``waves`` NaN where the estimate is capped by the grid
+    (fewer blocks per SM than fit: at most one wave) or missing.
+    """
+    dev = trace.devices
+    props = dev[dev["id"] == kernel["deviceId"]].iloc[0] if "id" in dev and (dev["id"] == kernel["deviceId"]).any() \
+        else dev.iloc[0]
+    warp = int(props["warpSize"])
+    threads = int(np.prod(kernel["block"]))
+    warps = -(-threads // warp)
+    blocks = int(np.prod(kernel["grid"]))
+    per_sm = blocks / int(props["numSms"])
+    slots = int(props["maxThreadsPerMultiprocessor"])
+    regs = int(kernel.get("registers per thread", 0) or 0)
+    regs_per_warp = -(-regs * warp // 256) * 256
+    occupancy = kernel.get("est. achieved occupancy %")
+    estimate = float(occupancy) / 100 * slots / threads if occupancy is not None and pd.notna(occupancy) else None
+    # Capped by the grid: the estimate is then the grid's blocks per SM, not what an SM could hold (one wave or less).
+    capped = estimate is None or round(estimate) < 1 or estimate >= per_sm - 0.5
+    resident = None if capped else round(estimate)
+    return {"threads": threads, "blocks": blocks, "sms": int(props["numSms"]), "blocks_per_sm": per_sm,
+            "occupancy_pct": occupancy, "resident": resident, "warp_limit": slots // (warps * warp),
+            "register_limit": int(props["regsPerMultiprocessor"]) // (regs_per_warp * warps) if regs else None,
+            "waves": float("nan") if capped else per_sm / resident}
+
+
 def kernel_operators(trace: Trace) -> pd.Series:
     """For every kernel (the index of ``trace.kernels()``), the name of the CPU operator that was running when it
     was launched: the one whose ``externalId`` the kernel carries (NaN where none does: a kernel a library
@@ -223,8 +351,9 @@ def kernel_operators(trace: Trace) -> pd.Series:
 def kernel_lineage(trace: Trace, kernel: int | None = None) -> dict:
     """Follow one kernel back to the operator that launched it, through the ids Kineto records.
 
-    A kernel event carries ``correlationId`` (shared with the runtime call that launched it:
-    ``cudaLaunchKernel`` and its kin) and ``External id``/``externalId`` (shared with the CPU
+    A kernel event carries ``correlation`` in the file (this reader's ``correlationId``, the
+    Nsight Systems export's name; shared with the runtime call that launched it:
+    ``cudaLaunchKernel`` and its kin) and ``External id`` (``externalId``; shared with the CPU
     operator that was running when the call was made); an ``ac2g`` flow ("async CPU to GPU")
     with the correlation id as its id draws the arrow between call and kernel in Perfetto.
     ``kernel`` is a row label of ``trace.kernels()``; by default the longest kernel. Returns the

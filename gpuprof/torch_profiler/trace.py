@@ -16,9 +16,11 @@ splits it by kind, reading the schema from the file rather than assuming it:
 
 Times become integer nanoseconds (``start``, ``end``), like the Nsight Systems readers'.
 Kineto writes microseconds with three decimals. Read as float64, a timestamp of the
-order of 10**12 us (a clock counted from boot, as PyTorch 2.x writes) keeps its
-nanoseconds; one counted from 1970 (about 1.7 * 10**15 us, as some older writers did)
-keeps a quarter of a microsecond, and so did the file that printed it.
+order of 10**12 us keeps its nanoseconds: Kineto counts ``ts`` from the file's
+``baseTimeNanoseconds``, the wall clock rounded down to a three-month boundary (since
+2024), so ``ts`` stays below about 8 * 10**12 us. One counted from 1970 (about
+1.7 * 10**15 us, as some older writers did) keeps a quarter of a microsecond, and so did
+the file that printed it.
 
 The kinds, and the tables that hold them (:class:`Trace` methods):
 
