@@ -196,27 +196,6 @@ def _relative(path: Path) -> str:
         return str(path)
 
 
-def shown_path(path: str | Path) -> str:
-    """How a transcript names a file it wrote: relative to the repository, or as a temporary file.
-
-    The book shows transcripts from the capture machine; its absolute paths (a checkout's
-    location, a ``/tmp/tmpab12cd`` folder) mean nothing to a reader and change on every run,
-    so they are printed relative to the repository, and a file in the system's temporary
-    folder by its name only. Any other path is printed as given.
-    """
-    path = Path(path)
-    resolved = path.resolve()
-    try:
-        return str(resolved.relative_to(REPO_ROOT))
-    except ValueError:
-        pass
-    try:
-        resolved.relative_to(Path(tempfile.gettempdir()).resolve())
-        return f"{path.name} (in a temporary folder)"
-    except ValueError:
-        return str(path)
-
-
 def stored_file(path: Path) -> Path | None:
     """``path`` if it exists, else its gzipped copy (``x.sqlite.gz`` for ``x.sqlite``), else None."""
     if path.exists():

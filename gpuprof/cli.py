@@ -114,16 +114,25 @@ def require_memory(nbytes: int, device: str, what: str, option: str, *, lower_bo
 
 
 def shown_path(path: str | Path) -> str:
-    """A path as a script prints it: relative to the repository when it lies inside it, else as given.
+    """A path as a script prints it: relative to the repository, a temporary file by its name, else as given.
 
-    A notebook runs the scripts with absolute paths into ``artifacts/``; printed as they are,
-    the transcripts would show where the capture machine keeps its checkout, which says
-    nothing to a reader and differs on every machine.
+    A notebook runs the scripts with absolute paths into ``artifacts/`` and with results files
+    in temporary folders; printed as they are, the transcripts would show where the capture
+    machine keeps its checkout and a ``/tmp/tmpab12cd`` folder, which say nothing to a reader
+    and differ on every machine and every run.
     """
+    import tempfile
+
     from .artifacts import REPO_ROOT  # here, not at the top: a script's start-up should not pay for it
 
     p = Path(path)
+    resolved = p.resolve()
     try:
-        return str(p.resolve().relative_to(REPO_ROOT))
+        return str(resolved.relative_to(REPO_ROOT))
+    except ValueError:
+        pass
+    try:
+        resolved.relative_to(Path(tempfile.gettempdir()).resolve())
+        return f"{p.name} (in a temporary folder)"
     except ValueError:
         return str(path)

@@ -285,7 +285,7 @@ def write_json(path: str | Path | None, payload: dict[str, Any]) -> None:
         if isinstance(value, list) and value and isinstance(value[0], Result):
             payload[key] = [asdict(r) for r in value]
     Path(path).write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
-    from .artifacts import shown_path
+    from .cli import shown_path
 
     print(f"results written to {shown_path(path)}")
 

@@ -236,7 +236,8 @@ def test_shown_path_hides_the_machines_folders():
     """Transcripts name files relative to the repository, temporary files by name: no machine path in the book."""
     import tempfile
 
-    from gpuprof.artifacts import REPO_ROOT, shown_path
+    from gpuprof.artifacts import REPO_ROOT
+    from gpuprof.cli import shown_path
 
     assert shown_path(REPO_ROOT / "artifacts" / "ch05" / "x.json.gz") == "artifacts/ch05/x.json.gz"
     tmp_file = Path(tempfile.gettempdir()) / "tmpab12cd" / "train_run.json"

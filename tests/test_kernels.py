@@ -66,7 +66,8 @@ def test_a_path_is_shown_relative_to_the_repository_when_it_lies_inside_it(tmp_p
     from gpuprof.artifacts import REPO_ROOT
 
     assert shown_path(REPO_ROOT / "artifacts" / "ch05" / "t.json.gz") == "artifacts/ch05/t.json.gz"
-    assert shown_path(tmp_path / "t.json") == str(tmp_path / "t.json")  # outside it: as given
+    assert shown_path(tmp_path / "t.json") == "t.json (in a temporary folder)"  # a scratch file: its name only
+    assert shown_path("/opt/elsewhere/t.json") == "/opt/elsewhere/t.json"  # anywhere else: as given
 
 
 def test_sizes_beyond_the_machine_are_refused_in_a_sentence():

@@ -330,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"result checked: the weights are identical on all {world} rank(s) after {args.warmup + args.steps} steps "
               f"per bucket size; {grad / 2**20:.3g} MiB of gradients per optimizer step")
     if args.torch_trace is not None:
-        from gpuprof.artifacts import shown_path
+        from gpuprof.cli import shown_path
 
         print(f"torch.profiler traces: {', '.join(shown_path(trace_file(args.torch_trace, r)) for r in range(world))}")
     if args.json:
