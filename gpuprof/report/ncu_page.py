@@ -3,9 +3,11 @@
 Per launch: duration and launch configuration; the Speed Of Light table (percent of each
 unit's peak: SM, memory, DRAM, L1, L2); occupancy, theoretical and achieved; ncu's own
 bottleneck verdict (its SOLBottleneck rule); its roofline point where the report has the
-roofline's metrics; then every rule finding, the estimates of the kernel's whole runtime
-(``global``) before those of the part a rule looks at (``local``), each largest first: NvRules
-defines the two over different totals, so a local 99% and a global 94% do not compare.
+roofline's metrics; then every rule finding, the ``global`` estimates before the ``local``
+ones, each largest first. NvRules defines the two as different quantities: global, "the
+proportional reduction in runtime of the entire workload"; local, "the proportional increase
+in efficiency of the hardware usage when viewing the performance problem in isolation". A
+local 99% and a global 94% do not compare, and only a global estimate is time saved.
 
 Three inputs, one set of tables: a ``.ncu-rep`` (read through NVIDIA's ``ncu_report``,
 :mod:`gpuprof.ncu.report`), ``ncu --csv --page details`` (the section tables as ncu prints
@@ -176,8 +178,10 @@ def ncu_page(path: str | Path, kind: str, *, top: int = 15) -> Page:
     f = findings(rules)
     page.add("Rule findings (OPT and WRN): global estimates, then local, each largest first", table=f,
              terminal_rows=top, html_rows=200,
-             note="speedup_pct is ncu's estimate; 'global' is of the kernel's whole runtime, 'local' of the part "
-                  "of the kernel the rule looks at, so the two do not compare: a local 99% may save less than a global 10%.")
+             note="speedup_pct is ncu's estimate. NvRules' definitions: global, the proportional reduction in runtime "
+                  "of the entire workload; local, the proportional increase in efficiency of the hardware usage when "
+                  "viewing the performance problem in isolation. Only a global estimate is time saved; the two do not "
+                  "compare.")
     if kind == "ncu":
         roof = _roofline(path, table)
         if roof is not None:
