@@ -465,7 +465,7 @@ def idle_by_cause(view: ActivityView, *, min_gap_ns: int = IDLE_MIN_GAP_NS,
     """
     cols = ["cause", "gaps", "idle_ms", "share"]
     segs = view.segments
-    if not segs:
+    if not segs or view.work.empty:  # no GPU work: nothing ended a gap, so nothing to ask about
         return pd.DataFrame(columns=cols)
     lengths = np.concatenate([_gap_lengths(view.work, seg) for seg in segs])
     short = lengths[lengths < min_gap_ns]
