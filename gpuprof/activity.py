@@ -62,7 +62,7 @@ def api_name(name: str) -> str:
 __all__ = ["api_name", "merge_intervals", "busy_fraction", "idle_gaps", "copy_summary", "copy_compute_overlap", "launch_latency",
            "launch_delays", "covered_lengths",
            "sync_wait_share", "window_of", "range_window", "last_repeat_window", "inside", "calls_by_range", "copy_curve",
-           "exposed_copy_fraction", "attribute_kernels", "ATTRIBUTION_RULES", "find_steps", "step_ranges",
+           "exposed_copy_fraction", "exposed_ns", "attribute_kernels", "ATTRIBUTION_RULES", "find_steps", "step_ranges",
            "STEP_NUMBERED", "STEP_REPEATED", "NUMBERED_STEP", "overlap_ns", "issue_order", "ServiceOrder", "service_order"]
 
 SYNC_API = r"Synchronize"
@@ -397,6 +397,27 @@ def service_order(order: pd.DataFrame) -> ServiceOrder:
         first_issued=("issued", "min"), last_issued=("issued", "max")).reset_index(drop=True)
     runs["next_issued"] = runs.groupby("streamId")["first_issued"].shift(-1)
     return ServiceOrder(len(ranked), inverted, runs[columns])
+
+
+def exposed_ns(shown: pd.DataFrame, hiding: pd.DataFrame, window: tuple[int, int]) -> int:
+    """Nanoseconds of ``window`` in which some row of ``shown`` ran and no row of ``hiding`` did.
+
+    The exposed part of one kind of GPU work behind another: copies not under any kernel (time the
+    GPU's compute waited for data), or NCCL kernels not under any compute kernel (communication
+    that overlap did not hide). Both tables are merged first, so work on several streams counts
+    once; a caller that wants one GPU passes that GPU's rows.
+    """
+    lo, hi = window
+    if shown.empty or hi <= lo:
+        return 0
+    ss, se = _clip(*merge_intervals(shown["start"].to_numpy(), shown["end"].to_numpy()), lo, hi)
+    total = int((se - ss).sum())
+    if hiding.empty or total == 0:
+        return total
+    hs, he = merge_intervals(hiding["start"].to_numpy(), hiding["end"].to_numpy())
+    cum = np.concatenate([[0], np.cumsum(he - hs)])
+    hidden = sum(_covered(hs, he, cum, int(a), int(b)) for a, b in zip(ss, se))
+    return total - int(round(hidden))
 
 
 ATTRIBUTION_RULES = ("thread", "window")

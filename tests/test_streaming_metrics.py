@@ -42,6 +42,27 @@ def test_exposed_copy_fraction_matches_brute_force():
     assert ta.exposed_copy_fraction(copies, kernels, (1000, 4000)) == pytest.approx(expected)
 
 
+def test_exposed_ns_is_the_brute_force_count_of_shown_and_not_hidden():
+    """activity.exposed_ns (the report's exposed copy and exposed NCCL time) against a per-nanosecond count."""
+    from gpuprof import activity
+
+    rng = np.random.default_rng(11)
+    ss, hs = np.sort(rng.integers(0, 5000, 60)), np.sort(rng.integers(0, 5000, 90))
+    shown = frame(list(zip(ss, ss + rng.integers(1, 200, 60))))
+    hiding = frame(list(zip(hs, hs + rng.integers(1, 80, 90))))
+    on_s, on_h = np.zeros(6000, bool), np.zeros(6000, bool)
+    for r in shown.itertuples():
+        on_s[r.start:r.end] = True
+    for r in hiding.itertuples():
+        on_h[r.start:r.end] = True
+    assert activity.exposed_ns(shown, hiding, (1000, 4000)) == (on_s & ~on_h)[1000:4000].sum()
+    assert activity.exposed_ns(shown, frame([]), (1000, 4000)) == on_s[1000:4000].sum()
+    assert activity.exposed_ns(frame([]), hiding, (1000, 4000)) == 0
+    # the same quantity as exposed_copy_fraction, in nanoseconds instead of a share of the window
+    assert activity.exposed_ns(shown, hiding, (1000, 4000)) == pytest.approx(
+        ta.exposed_copy_fraction(shown, hiding, (1000, 4000)) * 3000)
+
+
 @pytest.fixture(scope="module")
 def windows():
     r = ns.nvtx_ranges(TRANSFER)

@@ -117,6 +117,25 @@ def test_idle_time_and_kernel_breakdown_equal_htas(path, tmp_path):
         assert (ka["name"] == kb["name"]).all() and np.allclose(ka.drop(columns="name"), kb.drop(columns="name"))
 
 
+@pytest.mark.parametrize("path", HTA_EXACT, ids=lambda p: p.name)
+def test_without_its_rounding_hta_gives_the_files_nanoseconds(path, tmp_path, monkeypatch):
+    """HTA_DISABLE_NS_ROUNDING=1 (hta/configs/env_options.py, read by trace_parser.round_down_time_stamps) switches
+    the rounding off: HTA then reads the file's nanoseconds as float microseconds, its temporal breakdown runs
+    on chapter 5's training trace too (where the rounding makes it stop), and it equals gpuprof's default answer
+    to float precision."""
+    from gpuprof.torch_profiler import hta_compat as hc
+
+    monkeypatch.setenv("HTA_DISABLE_NS_ROUNDING", "1")
+    temporal, kernels = _hta(path, tmp_path)
+    assert temporal is not None
+    mine = hc.temporal_breakdown(read_trace(path), include_sync=True)
+    assert temporal["idle_time(us)"] == pytest.approx(mine["idle_us"], abs=0.01)
+    assert temporal["kernel_time(us)"] == pytest.approx(mine["span_us"], abs=0.01)
+    kb = hc.kernel_breakdown(read_trace(path), include_sync=True).set_index("name")
+    both = kernels.join(kb, how="inner")
+    assert len(both) == len(kb) and np.allclose(both["sum (us)"], both["sum_us"], atol=0.01)
+
+
 def test_on_epoch_timestamps_hta_and_gpuprof_differ_only_by_float_precision(tmp_path):
     """HTA's AlexNet trace has absolute timestamps (1.7e15 us), which float64 holds to ~0.25 us."""
     from gpuprof.torch_profiler import hta_compat as hc

@@ -188,8 +188,9 @@ def clean_message(text: str) -> str:
 
 def rules(path: str | Path) -> pd.DataFrame:
     """The guided analysis: id, kernel, section, rule, type (OPT/WRN/INF/ERR), title, message,
-    estimated speedup in percent and its type (local: of this part of the kernel; global: of the
-    kernel's runtime), and the first focus metric with its value."""
+    estimated speedup in percent and its type (NvRules' SpeedupType: global, the proportional reduction in
+    runtime of the entire workload; local, the proportional increase in efficiency of the hardware usage
+    when viewing the problem in isolation), and the first focus metric with its value."""
     rows = []
     for k in open_report(path).kernels:
         for r in k["rules"]:

@@ -58,13 +58,15 @@ def build_pages(paths: Sequence[str | Path], *, steps: str | None = None, window
     return pages
 
 
-def build_diff(before: str | Path, after: str | Path, *, steps: str | None = None) -> Page:
-    """The diff page of two captures of one family (two timelines, or two Nsight Compute captures)."""
+def build_diff(before: str | Path, after: str | Path, *, steps: str | None = None,
+               items_per_step: tuple[float, float] | None = None) -> Page:
+    """The diff page of two captures of one family (two timelines, or two Nsight Compute captures);
+    ``items_per_step`` (before, after): the work one step of each does, for timelines' throughput."""
     from .diff import diff_ncu, diff_timelines
 
     kb, ka = capture_kind(before), capture_kind(after)
     if kb in TIMELINE_KINDS and ka in TIMELINE_KINDS:
-        return diff_timelines(load(before, kb, steps=steps), load(after, ka, steps=steps))
+        return diff_timelines(load(before, kb, steps=steps), load(after, ka, steps=steps), items_per_step=items_per_step)
     if kb in ("ncu", "ncu-csv") and ka in ("ncu", "ncu-csv"):
         return diff_ncu(Path(before), kb, Path(after), ka)
     raise GpuprofError(f"{Path(before).name} ({kb}) and {Path(after).name} ({ka}) cannot be compared.",

@@ -10,7 +10,10 @@ from that view only, so the two tools' captures are judged by one definition of 
 
 Steps are found by :func:`gpuprof.activity.find_steps` (``--steps REGEX`` overrides its
 default rule); the rule used is printed with the numbers, so a reader can tell when it
-picked wrongly.
+picked wrongly. The measures cover :attr:`ActivityView.segments`: one stretch per run of
+steps (a sweep that restarts its step count holds several runs, and the set-up between
+them is no step's), each from its first step's start to its last step's end or to the end
+of the GPU work its steps launched, whichever is later.
 """
 
 from __future__ import annotations
@@ -23,13 +26,29 @@ import numpy as np
 import pandas as pd
 
 from .. import activity
-from ..kernel_kinds import kernel_kind
+from ..kernel_kinds import is_communication, kernel_kind
 from ..nsys.sqlite import pid_of
 
-__all__ = ["ActivityView", "load", "step_table", "headline", "idle_by_cause", "kernels_by_name", "step_period_ns",
-           "IDLE_MIN_GAP_NS"]
+__all__ = ["ActivityView", "load", "step_table", "headline", "idle_by_cause", "kernels_by_name", "kernel_labels",
+           "compact_name", "step_period_ns", "IDLE_MIN_GAP_NS", "LAUNCH_PACE_FACTOR", "CAUSES"]
 
-IDLE_MIN_GAP_NS = 10_000  # gaps shorter than 10 us are launch spacing, not idle time worth a row
+IDLE_MIN_GAP_NS = 10_000  # gaps shorter than 10 us get one row of their own in the idle table, unlabelled
+# A gap is launch-bound when the operation that ended it was issued within this many times the CPU's median
+# spacing between two issuing calls after the previous one: the CPU was issuing work at its usual pace and
+# the GPU still ran dry. A stated choice, not a law: the idle table's note prints it.
+LAUNCH_PACE_FACTOR = 2.0
+_ISSUE_CALL = re.compile(r"Launch|Memcpy|Memset")  # CUDA calls that put work on the GPU
+CAUSES = {
+    "queued": "already launched (GPU-side wait)",
+    "paced": "launch-bound (CPU issuing at its usual pace)",
+    "sync": "synchronize",
+    "copy": "copy or memset call",
+    "launch": "launch call",
+    "other": "other CUDA call",
+    "host": "host code (Python, framework, data loading)",
+    "short": "gaps under 10 us",
+    "untraced": "unknown (no CUDA API calls in the capture)",
+}
 _COPY_NAME = re.compile(r"Memcpy (\w+)(?: \((\w+) -> (\w+)\))?")
 _DIRECTIONS = {"HtoD": "Host-to-Device", "DtoH": "Device-to-Host", "DtoD": "Device-to-Device", "HtoH": "Host-to-Host",
                "PtoP": "Peer-to-Peer"}
@@ -57,6 +76,17 @@ class ActivityView:
     steps: pd.DataFrame = field(default_factory=pd.DataFrame)
     step_rule: str = ""
     extra: dict = field(default_factory=dict)  # the tool's own reader objects (a Trace), for tool-only tables
+    step_launches: np.ndarray | None = None  # correlation ids of the launches made inside steps (see load)
+    _segments: list[tuple[int, int]] | None = field(default=None, repr=False)
+
+    def in_steps(self, df: pd.DataFrame) -> pd.DataFrame:
+        """The rows of ``df`` (kernels, copies, memsets) that the steps launched, found by the launching
+        call's correlation id; where the capture cannot tell (no CUDA API calls), the rows that start
+        inside :attr:`segments`. A step's work may run long after its range closed (a CPU that runs
+        ahead), and work launched before the steps may run inside them: the launch decides."""
+        if df.empty or self.step_launches is None:
+            return _inside(df, self.segments)
+        return df[df["correlationId"].isin(self.step_launches)]
 
     @property
     def work(self) -> pd.DataFrame:
@@ -66,11 +96,25 @@ class ActivityView:
 
     @property
     def window(self) -> tuple[int, int] | None:
-        """From the first step's start to the last step's end; without steps, the span of the GPU's work."""
-        if not self.steps.empty:
-            return int(self.steps["start"].min()), int(self.steps["end"].max())
-        w = self.work
-        return None if w.empty else activity.window_of(w)
+        """From the start of the first of :attr:`segments` to the end of the last; None without steps or GPU work."""
+        segs = self.segments
+        return (segs[0][0], segs[-1][1]) if segs else None
+
+    @property
+    def segments(self) -> list[tuple[int, int]]:
+        """The stretches of the capture that the report measures, sorted and disjoint.
+
+        One per run of steps: a process's steps up to a restart of their numbering (a step number
+        not above the one before it). A sweep that runs its loop five times, each from step 0, holds
+        five runs, and the model building and NCCL set-up between them belong to no step. A run's
+        stretch goes from its first step's start to its last step's end, or to the end of the last
+        GPU work launched inside its steps when that is later: a CPU that runs ahead of the GPU
+        closes its last step range while the GPU still has the step's work to do. Stretches that
+        overlap (the processes of one job) are merged. Without steps: the span of the GPU's work.
+        """
+        if self._segments is None:
+            self._segments = _segments(self)
+        return self._segments
 
 
 def _nsys(path: Path) -> ActivityView:
@@ -127,7 +171,91 @@ def load(path: str | Path, kind: str, *, steps: str | None = None) -> ActivityVi
         raise ValueError(f"not a timeline capture: {kind}")
     view.steps, view.step_rule = activity.find_steps(view.ranges, steps)
     view.steps["pid"] = _pids(view, view.steps)
+    view.steps["run"] = _runs(view.steps)
+    view.steps["gpu_first"], view.steps["gpu_last"], view.step_launches = _step_work(view)
     return view
+
+
+def _runs(steps: pd.DataFrame) -> np.ndarray:
+    """The run of each step: per process, a new run starts where the step number does not go up."""
+    run = np.zeros(len(steps), dtype=np.int64)
+    if len(steps) == 0:
+        return run
+    pids = pd.Series(steps["pid"]).astype(str).to_numpy() if "pid" in steps else np.zeros(len(steps)).astype(str)
+    first = 0
+    for pid in dict.fromkeys(pids):
+        idx = np.flatnonzero(pids == pid)
+        idx = idx[np.argsort(steps["start"].to_numpy()[idx], kind="stable")]
+        num = steps["step"].to_numpy(dtype=np.int64)[idx]
+        restart = np.concatenate([[0], (np.diff(num) <= 0).astype(np.int64)])
+        run[idx] = first + np.cumsum(restart)
+        first = int(run[idx].max()) + 1
+    return run
+
+
+def _step_work(view: ActivityView) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Per step, the first start and the last end of the GPU work launched inside it (on any thread of
+    the step's process; NaN for a step that launched nothing), and the correlation ids of every launch
+    made inside a step (None when the capture cannot tell: no steps, or no CUDA API calls)."""
+    n = len(view.steps)
+    first, last = np.full(n, np.nan), np.full(n, np.nan)
+    work = view.work.dropna(subset=["correlationId"])
+    runtime = view.runtime.dropna(subset=["correlationId"]) if not view.runtime.empty else view.runtime
+    if n == 0 or work.empty or runtime.empty:
+        return first, last, None
+    ranges = view.steps[["start", "end"]].assign(text=[str(i) for i in range(n)],
+                                                  globalTid=view.steps["globalTid"].to_numpy())
+    hits = activity.attribute_kernels(work, runtime, ranges, rule="window")
+    if len(hits) and view.tool == "nsys" and pd.Series(view.steps["pid"]).nunique() > 1:
+        # one report around a multi-process job: a step owns only its own process's launches
+        owner = view.steps["pid"].to_numpy()[hits["range_text"].astype(int).to_numpy()]
+        hits = hits[pid_of(hits["launch_tid"].to_numpy(dtype=np.int64)) == owner]
+    if len(hits):
+        g = hits.groupby(hits["range_text"].astype(int))
+        idx = g.size().index.to_numpy()
+        first[idx] = g["start"].min().to_numpy(dtype=float)
+        last[idx] = g["end"].max().to_numpy(dtype=float)
+    return first, last, np.unique(hits["correlationId"].to_numpy())
+
+
+def _segments(view: ActivityView) -> list[tuple[int, int]]:
+    if view.steps.empty:
+        w = view.work
+        return [] if w.empty else [activity.window_of(w)]
+    st = view.steps
+    run = st["run"] if "run" in st else pd.Series(np.zeros(len(st), dtype=np.int64))
+    lo = st.groupby(run)["start"].min()
+    hi = np.maximum(st.groupby(run)["end"].max().to_numpy(dtype=float),
+                    st.groupby(run)["gpu_last"].max().fillna(-np.inf).to_numpy(dtype=float)
+                    if "gpu_last" in st else -np.inf)
+    s, e = activity.merge_intervals(lo.to_numpy(dtype=np.int64), hi.astype(np.int64))
+    return [(int(a), int(b)) for a, b in zip(s, e)]
+
+
+def _inside(df: pd.DataFrame, segs: list[tuple[int, int]]) -> pd.DataFrame:
+    """Rows that start inside one of ``segs`` (sorted, disjoint)."""
+    if df.empty or not segs:
+        return df.iloc[0:0]
+    lo = np.array([a for a, _ in segs], dtype=np.int64)
+    hi = np.array([b for _, b in segs], dtype=np.int64)
+    t = df["start"].to_numpy(dtype=np.int64)
+    i = np.searchsorted(lo, t, side="right") - 1
+    ok = (i >= 0) & (t < hi[np.clip(i, 0, None)])
+    return df[ok]
+
+
+def _gap_lengths(work: pd.DataFrame, seg: tuple[int, int]) -> np.ndarray:
+    """Every stretch of ``seg`` in which no row of ``work`` ran (clipped to it), as in :func:`gpuprof.activity.idle_gaps`."""
+    lo, hi = seg
+    if work.empty:
+        return np.array([hi - lo], dtype=np.int64)
+    s, e = activity.merge_intervals(work["start"].to_numpy(), work["end"].to_numpy())
+    s2, e2 = np.clip(s, lo, hi), np.clip(e, lo, hi)
+    keep = e2 > s2
+    s2, e2 = s2[keep], e2[keep]
+    gaps = np.concatenate([[lo], e2]) , np.concatenate([s2, [hi]])
+    d = gaps[1] - gaps[0]
+    return d[d > 0]
 
 
 def _pids(view: ActivityView, rows: pd.DataFrame) -> np.ndarray:
@@ -168,32 +296,73 @@ def step_table(view: ActivityView) -> pd.DataFrame:
     return out[cols]
 
 
-def _busy_ns(df: pd.DataFrame, window: tuple[int, int]) -> float:
-    return activity.busy_fraction(df, window) * (window[1] - window[0]) if not df.empty else 0.0
+def _busy_ns(df: pd.DataFrame, segs: list[tuple[int, int]]) -> int:
+    """Nanoseconds of ``segs`` covered by at least one row of ``df`` (the union, clipped to each stretch)."""
+    if df.empty:
+        return 0
+    s, e = activity.merge_intervals(df["start"].to_numpy(), df["end"].to_numpy())
+    total = 0
+    for lo, hi in segs:
+        a, b = np.clip(s, lo, hi), np.clip(e, lo, hi)
+        total += int((b - a)[b > a].sum())
+    return total
+
+
+def _by_device(df: pd.DataFrame) -> dict:
+    """The rows of each GPU (one group when the table does not say which GPU)."""
+    if df.empty:
+        return {}
+    if "deviceId" not in df or df["deviceId"].isna().all():
+        return {0: df}
+    return {d: g for d, g in df.groupby(df["deviceId"].fillna(-1))}
+
+
+def _exposed_ns(shown: pd.DataFrame, hiding: pd.DataFrame, segs: list[tuple[int, int]]) -> int:
+    """Time in ``segs`` when some of ``shown`` ran on a GPU and none of ``hiding`` ran on that GPU, summed over GPUs."""
+    hide = _by_device(hiding)
+    total = 0
+    for dev, rows in _by_device(shown).items():
+        h = hide.get(dev, hiding.iloc[0:0])
+        total += sum(activity.exposed_ns(rows, h, seg) for seg in segs)
+    return total
 
 
 def headline(view: ActivityView) -> dict[str, float]:
-    """The numbers a capture is summed up by (and that ``diff`` compares), over :attr:`ActivityView.window`.
+    """The numbers a capture is summed up by (and that ``diff`` compares), over :attr:`ActivityView.segments`.
 
-    window_ms, steps, step_period_ms (mean start-to-start of consecutive steps), step_ms (median CPU range of a
-    step), kernels, kernels_per_step (all GPUs), kernel_ms (sum of
-    kernel durations), gpu_busy (union of kernels, copies and memsets over the window),
-    kernel_busy (kernels alone), idle_ms, copies, copy_ms, copy_bytes, api_calls.
+    window_ms (their total length), runs (where more than one), steps, step_period_ms (mean CPU
+    start-to-start of consecutive steps), gpu_step_ms (the same from each step's first GPU
+    operation to the next step's), step_ms (median CPU range of a step); kernels, kernels_per_step
+    (all GPUs), kernel_ms (sum of kernel durations), copies, copy_ms and copy_bytes count the work
+    the steps launched (:meth:`ActivityView.in_steps`); gpu_busy (union of kernels, copies and memsets
+    over the window), kernel_busy (kernels alone), idle_ms, copy_exposed_ms (copy
+    time with no kernel running on the same GPU), nccl_ms and nccl_exposed_ms (NCCL kernel time, and
+    the part of it with no other kernel running on the same GPU; where NCCL ran), copy_bytes, api_calls.
     """
-    w = view.window
-    if w is None:
+    segs = view.segments
+    if not segs:
         return {"window_ms": 0.0, "steps": 0, "kernels": 0}
-    inside = lambda d: activity.inside(d, w) if not d.empty else d  # noqa: E731
-    k, c = inside(view.kernels), inside(view.copies)
-    span = w[1] - w[0]
-    busy = _busy_ns(inside(view.work), w)
-    out: dict[str, float] = {
-        "window_ms": span / 1e6, "steps": len(view.steps), "kernels": len(k),
+    k, c = view.in_steps(view.kernels), view.in_steps(view.copies)
+    span = sum(b - a for a, b in segs)
+    busy = _busy_ns(view.work, segs)
+    out: dict[str, float] = {"window_ms": span / 1e6}
+    runs = int(view.steps.groupby(view.steps["pid"].astype(str))["run"].nunique().max()) \
+        if "run" in view.steps and len(view.steps) else 0  # per process: a sweep's restarts, not a job's ranks
+    if runs > 1:
+        out["runs"] = runs
+    out |= {
+        "steps": len(view.steps), "kernels": len(k),
         "kernel_ms": float(k["duration_ns"].sum()) / 1e6 if len(k) else 0.0,
-        "gpu_busy": busy / span if span else 0.0, "kernel_busy": _busy_ns(k, w) / span if span else 0.0,
+        "gpu_busy": busy / span if span else 0.0, "kernel_busy": _busy_ns(view.kernels, segs) / span if span else 0.0,
         "idle_ms": (span - busy) / 1e6, "copies": len(c), "copy_ms": float(c["duration_ns"].sum()) / 1e6 if len(c) else 0.0,
-        "copy_bytes": float(c["bytes"].sum(min_count=1)) if len(c) else 0.0, "api_calls": len(inside(view.runtime)),
+        "copy_exposed_ms": _exposed_ns(view.copies, view.kernels, segs) / 1e6,
+        "copy_bytes": float(c["bytes"].sum(min_count=1)) if len(c) else 0.0, "api_calls": len(_inside(view.runtime, segs)),
     }
+    comm = is_communication(view.kernels["name"]) if len(view.kernels) else pd.Series(dtype=bool)
+    if comm.any():
+        nccl = view.kernels[comm.to_numpy()]
+        out["nccl_ms"] = float(view.in_steps(nccl)["duration_ns"].sum()) / 1e6
+        out["nccl_exposed_ms"] = _exposed_ns(nccl, view.kernels[~comm.to_numpy()], segs) / 1e6
     if len(view.steps):
         d = (view.steps["end"] - view.steps["start"]).to_numpy() / 1e6
         # One report around a multi-process job (nsys around torchrun) holds every rank's steps:
@@ -202,10 +371,17 @@ def headline(view: ActivityView) -> dict[str, float]:
         per_process = len(view.steps) / procs
         if procs > 1:
             out["processes"] = procs
-        # Two step times: the window over the steps (what throughput sees: CPU and GPU together, the
-        # occasional step that waits for the GPU included) and the median CPU range (what the CPU spends
-        # per step; in an asynchronous loop it is shorter than the GPU's work and says little of pace).
+        # Three step times. Start to start on the CPU counts everything a step costs the CPU, its waits
+        # for the GPU included; first GPU operation to the next step's first is the GPU's pace (in a loop
+        # whose CPU runs ahead, the CPU's range says little of it); the median CPU range is what the
+        # CPU spends inside a step (in an asynchronous loop, shorter than the GPU's work).
         out["step_period_ms"] = step_period_ns(view.steps, fallback=span / per_process) / 1e6
+        if "gpu_first" in view.steps and view.steps["gpu_first"].notna().any():
+            gpu = view.steps.dropna(subset=["gpu_first"])
+            gpu = gpu.assign(start=gpu["gpu_first"].astype(np.int64))
+            period = step_period_ns(gpu, fallback=np.nan)
+            if np.isfinite(period):
+                out["gpu_step_ms"] = period / 1e6
         out["step_ms"] = float(np.median(d))
         out["kernels_per_step"] = len(k) / per_process
     return out
@@ -218,7 +394,7 @@ def step_period_ns(steps: pd.DataFrame, *, fallback: float) -> float:
     (the one step in fifty that reads the loss back), which the median CPU range does not.
     Only pairs numbered n, n+1 in the same process count: a capture of several runs (a sweep
     that restarts at step 0) has gaps between runs that are no step's. ``fallback`` when no
-    such pair exists.
+    such pair exists. Given each step's first GPU operation as ``start``, it is the GPU's pace.
     """
     gaps = []
     for _, g in steps.groupby(steps["pid"] if "pid" in steps else np.zeros(len(steps))):
@@ -230,53 +406,147 @@ def step_period_ns(steps: pd.DataFrame, *, fallback: float) -> float:
     return float(d.mean()) if len(d) else float(fallback)
 
 
-def idle_by_cause(view: ActivityView, *, min_gap_ns: int = IDLE_MIN_GAP_NS) -> pd.DataFrame:
-    """Where the GPU ran nothing for at least ``min_gap_ns``, grouped by what the CPU was doing.
+def _call_cause(names: pd.Series) -> np.ndarray:
+    call = names.astype(str)
+    return np.select([call.str.contains("Synchronize"), call.str.contains("Memcpy|Memset"), call.str.contains("Launch"),
+                      call != ""], [CAUSES["sync"], CAUSES["copy"], CAUSES["launch"], CAUSES["other"]], CAUSES["host"])
 
-    Each gap is labelled by the CUDA API call that overlaps it most
-    (:func:`gpuprof.activity.idle_gaps`); the causes: ``synchronize`` (the CPU waited for the
-    GPU: the GPU had run out of work first), ``copy`` (a blocking copy or memset call),
-    ``launch`` (the CPU was launching: launch-bound), ``other CUDA call`` and ``host code``
-    (no CUDA call at all: Python, data loading, the program's own work). A gap's time is split:
-    the part its call covers goes to the call's cause, the rest to host code.
-    Columns: cause, gaps (that have time of this cause), idle_ms, share (of the idle time in such gaps).
+
+def _launch_pace(view: ActivityView, gaps: pd.DataFrame, factor: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per gap: whether the GPU work that ended it had been launched before the gap began (its launching
+    call had returned), and whether it was issued at the CPU's usual pace (see :data:`LAUNCH_PACE_FACTOR`)."""
+    n = len(gaps)
+    queued, paced = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+    work = view.work.dropna(subset=["correlationId"])
+    calls = view.runtime.dropna(subset=["correlationId"])
+    if n == 0 or work.empty or calls.empty:
+        return queued, paced
+    # the operation that ends each gap: the first to start at the gap's end
+    enders = work.sort_values("start", kind="stable").drop_duplicates("start").set_index("start")["correlationId"]
+    call = calls.drop_duplicates("correlationId").set_index("correlationId")
+    cid = enders.reindex(gaps["end"].to_numpy()).to_numpy()
+    c_start = call["start"].reindex(cid).to_numpy(dtype=float)
+    c_end = call["end"].reindex(cid).to_numpy(dtype=float)
+    queued = np.nan_to_num(c_end, nan=np.inf) <= gaps["start"].to_numpy(dtype=float)
+    issue = view.runtime[view.runtime["name"].astype(str).str.contains(_ISSUE_CALL)]
+    starts = np.sort(_inside(issue, view.segments)["start"].to_numpy(dtype=np.int64))
+    if len(starts) < 3:
+        return queued, paced
+    usual = float(np.median(np.diff(starts)))
+    prev_i = np.searchsorted(starts, np.nan_to_num(c_start, nan=-1), side="left") - 1
+    prev = np.where(prev_i >= 0, starts[np.clip(prev_i, 0, None)], np.nan)
+    with np.errstate(invalid="ignore"):
+        paced = ~queued & np.isfinite(c_start) & ((c_start - prev) <= factor * usual)
+    return queued, paced
+
+
+def idle_by_cause(view: ActivityView, *, min_gap_ns: int = IDLE_MIN_GAP_NS,
+                  pace_factor: float = LAUNCH_PACE_FACTOR) -> pd.DataFrame:
+    """Where the GPU ran nothing, grouped by what the CPU was doing; the rows sum to the idle time.
+
+    Each gap of at least ``min_gap_ns`` gets a cause (:data:`CAUSES`), in this order:
+
+    * ``already launched``: the work that ended the gap had been launched before the gap began (its
+      call had returned): the GPU waited on something of its own (a dependency between streams,
+      an event, a graph's order), not on the CPU;
+    * ``launch-bound``: that work was issued less than ``pace_factor`` times the CPU's median
+      spacing between two issuing calls after the call before it: the CPU was issuing work at its
+      usual pace (Python, the framework's dispatch and the launch call, per operation) and the GPU
+      ran each operation faster. The whole gap counts;
+    * otherwise the CUDA call that overlaps the gap most (:func:`gpuprof.activity.idle_gaps`) takes the
+      part of the gap it covers: ``synchronize`` (the CPU waited for a GPU that had run out of
+      work), a blocking ``copy or memset call``, a ``launch call``, ``other CUDA call``; the rest
+      of the gap is ``host code`` (no CUDA call: Python, the framework, data loading, the program's
+      own work), so a 2 ms data-loading gap that ends in a 20 us copy call counts 20 us to the copy.
+
+    Shorter gaps are one row, unlabelled; a capture without CUDA API calls (nsys without ``-t cuda``)
+    says its causes are unknown. Columns: cause, gaps (that have time of this cause), idle_ms, share
+    (of all the idle time in the window: the rows add up to :func:`headline`'s idle_ms).
     """
     cols = ["cause", "gaps", "idle_ms", "share"]
-    w = view.window
-    if w is None:
+    segs = view.segments
+    if not segs or view.work.empty:  # no GPU work: nothing ended a gap, so nothing to ask about
         return pd.DataFrame(columns=cols)
-    gaps = activity.idle_gaps(view.work, view.runtime, min_gap_ns=min_gap_ns, window=w)
-    if gaps.empty:
-        return pd.DataFrame(columns=cols)
-    call = gaps["cpu_call"].astype(str)
-    cause = np.select([call.str.contains("Synchronize"), call.str.contains("Memcpy|Memset"),
-                       call.str.contains("Launch"), call != ""],
-                      ["synchronize", "copy", "launch", "other CUDA call"], "host code")
-    # The call covers cpu_call_share of its gap; the rest of the gap the CPU spent outside CUDA calls
-    # (or in shorter ones): that part is host code, so a 2 ms data-loading gap that ends in a 20 us
-    # copy call counts 20 us to copy, not 2 ms.
-    dur = gaps["duration_ns"].to_numpy(dtype=float)
-    covered = dur * gaps["cpu_call_share"].to_numpy(dtype=float)
-    parts = pd.DataFrame({"cause": np.concatenate([cause, np.full(len(gaps), "host code")]),
-                          "ns": np.concatenate([covered, dur - covered]),
-                          "gap": np.concatenate([np.arange(len(gaps)), np.arange(len(gaps))])})
+    lengths = np.concatenate([_gap_lengths(view.work, seg) for seg in segs])
+    short = lengths[lengths < min_gap_ns]
+    parts = [pd.DataFrame({"cause": CAUSES["short"].replace("10 us", f"{min_gap_ns / 1e3:g} us"),
+                           "ns": short.astype(float), "gap": -1 - np.arange(len(short))})]
+    gaps = pd.concat([activity.idle_gaps(view.work, view.runtime, min_gap_ns=min_gap_ns, window=seg) for seg in segs],
+                     ignore_index=True)
+    if len(gaps):
+        dur = gaps["duration_ns"].to_numpy(dtype=float)
+        ids = np.arange(len(gaps))
+        if view.runtime.empty:
+            parts.append(pd.DataFrame({"cause": CAUSES["untraced"], "ns": dur, "gap": ids}))
+        else:
+            queued, paced = _launch_pace(view, gaps, pace_factor)
+            whole = np.where(queued, CAUSES["queued"], np.where(paced, CAUSES["paced"], ""))
+            split = whole == ""
+            covered = dur * gaps["cpu_call_share"].to_numpy(dtype=float)
+            parts += [pd.DataFrame({"cause": whole[~split], "ns": dur[~split], "gap": ids[~split]}),
+                      pd.DataFrame({"cause": _call_cause(gaps["cpu_call"])[split], "ns": covered[split], "gap": ids[split]}),
+                      pd.DataFrame({"cause": CAUSES["host"], "ns": (dur - covered)[split], "gap": ids[split]})]
+    parts = pd.concat(parts, ignore_index=True)
     parts = parts[parts["ns"] > 0]
+    if parts.empty:
+        return pd.DataFrame(columns=cols)
     g = parts.groupby("cause")
     out = pd.DataFrame({"gaps": g["gap"].nunique(), "idle_ms": g["ns"].sum() / 1e6}).reset_index()
     out["share"] = out["idle_ms"] / out["idle_ms"].sum()
     return out.sort_values("idle_ms", ascending=False, ignore_index=True)[cols]
 
 
-def kernels_by_name(view: ActivityView) -> pd.DataFrame:
-    """Per kernel name over the window: name, kind, count, total_ms (short names: template instances
-    of one kernel are one row), the table ``diff`` compares."""
-    w = view.window
-    k = activity.inside(view.kernels, w) if w is not None and not view.kernels.empty else view.kernels
-    cols = ["name", "kind", "count", "total_ms"]
+# ----- kernels by name, for diff -----
+
+def compact_name(demangled: str) -> str:
+    """A demangled kernel name made readable: no return type, no parameter list, no namespaces, no casts
+    before template literals (``void cutlass::Kernel2<cutlass_80_simt_sgemm_64x64_8x5_nn_align1>(T1::Params)``
+    becomes ``Kernel2<cutlass_80_simt_sgemm_64x64_8x5_nn_align1>``). For reading only: two names may
+    compact to one, which :func:`kernel_labels` checks."""
+    s = str(demangled).strip()
+    if s.endswith(")"):  # the parameter list: the last parenthesised group, matched from the end
+        depth = 0
+        for i in range(len(s) - 1, -1, -1):
+            depth += {")": 1, "(": -1}.get(s[i], 0)
+            if depth == 0:
+                if i > 0 and s[:i].count("<") == s[:i].count(">"):
+                    s = s[:i]
+                break
+    s = re.sub(r"\bvoid\s+", "", s)
+    s = re.sub(r"(?:<unnamed>|\(anonymous namespace\)|\b[A-Za-z_]\w*)::", "", s)
+    s = re.sub(r"\((?:unsigned |signed )?[A-Za-z_]\w*\)(?=-?\d)", "", s)
+    return s.strip()
+
+
+def kernel_labels(pairs: pd.DataFrame) -> dict[str, str]:
+    """A readable, unique label per demangled name among ``pairs`` (columns name, demangled).
+
+    The short name where it stands for one kernel only; where it stands for several (CUTLASS's
+    ``Kernel2`` for an FP32 SIMT GEMM and a bf16 tensor-core one, cuDNN's ``Kernel`` for an fprop
+    and a split-K reduction, ATen's ``elementwise_kernel`` for every operator), the name with its
+    template arguments (:func:`compact_name`), or the whole demangled name if even that is shared.
+    """
+    p = pairs[["name", "demangled"]].astype(str).drop_duplicates()
+    shared = p.groupby("name")["demangled"].transform("nunique") > 1
+    label = np.where(shared, p["demangled"].map(compact_name), p["name"])
+    p = p.assign(label=label)
+    clash = p.groupby("label")["demangled"].transform("nunique") > 1
+    p.loc[clash, "label"] = p.loc[clash, "demangled"]
+    return dict(zip(p["demangled"], p["label"]))
+
+
+def kernels_by_name(view: ActivityView, labels: dict[str, str] | None = None) -> pd.DataFrame:
+    """Per kernel over the window, keyed by its demangled name (one row per template instance, so an
+    algorithm that changes behind one short name shows): name (the label of :func:`kernel_labels`,
+    over ``labels`` when given), demangled, kind, count, total_ms; the table ``diff`` compares."""
+    cols = ["name", "demangled", "kind", "count", "total_ms"]
+    k = view.in_steps(view.kernels)
     if k.empty:
         return pd.DataFrame(columns=cols)
-    g = k.groupby("name", sort=False)
-    out = pd.DataFrame({"count": g.size(), "total_ms": g["duration_ns"].sum() / 1e6}).reset_index()
-    demangled = g["demangled"].first() if "demangled" in k else out["name"]
-    out["kind"] = [kernel_kind(n, d) for n, d in zip(out["name"], out["name"].map(demangled))]
+    k = k.assign(demangled=k["demangled"].fillna(k["name"]).astype(str) if "demangled" in k else k["name"].astype(str))
+    g = k.groupby("demangled", sort=False)
+    out = pd.DataFrame({"count": g.size(), "total_ms": g["duration_ns"].sum() / 1e6, "short": g["name"].first()}).reset_index()
+    labels = labels if labels is not None else kernel_labels(k)
+    out["name"] = out["demangled"].map(labels).fillna(out["short"])
+    out["kind"] = [kernel_kind(n, d) for n, d in zip(out["short"], out["demangled"])]
     return out.sort_values("total_ms", ascending=False, ignore_index=True)[cols]

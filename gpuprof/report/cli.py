@@ -36,13 +36,29 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--top", type=int, default=15, metavar="N", help="rows of the per-kernel tables in the terminal (15)")
     r.add_argument("-q", "--quiet", action="store_true", help="print nothing but where the HTML page went")
     d = sub.add_parser("diff", help="compare two captures of the same program",
-                       description="Compare BEFORE with AFTER: step time, GPU busy, kernel time by kind, kernels per "
-                                   "step, the kernels that appeared and disappeared (per step where both have steps).")
+                       description="Compare BEFORE with AFTER: step time (and throughput with --items-per-step), GPU "
+                                   "busy, kernel time by kind and by precision, kernels per step, the kernels that "
+                                   "appeared and disappeared, by demangled name (per step where both have steps).")
     d.add_argument("before", metavar="BEFORE", help=_KINDS_HELP)
     d.add_argument("after", metavar="AFTER")
     d.add_argument("-o", "--output", metavar="HTML", help="write the HTML page here")
     d.add_argument("--steps", metavar="REGEX", help="as for report")
+    d.add_argument("--items-per-step", metavar="N[,M]", type=_items,
+                   help="the work one step does (a batch size: images, tokens), in BEFORE and in AFTER (one number for "
+                        "both): adds the throughput, the only fair comparison of steps of different sizes")
     return p
+
+
+def _items(text: str) -> tuple[float, float]:
+    """``--items-per-step``: ``N`` (both captures) or ``N,M`` (before, after), positive numbers."""
+    parts = text.split(",")
+    try:
+        vals = [float(x) for x in parts]
+    except ValueError:
+        vals = []
+    if len(vals) not in (1, 2) or not all(v > 0 for v in vals):
+        raise argparse.ArgumentTypeError(f"{text!r}: give N or N,M, positive numbers (the work per step before and after)")
+    return (vals[0], vals[-1])
 
 
 def _write(pages, out: str | None, title: str) -> None:  # type: ignore[no-untyped-def]
@@ -75,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.write(terminal_text(pages))
         _write(pages, args.output, "gpuprof report: " + ", ".join(Path(c).name for c in args.captures))
     else:
-        page = build_diff(args.before, args.after, steps=args.steps)
+        page = build_diff(args.before, args.after, steps=args.steps, items_per_step=args.items_per_step)
         sys.stdout.write(terminal_text([page]))
         _write([page], args.output, f"gpuprof diff: {page.title}")
     if not getattr(args, "quiet", False):

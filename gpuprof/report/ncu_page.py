@@ -3,7 +3,11 @@
 Per launch: duration and launch configuration; the Speed Of Light table (percent of each
 unit's peak: SM, memory, DRAM, L1, L2); occupancy, theoretical and achieved; ncu's own
 bottleneck verdict (its SOLBottleneck rule); its roofline point where the report has the
-roofline's metrics; then every rule finding, largest estimated speedup first.
+roofline's metrics; then every rule finding, the ``global`` estimates before the ``local``
+ones, each largest first. NvRules defines the two as different quantities: global, "the
+proportional reduction in runtime of the entire workload"; local, "the proportional increase
+in efficiency of the hardware usage when viewing the performance problem in isolation". A
+local 99% and a global 94% do not compare, and only a global estimate is time saved.
 
 Three inputs, one set of tables: a ``.ncu-rep`` (read through NVIDIA's ``ncu_report``,
 :mod:`gpuprof.ncu.report`), ``ncu --csv --page details`` (the section tables as ncu prints
@@ -102,13 +106,19 @@ def launch_table(path: str | Path, kind: str) -> tuple[pd.DataFrame, pd.DataFram
         return _from_raw(*csv_reader.parse_raw(text, str(path)))
 
 
+_SPEEDUP_ORDER = {"global": 0, "local": 1}  # then anything else (no estimate)
+
+
 def findings(rules: pd.DataFrame) -> pd.DataFrame:
-    """The rule results that suggest a change (OPT) or warn (WRN), largest estimated speedup first."""
+    """The rule results that suggest a change (OPT) or warn (WRN): global estimates first, then local
+    ones, then those without a type, each largest estimated speedup first (see the module's text)."""
     if rules.empty:
         return pd.DataFrame(columns=_FINDING_COLS)
     r = rules[rules["type"].isin(["OPT", "WRN"])].copy()
     r["speedup_pct"] = pd.to_numeric(r["speedup_pct"], errors="coerce")
-    return r.sort_values(["speedup_pct", "id"], ascending=[False, True], na_position="last",
+    kind = r["speedup_type"].astype(str).str.lower() if "speedup_type" in r else pd.Series("", index=r.index)
+    r["_order"] = kind.map(_SPEEDUP_ORDER).fillna(2)
+    return r.sort_values(["_order", "speedup_pct", "id"], ascending=[True, False, True], na_position="last",
                          ignore_index=True)[[c for c in _FINDING_COLS if c in r]]
 
 
@@ -166,9 +176,12 @@ def ncu_page(path: str | Path, kind: str, *, top: int = 15) -> Page:
     if table["bottleneck"].astype(bool).any():
         page.add("Bottleneck (ncu's SOLBottleneck rule)", table=table[["id", "kernel", "bottleneck"]], terminal_rows=top)
     f = findings(rules)
-    page.add("Rule findings (OPT and WRN), largest estimated speedup first", table=f, terminal_rows=top, html_rows=200,
-             note="speedup_pct is ncu's estimate; 'local' is of the part of the kernel the rule looks at, "
-                  "'global' of the kernel's runtime.")
+    page.add("Rule findings (OPT and WRN): global estimates, then local, each largest first", table=f,
+             terminal_rows=top, html_rows=200,
+             note="speedup_pct is ncu's estimate. NvRules' definitions: global, the proportional reduction in runtime "
+                  "of the entire workload; local, the proportional increase in efficiency of the hardware usage when "
+                  "viewing the performance problem in isolation. Only a global estimate is time saved; the two do not "
+                  "compare.")
     if kind == "ncu":
         roof = _roofline(path, table)
         if roof is not None:

@@ -30,8 +30,9 @@ def heading_matches(heading: str, wanted: str | Sequence[str]) -> bool:
 class Block:
     """One part of a page: a table (``table``), a few sentences (``text``) or a figure (``png`` bytes).
 
-    ``terminal_rows`` is how many table rows the terminal shows (the HTML shows ``html_rows``);
-    ``note`` says where the numbers come from or how to read them.
+    ``terminal_rows`` is how many table rows the terminal shows (the HTML shows ``html_rows``), and
+    ``width`` how many characters of a long name it keeps; ``note`` says where the numbers come from
+    or how to read them.
     """
 
     heading: str
@@ -42,6 +43,7 @@ class Block:
     terminal_rows: int = 10
     html_rows: int = 50
     terminal: bool = True
+    width: int = 60
 
 
 @dataclass

@@ -84,7 +84,7 @@ def terminal_text(pages: Sequence[Page], only: Sequence[str] | None = None, rows
             if b.text:
                 out.append(b.text)
             if b.table is not None:
-                out.append(format_table(b.table, rows or b.terminal_rows) if len(b.table) else "(none)")
+                out.append(format_table(b.table, rows or b.terminal_rows, width=b.width) if len(b.table) else "(none)")
     return "\n".join(out).lstrip("\n") + "\n"
 
 

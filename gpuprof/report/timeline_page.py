@@ -6,8 +6,10 @@ launching, or its own code); which kernels took the time, and of what kind; then
 ranges, copies and API calls. Every table that ``nsys stats`` or ``key_averages`` also
 prints is computed by the function that the course's tests hold equal to it
 (:mod:`gpuprof.nsys.stats`, :mod:`gpuprof.torch_profiler.summary`), over the whole capture
-as they do; the step and idle numbers are over the steps' window (first step's start to
-last step's end), so warm-up and start-up do not dilute them.
+as they do; the step and idle numbers are over the steps' window (each run of steps, from
+its first step's start to its last step's end or the end of the GPU work it launched:
+:attr:`gpuprof.report.activity_view.ActivityView.segments`), so warm-up, start-up and the
+set-up between the runs of a sweep do not dilute them.
 """
 
 from __future__ import annotations
@@ -26,18 +28,22 @@ import pandas as pd  # noqa: E402
 from .. import activity  # noqa: E402
 from ..kernel_kinds import is_communication, time_by_kind  # noqa: E402
 from ..nsys import stats  # noqa: E402
-from .activity_view import ActivityView, headline, idle_by_cause, step_table  # noqa: E402
+from .activity_view import LAUNCH_PACE_FACTOR, ActivityView, headline, idle_by_cause, step_table  # noqa: E402
 from .page import Page  # noqa: E402
 
 __all__ = ["timeline_page", "ranks_page", "parse_window", "HEADLINE_LABELS"]
 
 HEADLINE_LABELS = {
-    "window_ms": "window (ms)", "processes": "processes with steps", "steps": "steps (ranges)",
-    "step_period_ms": "step, start to start (ms)",
-    "step_ms": "step on the CPU, median (ms)", "kernels": "kernels",
+    "window_ms": "window (ms)", "runs": "runs (the step count restarts)", "processes": "processes with steps",
+    "steps": "steps (ranges)",
+    "step_period_ms": "step, start to start on the CPU (ms)",
+    "gpu_step_ms": "step on the GPU, first op to first op (ms)",
+    "step_ms": "step on the CPU, median (ms)", "kernels": "kernels launched in steps",
     "kernels_per_step": "kernels per step", "kernel_ms": "kernel time (ms)", "gpu_busy": "GPU busy (share of window)",
     "kernel_busy": "kernels alone (share of window)", "idle_ms": "GPU idle (ms)", "copies": "copies",
-    "copy_ms": "copy time (ms)", "copy_bytes": "bytes copied", "api_calls": "CUDA API calls",
+    "copy_ms": "copy time (ms)", "copy_exposed_ms": "copy time with no kernel running (ms)",
+    "nccl_ms": "NCCL kernel time (ms)", "nccl_exposed_ms": "NCCL time with no other kernel running (ms)",
+    "copy_bytes": "bytes copied", "api_calls": "CUDA API calls",
 }
 
 
@@ -73,14 +79,17 @@ def _headline_table(facts: dict[str, float]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["measure", "value"])
 
 
-def _per_gpu(view: ActivityView, window: tuple[int, int]) -> pd.DataFrame:
+def _per_gpu(view: ActivityView) -> pd.DataFrame:
+    segs = view.segments
+    span = sum(b - a for a, b in segs)
     rows = []
     for dev, k in view.kernels.groupby("deviceId"):
-        k = activity.inside(k, window)
-        nccl = k[is_communication(k["name"])]
-        rows.append({"device": int(dev), "kernels": len(k), "kernel_ms": float(k["duration_ns"].sum()) / 1e6,
-                     "busy": activity.busy_fraction(k, window) if len(k) else 0.0,
-                     "nccl_ms": float(nccl["duration_ns"].sum()) / 1e6})
+        comm = is_communication(k["name"]).to_numpy()
+        mine = view.in_steps(k)
+        rows.append({"device": int(dev), "kernels": len(mine), "kernel_ms": float(mine["duration_ns"].sum()) / 1e6,
+                     "busy": sum(activity.busy_fraction(k, seg) * (seg[1] - seg[0]) for seg in segs) / span if span else 0.0,
+                     "nccl_ms": float(view.in_steps(k[comm])["duration_ns"].sum()) / 1e6,
+                     "nccl_exposed_ms": sum(activity.exposed_ns(k[comm], k[~comm], seg) for seg in segs) / 1e6})
     return pd.DataFrame(rows)
 
 
@@ -129,8 +138,14 @@ def timeline_page(view: ActivityView, *, window: str | None = None, top: int = 1
     w = view.window
     lines = [f"GPU: {gpus}.", f"Steps: {view.step_rule}."]
     if w is not None and not view.work.empty:
-        where = "first step's start to last step's end" if len(view.steps) else "span of the GPU's work (no steps)"
-        lines.append(f"Window: {(w[1] - w[0]) / 1e6:,.2f} ms ({where}); the GPU ran something in "
+        if not len(view.steps):
+            where = "the span of the GPU's work (no steps)"
+        elif facts.get("runs", 1) > 1:
+            where = (f"{int(facts['runs'])} runs of steps, each from its first step's start to its last step's end "
+                     "or the end of the GPU work its steps launched; the set-up between runs is left out")
+        else:
+            where = "first step's start to the last step's end, or to the end of the GPU work the steps launched"
+        lines.append(f"Window: {facts['window_ms']:,.2f} ms ({where}); the GPU ran something in "
                      f"{facts['gpu_busy']:.1%} of it, kernels alone {facts['kernel_busy']:.1%}.")
     else:
         lines.append("The capture holds no GPU work: no kernel, copy or memset.")
@@ -142,8 +157,10 @@ def timeline_page(view: ActivityView, *, window: str | None = None, top: int = 1
         lines.append(f"Steps come from {int(facts['processes'])} processes: step times are per process.")
     page.add("Summary", text="\n".join(lines), table=_headline_table(facts), terminal_rows=20)
     if len(devices) > 1 and w is not None:
-        page.add("Per GPU", table=_per_gpu(view, w),
-                 note="Each GPU over the same window; nccl_ms: kernels whose name starts with 'nccl' (NCCL's own).")
+        page.add("Per GPU", table=_per_gpu(view),
+                 note="Each GPU over the same window; nccl_ms: kernels whose name starts with 'nccl' (NCCL's own), "
+                      "a kernel that waits for a late peer included; nccl_exposed_ms: the part of the window in which "
+                      "an NCCL kernel ran on that GPU and no other kernel did (communication overlap did not hide).")
     if w is None or view.work.empty:
         _operators(page, view, top)
         return page
@@ -155,10 +172,14 @@ def timeline_page(view: ActivityView, *, window: str | None = None, top: int = 1
                       "gpu_busy_ms: the union of their intervals; busy_share: busy over their span.")
     idle = idle_by_cause(view)
     page.add("GPU idle, by what the CPU was doing", table=idle,
-             note=f"Gaps of 10 us or more in the window ({idle['idle_ms'].sum() if len(idle) else 0:,.2f} of "
-                  f"{facts['idle_ms']:,.2f} idle ms), each labelled by the CUDA call that overlaps it most: "
-                  "synchronize = the GPU ran out of work while the CPU waited for it; launch = the CPU could not "
-                  "launch fast enough; host code = no CUDA call (Python, data loading).")
+             note=f"All {facts['idle_ms']:,.2f} idle ms of the window. A gap of 10 us or more is 'already launched' when "
+                  "the work that ended it had been launched before it began (the GPU waited on itself); "
+                  f"'launch-bound' when the CPU issued that work within {LAUNCH_PACE_FACTOR:g}x its median spacing "
+                  "between two launches after the launch before (the CPU worked at its usual pace per operation, "
+                  "Python and the framework included, and the GPU was faster); otherwise the CUDA call that overlaps "
+                  "it most takes the part it covers (synchronize = the GPU ran out of work while the CPU waited for it) "
+                  "and host code the rest (no CUDA call: Python, the framework, data loading). "
+                  "The host code row cannot tell these apart: a CPU-side profile (nsys -s cpu, py-spy) can.")
 
     if len(view.kernels):
         by = "demangled" if view.tool == "nsys" else "name"
@@ -211,18 +232,20 @@ def ranks_page(views: Sequence[ActivityView]) -> Page:
     rows = []
     for v in views:
         f = headline(v)
-        k = v.kernels
-        nccl = k[is_communication(k["name"])] if len(k) else k
-        rows.append({"capture": v.path.name, "steps": int(f.get("steps", 0)), "step_ms": f.get("step_period_ms", float("nan")),
+        rows.append({"capture": v.path.name, "steps": int(f.get("steps", 0)), "runs": int(f.get("runs", 1 if f.get("steps") else 0)),
+                     "step_ms": f.get("step_period_ms", float("nan")), "window_ms": f.get("window_ms", float("nan")),
                      "gpu_busy": f.get("gpu_busy", float("nan")), "kernel_ms": f.get("kernel_ms", 0.0),
-                     "nccl_ms": float(nccl["duration_ns"].sum()) / 1e6 if len(nccl) else 0.0,
+                     "nccl_ms": f.get("nccl_ms", 0.0), "nccl_exposed_ms": f.get("nccl_exposed_ms", 0.0),
                      "idle_ms": f.get("idle_ms", float("nan"))})
     folder = views[0].path.parent
     page = Page(title=f"{folder.name}: {len(views)} captures side by side", path=folder, kind="folder")
     table = pd.DataFrame(rows)
     page.add("Per capture", table=table, terminal_rows=64,
-             note="Each capture over its own steps' window; step_ms: mean start-to-start of consecutive steps. "
-                  "nccl_ms: kernels whose name starts with 'nccl' (NCCL's own).")
+             note="Each capture over its own steps' window (runs: the times the step count restarts, a sweep's; the "
+                  "set-up between runs is left out); step_ms: mean CPU start-to-start of consecutive steps. "
+                  "kernel_ms and nccl_ms: the kernels the steps launched (all of them without steps); nccl_ms: kernels "
+                  "whose name starts with 'nccl' (NCCL's own), a kernel that waits for a late peer included; "
+                  "nccl_exposed_ms: time an NCCL kernel ran with no other kernel on its GPU (not hidden by overlap).")
     if len(table) > 1 and table["step_ms"].notna().all():
         spread = table["step_ms"].max() / table["step_ms"].min()
         page.add("Balance", text=f"Slowest step / fastest: {spread:.3f}x "
