@@ -148,11 +148,13 @@ def run_with_limit(cmd: Sequence[str], timeout_s: float, env: dict[str, str] | N
 
 
 def run_streaming(cmd: Sequence[str], timeout_s: float, *, name: str, echo: bool = True,
-                  env: dict[str, str] | None = None) -> tuple[int, list[str]]:
+                  env: dict[str, str] | None = None, shown: dict[str, str] | None = None) -> tuple[int, list[str]]:
     """Run ``cmd``, showing its output as it comes (long runs should not look hung); returns (exit status, lines).
 
     ``name`` is what a time-out message calls the program; ``env`` is added to this process's
-    environment for it (NCCL's variables, say).
+    environment for it (NCCL's variables, say). ``shown`` maps text to what the echo shows in
+    its place (a temporary file's path by the name it is filed under: a transcript should not
+    print a path that exists only while the run lasts); the lines returned are unchanged.
     """
     lines: list[str] = []
     with subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -161,7 +163,10 @@ def run_streaming(cmd: Sequence[str], timeout_s: float, *, name: str, echo: bool
         for line in proc.stdout:
             lines.append(line.rstrip())
             if echo:
-                print("  " + line.rstrip(), flush=True)
+                text = line.rstrip()
+                for old, new in (shown or {}).items():
+                    text = text.replace(old, new)
+                print("  " + text, flush=True)
         try:
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:

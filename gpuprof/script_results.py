@@ -62,7 +62,8 @@ def run_for_json(chapter: str, filename: str, script: str | Path, args: Sequence
                                                                                    "--json", filename])
         if echo:
             print("$ " + " ".join(shown), flush=True)
-        code, lines = run_streaming(cmd, timeout_s, name=Path(script).name, echo=echo, env=env)
+        code, lines = run_streaming(cmd, timeout_s, name=Path(script).name, echo=echo, env=env,
+                                    shown={str(out): filename})
         if code != 0 or not out.exists():
             tail = " | ".join(lines[-3:]) or "no output"
             raise GpuprofError(f"{Path(script).name} failed (exit {code}): {tail}")

@@ -50,6 +50,27 @@ def test_per_line_samples_give_shares_and_a_stall_state():
     assert tiled["source"].str.contains(r"tile\[threadIdx.x\]\[threadIdx.y \+ j\]", regex=True).any()
 
 
+def test_sass_counters_agree_with_the_line_table_and_show_the_instructions():
+    counters = ["inst_executed", "smsp__pcsamp_sample_count"]
+    sass = nr.sass_counters(LADDER, "transpose_naive", counters)
+    lines = nr.source_counters(LADDER, "transpose_naive", counters, search=[EX])
+    for c in counters:
+        assert sass[c].sum() == lines[c].sum()  # the same instructions, summed another way
+    assert sass["offset"].iloc[0] == 0 and (sass["offset"].diff().dropna() > 0).all()
+    stores = sass[sass["sass"].str.startswith("STG")]
+    assert len(stores) == 4 and (stores["line"] == 29).all()  # the four stores of the naive kernel's one line
+    with pytest.raises(GpuprofError, match="SourceCounters"):
+        nr.sass_counters(OCCUPANCY, "reverse_chunks", counters)
+
+
+def test_no_eligible_is_the_details_page_share_of_cycles_without_an_eligible_warp():
+    occ = derived.occupancy_table(OCCUPANCY)
+    page = nr.sections(OCCUPANCY)
+    shown = page[page["Metric Name"] == "No Eligible"]["value"].to_numpy()
+    assert len(shown) == len(occ)
+    assert occ["no_eligible_pct"].to_numpy() == pytest.approx(shown, abs=0.01)
+
+
 def test_scheduler_table_agrees_with_the_occupancy_table():
     sched = derived.scheduler_table(OCCUPANCY)
     occ = derived.occupancy_table(OCCUPANCY)

@@ -214,3 +214,37 @@ def test_an_empty_raw_value_reads_as_missing_not_zero():
     assert units["gpu__time_duration.sum"] == "ns"
     assert df["gpu__time_duration.sum"].tolist() == [1024.0, 2048.0]
     assert df["sm__ops_path_tensor_op_hmma.sum"].iloc[0] == 12 and pd.isna(df["sm__ops_path_tensor_op_hmma.sum"].iloc[1])
+
+
+def _details_line(launch: int, kernel: str, metric: str, unit: str, value: str) -> str:
+    return (f'"{launch}","1","python3.12","127.0.0.1","{kernel}","1","7","(32, 8, 1)","(512, 512, 1)","0","9.0",'
+            f'"Command line profiler metrics","{metric}","{unit}","{value}",')
+
+
+def test_clock_cache_durations_records_sm_l2_and_dram_clocks(monkeypatch):
+    """The L2 clock is read beside the SM and DRAM clocks, each a median over the launches, in GHz
+    whatever unit ncu printed (a kernel paced by the L2 tells nothing without it)."""
+    header = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",'
+              '"Device","CC","Section Name","Metric Name","Metric Unit","Metric Value","Rule Name","Rule Type",'
+              '"Rule Description","Estimated Speedup Type","Estimated Speedup"')
+    per_launch = [("usecond", "4.54"), ("usecond", "4.50"), ("usecond", "4.60")]
+    lines = [header]
+    for i, (unit, dur) in enumerate(per_launch):
+        lines += [_details_line(i, "transpose_naive", "gpu__time_duration.sum", unit, dur),
+                  _details_line(i, "transpose_naive", "sm__cycles_elapsed.avg.per_second", "Ghz", "1.59"),
+                  _details_line(i, "transpose_naive", "lts__cycles_elapsed.avg.per_second", "Mhz", f"{1709 + i}"),
+                  _details_line(i, "transpose_naive", "dram__cycles_elapsed.avg.per_second", "Ghz", "2.62")]
+    asked = []
+
+    def fake_listing(args, target=(), **_):
+        asked.append(list(args))
+        return ncap.Listing(command="ncu", returncode=0, seconds=1.0, output="\n".join(lines) + "\n", profiled=[],
+                            passes=[])
+
+    monkeypatch.setattr(runs, "ncu_listing", fake_listing)
+    rows = runs.clock_cache_durations("transpose.py", [], "transpose", configs=[("base", "all")])
+    assert "lts__cycles_elapsed.avg.per_second" in asked[0][asked[0].index("--metrics") + 1].split(",")
+    (row,) = rows
+    assert row["launches"] == 3 and row["median_us"] == pytest.approx(4.54)
+    assert row["sm_ghz"] == pytest.approx(1.59) and row["dram_ghz"] == pytest.approx(2.62)
+    assert row["l2_ghz"] == pytest.approx(1.710)

@@ -33,6 +33,15 @@ def test_on_a_gpu_the_script_runs_and_its_json_is_recorded(pretend_gpu, capsys):
     assert "step 1 of 1" in out and out.startswith("$ ")
 
 
+def test_the_transcript_names_the_results_file_not_its_temporary_path(pretend_gpu, capsys):
+    script = pretend_gpu / "teller.py"
+    script.write_text("import json, sys\npath = sys.argv[sys.argv.index('--json') + 1]\n"
+                      "json.dump({'x': 1}, open(path, 'w'))\nprint(f'results written to {path}')\n")
+    script_results.run_for_json("chX", "told.json", script)
+    out = capsys.readouterr().out
+    assert "  results written to told.json\n" in out and "tmp" not in out.split("$ ", 1)[1].split("\n", 1)[1]
+
+
 def test_a_failing_script_is_one_sentence(pretend_gpu):
     script = pretend_gpu / "broken.py"
     script.write_text("print('about to fail')\nraise SystemExit(3)\n")

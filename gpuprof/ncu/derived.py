@@ -112,7 +112,7 @@ def memory_table(path: str | Path | pd.DataFrame) -> pd.DataFrame:
 def occupancy_table(path: str | Path | pd.DataFrame) -> pd.DataFrame:
     """Per launch: block size, theoretical and achieved occupancy (% of the SM's warp slots), the
     blocks per SM that each resource allows and the one that limits, eligible warps per scheduler
-    cycle, issue-slot use, DRAM throughput."""
+    cycle, issue-slot use and the share of cycles with no eligible warp, DRAM throughput."""
     t = _wide(path, OCCUPANCY_METRICS)
     out = pd.DataFrame({"kernel": t["kernel"], "block": t["launch__block_size"], "duration_us": t[DURATION] / 1e3,
                         "theoretical_pct": t["sm__maximum_warps_per_active_cycle_pct"],
@@ -125,6 +125,10 @@ def occupancy_table(path: str | Path | pd.DataFrame) -> pd.DataFrame:
     out["limiter"] = [" = ".join(c for c in lim.columns if row[c] == low) for (_, row), low in zip(lim.iterrows(), lowest)]
     out["eligible_warps"] = t["smsp__warps_eligible.avg.per_cycle_active"]
     out["issue_active_pct"] = t["smsp__issue_active.avg.pct_of_peak_sustained_active"]
+    # The details page's "No Eligible": the share of a scheduler's cycles with no warp ready to
+    # issue, the complement of the cycles it issued in. An average of eligible warps near one
+    # can hide that most cycles had none (eligibility comes in bursts); this column does not.
+    out["no_eligible_pct"] = 100.0 - out["issue_active_pct"]
     out["dram_pct"] = t["gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed"]
     return out
 
@@ -258,7 +262,8 @@ SPILL_METRICS = [DURATION, "launch__registers_per_thread", "smsp__sass_inst_exec
                  "smsp__sass_inst_executed_op_local_st.sum", "sass__inst_executed_register_spilling",
                  "l1tex__t_sectors_pipe_lsu_mem_local_op_ld.sum", "l1tex__t_sector_pipe_lsu_mem_local_op_ld_hit_rate.pct",
                  "sm__maximum_warps_per_active_cycle_pct", "dram__bytes_read.sum", "dram__bytes_write.sum"]
-# What to name in --metrics: sass__inst_executed_register_spilling comes with MemoryWorkloadAnalysis_Tables.
+# What to name in --metrics: sass__inst_executed_register_spilling comes with the MemoryWorkloadAnalysis
+# section (with its "Local Memory Spilling Requests" rows); MemoryWorkloadAnalysis_Tables alone lacks it.
 SPILL_METRICS_OPTION = [m for m in SPILL_METRICS if not m.startswith("sass__")]
 
 

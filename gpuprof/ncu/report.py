@@ -16,6 +16,7 @@ The tables, one row per kernel launch in profiling order (``id`` 0, 1, ...):
   column per metric asked for);
 * :func:`rules`: the guided analysis (OPT/WRN/INF), with the estimated speedup;
 * :func:`source_counters`: counters per line of the kernel's source (needs ``-lineinfo``);
+* :func:`sass_counters`: the same counters per SASS instruction, with its text;
 * :func:`sections`: the section tables of the details page, which ncu renders from
   section definitions rather than storing; they come from ``ncu --import R --csv
   --page details``, exported once next to the report (see :func:`ensure_details_csv`).
@@ -40,7 +41,8 @@ import pandas as pd
 from ..errors import GpuprofError
 
 __all__ = ["ncu_report_available", "open_report", "kernels", "metrics", "metric_table", "rules", "source_counters",
-           "sections", "ensure_details_csv", "clean_message", "RULE_TYPES", "LAUNCH_METRICS", "instances"]
+           "sections", "ensure_details_csv", "clean_message", "RULE_TYPES", "LAUNCH_METRICS", "instances",
+           "sass_counters"]
 
 RULE_TYPES = {0: "", 1: "INF", 2: "OPT", 3: "WRN", 4: "ERR"}
 SPEEDUP_TYPES = {0: "", 1: "local", 2: "global"}
@@ -255,6 +257,34 @@ def source_counters(path: str | Path, kernel: int | str, counters: Sequence[str]
 @lru_cache(maxsize=32)
 def _source(path: str, mtime: float, kernel: int, counters: tuple[str, ...]) -> dict:
     return _run_dump(Path(path), "--source", str(kernel), *counters)
+
+
+def sass_counters(path: str | Path, kernel: int | str, counters: Sequence[str] = ("inst_executed",)) -> pd.DataFrame:
+    """Per SASS instruction of one kernel, in address order: its offset from the kernel's first
+    instruction, its text, its source line (with ``-lineinfo``) and each per-instruction counter.
+
+    A source line is often several instructions, and a sampled stall lands on the instruction
+    that waits, not on the one it waits for: this is the Source page's SASS view, for the cases
+    where the line table of :func:`source_counters` hides which instruction it is. The report
+    holds the SASS only when SourceCounters (or ``--set full``) was collected.
+    """
+    path = Path(path)
+    kid = _kernel_id(path, kernel)
+    data = _sass(str(path.resolve()), path.stat().st_mtime, int(kid), tuple(counters))
+    if not data["found"]:
+        raise GpuprofError(f"Kernel {data['kernel']!r} in {path.name} has no per-instruction counters among {list(counters)}.",
+                           "Profile with --section SourceCounters (or --set full).")
+    df = pd.DataFrame(data["rows"])
+    for name in data["found"]:
+        df[name] = df[name].fillna(0.0) if name in df else 0.0
+    df.insert(0, "offset", df["pc"] - df["pc"].min())
+    df.insert(0, "kernel", data["kernel"])
+    return df.drop(columns=["pc"])
+
+
+@lru_cache(maxsize=32)
+def _sass(path: str, mtime: float, kernel: int, counters: tuple[str, ...]) -> dict:
+    return _run_dump(Path(path), "--sass", str(kernel), *counters)
 
 
 def instances(path: str | Path, kernel: int | str, metric: str) -> pd.Series:

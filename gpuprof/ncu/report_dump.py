@@ -123,6 +123,34 @@ def dump_source(ncu_report, path: str, kernel: int, counters: list[str]) -> dict
     return {"kernel": a.name(), "found": found, "lines": lines, "files": contents}
 
 
+def dump_sass(ncu_report, path: str, kernel: int, counters: list[str]) -> dict:  # type: ignore[no-untyped-def]
+    """Per SASS instruction of one kernel: its address, text, source line and each per-instruction counter.
+
+    The report holds the kernel's SASS only when per-instruction counters were collected
+    (SourceCounters); then the instructions are those the counters name.
+    """
+    ctx, actions = _actions(ncu_report, path)
+    a = actions[kernel][1]
+    rows: dict[int, dict] = {}
+    found = []
+    for name in counters:
+        m = a.metric_by_name(name)
+        if m is None or not m.has_correlation_ids():
+            continue
+        found.append(name)
+        ids = m.correlation_ids()
+        for j in range(m.num_instances()):
+            pc = int(ids.as_uint64(j))
+            row = rows.get(pc)
+            if row is None:
+                info = a.source_info(pc)
+                row = rows[pc] = {"pc": pc, "sass": (a.sass_by_pc(pc) or "").strip(),
+                                  "line": int(info.line()) if info is not None else None}
+            row[name] = m.as_double(j) if m.kind() == m.ValueKind_DOUBLE else float(m.as_uint64(j))
+    del ctx
+    return {"kernel": a.name(), "found": found, "rows": [rows[pc] for pc in sorted(rows)]}
+
+
 def dump_instances(ncu_report, path: str, kernel: int, names: list[str]) -> dict:  # type: ignore[no-untyped-def]
     ctx, actions = _actions(ncu_report, path)
     a = actions[kernel][1]
@@ -152,6 +180,8 @@ def main(argv: list[str]) -> int:
     path = argv[0]
     if len(argv) > 2 and argv[1] == "--source":
         result = dump_source(ncu_report, path, int(argv[2]), argv[3:])
+    elif len(argv) > 2 and argv[1] == "--sass":
+        result = dump_sass(ncu_report, path, int(argv[2]), argv[3:])
     elif len(argv) > 2 and argv[1] == "--instances":
         result = dump_instances(ncu_report, path, int(argv[2]), argv[3:])
     else:

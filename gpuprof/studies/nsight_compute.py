@@ -151,9 +151,15 @@ def _wrapped(script: str | Path, script_args: Sequence[str]) -> list[str]:
 def clock_cache_durations(script: str | Path, script_args: Sequence[str], kernel_regex: str,
                           configs: Sequence[tuple[str, str]] = CLOCK_CACHE_CONFIGS) -> list[dict]:
     """Each matching kernel's duration under ncu with each ``(--clock-control, --cache-control)``:
-    the median over its profiled launches, with the SM and DRAM clocks ncu measured meanwhile."""
+    the median over its profiled launches, with the SM, L2 and DRAM clocks ncu measured meanwhile.
+
+    The three clocks are recorded because a kernel's sensitivity to ``--clock-control`` says
+    which unit paces it only if one knows which clocks the setting moved: the L2 slices run
+    on a clock of their own (``lts__cycles_elapsed``), not the SM's.
+    """
     rows = []
-    metrics = "gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,dram__cycles_elapsed.avg.per_second"
+    metrics = ("gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,lts__cycles_elapsed.avg.per_second,"
+               "dram__cycles_elapsed.avg.per_second")
     for clock, cache in configs:
         listing = ncu_listing(["--clock-control", clock, "--cache-control", cache, "--metrics", metrics,
                                "-k", f"regex:{kernel_regex}", "--csv"], python_target(script, *script_args))
@@ -168,11 +174,13 @@ def clock_cache_durations(script: str | Path, script_args: Sequence[str], kernel
 
             dur, unit = median("gpu__time_duration.sum")
             sm, sm_unit = median("sm__cycles_elapsed.avg.per_second")
+            l2, l2_unit = median("lts__cycles_elapsed.avg.per_second")
             dram, dram_unit = median("dram__cycles_elapsed.avg.per_second")
             rows.append({"kernel": kernel, "tool": "ncu", "clock_control": clock, "cache_control": cache,
                          "launches": int((part["Metric Name"] == "gpu__time_duration.sum").sum()),
                          "median_us": dur * _TIME_TO_US[unit.strip().lower()],
                          "sm_ghz": sm / _HZ_PER_GHZ[sm_unit.strip().lower()],
+                         "l2_ghz": l2 / _HZ_PER_GHZ[l2_unit.strip().lower()],
                          "dram_ghz": dram / _HZ_PER_GHZ[dram_unit.strip().lower()]})
     return rows
 
