@@ -27,7 +27,7 @@ from .artifacts import REPO_ROOT, overwrite_allowed
 from .errors import CaptureExists, GpuprofError
 from .tools import COUNTER_PERMISSION_HINT, Tool
 
-__all__ = ["Capture", "ProfilerFailed", "run_profiler", "python_target", "torchrun_target", "portable_command", "run_with_limit", "run_streaming", "child_env",
+__all__ = ["Capture", "ProfilerFailed", "run_profiler", "python_target", "torchrun_target", "portable_command", "portable_text", "run_with_limit", "run_streaming", "child_env",
            "load_script", "TORCHRUN"]
 
 OUTPUT = "{output}"
@@ -207,6 +207,19 @@ def portable_command(cmd: Sequence[str]) -> list[str]:
         else:
             out.append(part)
     return out
+
+
+def portable_text(text: str) -> str:
+    """A tool's printed output as a reader may see it: paths inside the repository made relative, and
+    paths in the temporary folder (``/tmp/nsys-report-1a2b.qdstrm``) cut to their file names, so that
+    no output shows the machine's folders."""
+    import re
+    import tempfile
+
+    text = text.replace(str(REPO_ROOT) + os.sep, "")
+    for tmp in {tempfile.gettempdir(), "/tmp"}:
+        text = re.sub(re.escape(tmp.rstrip(os.sep) + os.sep) + r"(?:[^\s'\"]*/)?", "", text)
+    return text
 
 
 def _append(log: Path, text: str) -> None:
