@@ -151,3 +151,35 @@ def test_nsys_analyze_runs_each_rule_and_keeps_its_text_without_machine_paths(cl
     assert "advice for cuda_api_sync:rows=5" in ok["text"] and "/tmp/" not in ok["text"]
     assert failed["returncode"] == 3 and failed["text"] == "no such option"
     assert rules.excerpt("a\n\n" + "x" * 200 + "\nb\nc", lines=2, width=10) == ["a", "xxxxxxx..."]
+
+
+def test_interactive_capture_waits_for_the_ready_line_and_shows_no_machine_paths(isolated_dirs, tmp_path, monkeypatch):
+    """The interactive session on a stand-in nsys: recording starts after the program's line that *starts with*
+    the ready text (not one quoting it), the transcript names that line, and no output shows a scratch folder,
+    /tmp or the repository's absolute path."""
+    from gpuprof.tools import LiveTool, Tool
+
+    state = tmp_path / "state"
+    fake = write_exe(tmp_path / "bin" / "nsys", f'''
+case "$1" in
+  launch) shift 3; exec "$@";;
+  sessions) echo "ID  TIME  STATE  NAME"; echo "1  00:05  Launched  course-win";;
+  start) for a in "$@"; do last="$a"; done; echo "$last" > {state}; date +%s%N >> {state}; echo "Collecting data...";;
+  status) echo "collecting data";;
+  stop) out=$(head -1 {state}); : > "$out.nsys-rep"; echo "Generating '/tmp/nsys-report-1a2b.qdstrm'"; echo "Generated:"; echo "	$out.nsys-rep";;
+  export) "{sys.executable}" -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute('create table t (x)')" "$5";;
+esac''')
+    monkeypatch.setattr(session, "live_tool", lambda name: LiveTool(Tool("nsys", fake, "test"), "2025.3.1.0"))
+    prog = tmp_path / "prog.py"
+    prog.write_text("import time\nprint('will print step_0 when ready', flush=True)\ntime.sleep(0.5)\n"
+                    "print(f'step_0: at {time.time_ns()}', flush=True)\ntime.sleep(1.5)\nprint('done')\n")
+    t = session.interactive_capture("chtest", "win", prog, [], ready="step_0", wait_s=0.2, record_s=0.2)
+    assert t.ready_line.startswith("step_0: at ") and t.ready_after_s > 0.4
+    started = int(state.read_text().split()[1])
+    assert started > int(t.ready_line.split()[-1])  # recording began after the program's step_0, not at its first line
+    shown = t.show()
+    assert "# the program printed 'step_0: at" in shown and "Generating 'nsys-report-1a2b.qdstrm'" in shown
+    printed = "\n".join(out for _, out in t.steps)  # what the tools printed (the commands name this test's tmp folders)
+    assert "/tmp/" not in printed and ".partial" not in shown and str(REPO_ROOT) not in shown
+    assert "\twin.nsys-rep" in printed  # the report's folder here is under /tmp: its name is what is left
+    assert t.capture is not None and t.capture.path.name == "win.sqlite"

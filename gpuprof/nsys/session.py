@@ -46,11 +46,16 @@ class SessionTranscript:
         return "\n".join(f"$ {cmd}\n{out.rstrip()}" if out.strip() else f"$ {cmd}" for cmd, out in self.steps)
 
 
-def _run(cmd: list[str], transcript: SessionTranscript, shown: list[str] | None = None, timeout: float = 120) -> str:
+def _run(cmd: list[str], transcript: SessionTranscript, shown: list[str] | None = None, timeout: float = 120,
+         moved: tuple[Path, Path] | None = None) -> str:
+    """Run one nsys command and add it to the transcript as a reader would see it: ``shown`` instead of
+    ``cmd``, paths in ``moved[0]`` (a scratch folder) as if in ``moved[1]``, no machine paths, no progress bars."""
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     out = (proc.stdout + proc.stderr).strip()
     # nsys draws progress bars ("[1/1] [===  45%  ] x.nsys-rep") line by line: keep the words, not the bars
     kept = "\n".join(line for line in out.splitlines() if not line.lstrip().startswith("[1/1]"))
+    if moved:
+        kept = kept.replace(str(moved[0]), str(moved[1]))
     transcript.steps.append((" ".join(portable_command(shown or cmd)), portable_text(kept)))
     return out
 
@@ -123,14 +128,12 @@ def interactive_capture(chapter: str, name: str, script: str | Path, script_args
         time.sleep(wait_s)
         _run([str(nsys.path), "sessions", "list"], transcript)
         start = [str(nsys.path), "start", f"--session={session}", *QUIET, "-o"]
-        _run(start + [str(tmp / name)], transcript, shown=start + [str(out / name)])
+        _run(start + [str(tmp / name)], transcript, shown=start + [str(out / name)], moved=(tmp, out))
         time.sleep(record_s / 2)
         _run([str(nsys.path), "status", f"--session={session}"], transcript)
         time.sleep(record_s / 2)
         stop = [str(nsys.path), "stop", f"--session={session}"]
-        _run(stop, transcript)
-        transcript.steps[-1] = (transcript.steps[-1][0],
-                                portable_text(transcript.steps[-1][1].replace(str(tmp), str(out))))
+        _run(stop, transcript, moved=(tmp, out))
         app.wait(timeout=300)
         reader.join(timeout=10)
         app_out = "".join(lines)
