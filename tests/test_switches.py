@@ -183,3 +183,4 @@ esac''')
     assert "/tmp/" not in printed and ".partial" not in shown and str(REPO_ROOT) not in shown
     assert "\twin.nsys-rep" in printed  # the report's folder here is under /tmp: its name is what is left
     assert t.capture is not None and t.capture.path.name == "win.sqlite"
+

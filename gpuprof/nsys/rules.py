@@ -60,7 +60,8 @@ def analyze(report: str | Path, rules: Sequence[str] = RULES, *, timeout: float 
             code, text = None, f"did not finish within {timeout:.0f} s"
         shown = [*cmd[:-1], Path(report).name]
         out["rules"][rule] = {"command": " ".join(portable_command(shown)), "returncode": code,
-                              "seconds": round(time.perf_counter() - t0, 2), "text": portable_text(text).strip()}
+                              "seconds": round(time.perf_counter() - t0, 2),
+                              "text": portable_text(text, every_path=True).strip()}
     if not out["rules"]:
         raise GpuprofError("No rule was given to nsys analyze.", f"Pass some of: {', '.join(RULES)}.")
     return out
