@@ -9,8 +9,10 @@ by one definition of each measure:
 
 * **GPU busy fraction**: the union of kernel intervals over a window (overlapping
   kernels on different streams count once);
-* **idle gaps**: where the GPU ran nothing, each labelled with the CUDA API call the
-  CPU was in at the time (a synchronisation, a blocking copy, or nothing: Python);
+* **idle gaps**: where the GPU ran nothing, each with the CUDA API calls the CPU was in
+  at the time (a synchronisation, a blocking copy, a library load) and the share that no
+  call covers (host code: Python, a library initialising, data loading), labelled by what
+  covers at least half of it;
 * **copy/compute overlap**: the share of copy time hidden under kernels running on
   other streams;
 * **launch latency**: from the CPU's launch call to the kernel's start (:func:`launch_delays`: from
@@ -59,8 +61,8 @@ def api_name(name: str) -> str:
     """
     return name[:-6] if len(name) > 6 and name[-6:-4] == "_v" else name
 
-__all__ = ["api_name", "merge_intervals", "busy_fraction", "idle_gaps", "copy_summary", "copy_compute_overlap", "launch_latency",
-           "launch_delays", "covered_lengths",
+__all__ = ["api_name", "merge_intervals", "busy_fraction", "idle_gaps", "gap_calls", "HOST_CODE", "calls_with_work", "outside",
+           "copy_summary", "copy_compute_overlap", "launch_latency", "launch_delays", "covered_lengths",
            "sync_wait_share", "window_of", "range_window", "last_repeat_window", "inside", "calls_by_range", "copy_curve",
            "exposed_copy_fraction", "exposed_ns", "attribute_kernels", "ATTRIBUTION_RULES", "find_steps", "step_ranges",
            "STEP_NUMBERED", "STEP_REPEATED", "NUMBERED_STEP", "overlap_ns", "issue_order", "ServiceOrder", "service_order"]
@@ -106,16 +108,31 @@ def busy_fraction(intervals: pd.DataFrame, window: tuple[int, int] | None = None
     return float((e - s).sum()) / (hi - lo) if hi > lo else 0.0
 
 
+#: The label of an idle gap that CUDA calls cover less than half of: the CPU was running its own code.
+HOST_CODE = "mostly host code"
+
+
 def idle_gaps(kernels: pd.DataFrame, runtime: pd.DataFrame | None = None, *, min_gap_ns: int = 10_000,
               window: tuple[int, int] | None = None) -> pd.DataFrame:
     """Stretches of at least ``min_gap_ns`` where no kernel ran, longest first.
 
-    With the runtime table, each gap is labelled with the CUDA API call that overlaps
-    it most (``cpu_call``) and how much of the gap that call covers: a gap covered by
-    ``cudaStreamSynchronize`` is the GPU waiting for nothing while the CPU waits for
-    the GPU; a gap covered by no call at all is the CPU busy elsewhere (Python).
+    With the runtime table, each gap gets what the CPU was doing during it:
+
+    * ``cpu_call`` and ``cpu_call_share``: the CUDA API call that overlaps the gap most, and
+      the share of the gap it covers (``""`` and 0 when none does);
+    * ``covered_share``: the share of the gap inside *any* CUDA call (on any thread; nested
+      and concurrent calls count once). The rest, ``1 - covered_share``, the CPU spent
+      outside CUDA: Python, a library initialising, loading data;
+    * ``label``: ``cpu_call`` when that one call covers at least half of the gap,
+      :data:`HOST_CODE` when no call covers half of it and most of it is outside every
+      call, else ``"several CUDA calls"``.
+
+    A gap covered by ``cudaStreamSynchronize`` is the GPU waiting for nothing while the CPU
+    waits for the GPU; a gap mostly outside every call is the CPU busy elsewhere. Naming a
+    gap by its largest call alone misleads when that call covers a fifth of it: read
+    ``covered_share`` (and :func:`gap_calls` for every call inside one gap) before the label.
     """
-    cols = ["start", "end", "duration_ns", "cpu_call", "cpu_call_share"]
+    cols = ["start", "end", "duration_ns", "cpu_call", "cpu_call_share", "covered_share", "label"]
     if kernels.empty:
         return pd.DataFrame(columns=cols)
     s, e = merge_intervals(kernels["start"].to_numpy(), kernels["end"].to_numpy())
@@ -126,26 +143,91 @@ def idle_gaps(kernels: pd.DataFrame, runtime: pd.DataFrame | None = None, *, min
     keep = (gap_e - gap_s) >= min_gap_ns
     gaps = pd.DataFrame({"start": gap_s[keep], "end": gap_e[keep]})
     gaps["duration_ns"] = gaps["end"] - gaps["start"]
-    gaps["cpu_call"], gaps["cpu_call_share"] = "", 0.0
+    gaps["cpu_call"], gaps["cpu_call_share"], gaps["covered_share"] = "", 0.0, 0.0
     if runtime is not None and not runtime.empty and not gaps.empty:
         rs, re_, names = runtime["start"].to_numpy(), runtime["end"].to_numpy(), runtime["name"].to_numpy()
-        order = np.argsort(rs)
+        order = np.argsort(rs, kind="stable")
         rs, re_, names = rs[order], re_[order], names[order]
         longest = np.maximum.accumulate(re_ - rs).max() if len(rs) else 0
         calls = np.full(len(gaps), "", dtype=object)  # filled in arrays, assigned once: a cell-by-cell
         shares = np.zeros(len(gaps))                    # DataFrame write cost a second per 40,000 gaps
+        covered = np.zeros(len(gaps))
         for i, (gs, ge) in enumerate(zip(gaps["start"].to_numpy(), gaps["end"].to_numpy())):
             first = np.searchsorted(rs, gs - longest)
             last = np.searchsorted(rs, ge)
             if last <= first:
                 continue
-            ov = np.minimum(re_[first:last], ge) - np.maximum(rs[first:last], gs)
+            cs, ce = np.maximum(rs[first:last], gs), np.minimum(re_[first:last], ge)
+            ov = ce - cs
             j = int(np.argmax(ov))
             if ov[j] > 0:
                 calls[i] = api_name(str(names[first + j]))
                 shares[i] = float(ov[j]) / (ge - gs)
-        gaps["cpu_call"], gaps["cpu_call_share"] = calls, shares
+                hit = ov > 0  # starts are sorted, so the clipped intervals' union is one pass
+                us, ue = merge_intervals(cs[hit], ce[hit])
+                covered[i] = float((ue - us).sum()) / (ge - gs)
+        gaps["cpu_call"], gaps["cpu_call_share"], gaps["covered_share"] = calls, shares, covered
+    gaps["label"] = np.select([gaps["cpu_call_share"].to_numpy() >= 0.5, gaps["covered_share"].to_numpy() < 0.5],
+                              [gaps["cpu_call"].to_numpy(dtype=object), HOST_CODE], "several CUDA calls")
     return gaps.sort_values("duration_ns", ascending=False, ignore_index=True)[cols]
+
+
+def gap_calls(gap: tuple[int, int], runtime: pd.DataFrame) -> pd.DataFrame:
+    """Every CUDA API call inside one idle gap, by name: calls, covered_ns (their time inside the
+    gap) and share (of the gap), largest first; the row ``(outside any CUDA call)`` is the rest.
+
+    The names' shares can add up to more than the covered time when calls nest (a driver call
+    inside a runtime call) or run on two threads at once; the last row is computed from their
+    union, as :func:`idle_gaps`' ``covered_share`` is.
+    """
+    lo, hi = gap
+    cols = ["call", "calls", "covered_ns", "share"]
+    r = runtime[(runtime["end"] > lo) & (runtime["start"] < hi)]
+    cs, ce = r["start"].clip(lower=lo).to_numpy(), r["end"].clip(upper=hi).to_numpy()
+    named = pd.DataFrame({"call": r["name"].astype(str).map(api_name).to_numpy(), "ns": ce - cs})
+    g = named.groupby("call")["ns"]
+    out = pd.DataFrame({"calls": g.size(), "covered_ns": g.sum()}).reset_index()
+    out = out.sort_values(["covered_ns", "call"], ascending=[False, True], ignore_index=True)
+    us, ue = merge_intervals(cs, ce)
+    rest = (hi - lo) - int((ue - us).sum())
+    out = pd.concat([out, pd.DataFrame([{"call": "(outside any CUDA call)", "calls": 0, "covered_ns": rest}])],
+                    ignore_index=True)
+    out["share"] = out["covered_ns"] / (hi - lo) if hi > lo else 0.0
+    return out[cols]
+
+
+def calls_with_work(runtime: pd.DataFrame, work: pd.DataFrame) -> pd.DataFrame:
+    """Each GPU operation (kernel, copy, memset) beside the CUDA API call that queued it.
+
+    The two are paired by ``correlationId``. Added columns: ``api`` (the call's name, without
+    its version suffix), ``api_start``, ``api_end``, ``api_ns`` (CPU time inside the call),
+    ``lead_ns`` (from the call's start to the work's start: the CPU's staging of a pageable
+    copy, or the queue the work waited in) and ``end_to_end_ns`` (from the call's start to
+    the later of the call's end and the work's end: what the program waited for, if it waited).
+
+    A GPU-side duration alone cannot see the CPU's share of a copy: a copy from pageable
+    memory is staged by the driver into a pinned buffer *before* its DMA starts.
+    """
+    calls = runtime[["correlationId", "start", "end", "name"]].rename(
+        columns={"start": "api_start", "end": "api_end", "name": "api"})
+    m = work.merge(calls, on="correlationId", how="inner")
+    m["api"] = m["api"].astype(str).map(api_name)
+    m["api_ns"] = m["api_end"] - m["api_start"]
+    m["lead_ns"] = m["start"] - m["api_start"]
+    m["end_to_end_ns"] = np.maximum(m["end"], m["api_end"]) - m["api_start"]
+    return m
+
+
+def outside(df: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
+    """Rows of ``df`` that start outside every one of ``ranges`` (rows with ``start`` and ``end``):
+    to leave out, say, the warm-up calls a script marks with a ``warmup`` range."""
+    if ranges.empty or df.empty:
+        return df
+    s, e = merge_intervals(ranges["start"].to_numpy(), ranges["end"].to_numpy())
+    t = df["start"].to_numpy()
+    i = np.searchsorted(s, t, side="right") - 1
+    within = (i >= 0) & (t < e[np.clip(i, 0, None)])
+    return df[~within]
 
 
 def copy_summary(copies: pd.DataFrame) -> pd.DataFrame:
@@ -302,9 +384,21 @@ def calls_by_range(runtime: pd.DataFrame, ranges: pd.DataFrame, pattern: str, te
 
 
 def copy_curve(copies: pd.DataFrame) -> pd.DataFrame:
-    """Median bandwidth per (direction, source memory, size): the transfer-size curve, from the GPU's own timings."""
+    """Median bandwidth per (direction, source memory, size): the transfer-size curve, from the GPU's own timings.
+
+    Given copies with the columns of :func:`calls_with_work`, also the medians of the CPU's time in
+    the copy call (``call_us``), of the DMA (``dma_us``) and from the call's start to the DMA's end
+    (``end_to_end_us``, and the bandwidth that gives, ``end_to_end_gbps``): the GPU-side curve cannot
+    see a pageable copy's staging on the CPU, which happens before its DMA starts.
+    """
     g = copies.groupby(["kind", "src_memory", "bytes"])
-    return g.agg(copies=("gbps", "size"), median_gbps=("gbps", "median")).reset_index()
+    out = g.agg(copies=("gbps", "size"), median_gbps=("gbps", "median"))
+    if "end_to_end_ns" in copies:
+        out["call_us"] = g["api_ns"].median() / 1e3
+        out["dma_us"] = g["duration_ns"].median() / 1e3
+        out["end_to_end_us"] = g["end_to_end_ns"].median() / 1e3
+        out["end_to_end_gbps"] = out.index.get_level_values("bytes") / out["end_to_end_us"] / 1e3
+    return out.reset_index()
 
 
 def exposed_copy_fraction(copies: pd.DataFrame, kernels: pd.DataFrame, window: tuple[int, int]) -> float:

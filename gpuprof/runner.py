@@ -27,7 +27,7 @@ from .artifacts import REPO_ROOT, overwrite_allowed
 from .errors import CaptureExists, GpuprofError
 from .tools import COUNTER_PERMISSION_HINT, Tool
 
-__all__ = ["Capture", "ProfilerFailed", "run_profiler", "python_target", "torchrun_target", "portable_command", "run_with_limit", "run_streaming", "child_env",
+__all__ = ["Capture", "ProfilerFailed", "run_profiler", "python_target", "torchrun_target", "portable_command", "portable_text", "run_with_limit", "run_streaming", "child_env",
            "load_script", "TORCHRUN"]
 
 OUTPUT = "{output}"
@@ -162,8 +162,8 @@ def run_streaming(cmd: Sequence[str], timeout_s: float, *, name: str, echo: bool
         assert proc.stdout is not None
         for line in proc.stdout:
             lines.append(line.rstrip())
-            if echo:
-                text = line.rstrip()
+            if echo:  # shown as a reader may see it: no scratch folders ("results written to /tmp/tmpab12/x.json")
+                text = portable_text(line.rstrip())
                 for old, new in (shown or {}).items():
                     text = text.replace(old, new)
                 print("  " + text, flush=True)
@@ -212,6 +212,23 @@ def portable_command(cmd: Sequence[str]) -> list[str]:
         else:
             out.append(part)
     return out
+
+
+def portable_text(text: str, *, every_path: bool = False) -> str:
+    """A tool's printed output as a reader may see it: paths inside the repository made relative, and
+    paths in the temporary folder (``/tmp/nsys-report-1a2b.qdstrm``) cut to their file names, so that
+    no output shows the machine's folders. ``every_path`` cuts every other absolute path to its file
+    name too (a tool's install folder, the interpreter's packages: ``.../site-packages/nvidia/cudnn/lib/
+    libcudnn_graph.so.9`` becomes ``libcudnn_graph.so.9``), for messages read for what they say."""
+    import re
+    import tempfile
+
+    text = text.replace(str(REPO_ROOT) + os.sep, "")
+    for tmp in {tempfile.gettempdir(), "/tmp"}:
+        text = re.sub(re.escape(tmp.rstrip(os.sep) + os.sep) + r"(?:[^\s'\"]*/)?", "", text)
+    if every_path:
+        text = re.sub(r"(?<![\w.~-])/(?:[^\s'\"\[\]()/]+/)+(?=[^\s'\"\[\]()/])", "", text)
+    return text
 
 
 def _append(log: Path, text: str) -> None:

@@ -1,8 +1,10 @@
+import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import write_exe
+from gpuprof.artifacts import REPO_ROOT
 from gpuprof.errors import CaptureExists, GpuprofError
 from gpuprof.runner import ProfilerFailed, run_profiler
 from gpuprof.tools import Tool
@@ -110,3 +112,30 @@ def test_a_torchrun_child_gets_torchrun_s_own_thread_default_and_nothing_else_ch
     monkeypatch.setenv("OMP_NUM_THREADS", "8")
     assert child_env(torchrun_target("x.py"))["OMP_NUM_THREADS"] == "8"  # a reader's own setting wins
     assert child_env(python_target("x.py"), {"A": "b"})["A"] == "b"
+
+
+def test_machine_paths_are_cut_from_tool_messages():
+    from gpuprof.runner import portable_text
+
+    said = ("cuDNN symbols found in /opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib/libcudnn_graph.so.9 "
+            f"symbol table; see /tmp/nvidia/quadd_session_1/streams/pid_2_stdout.log; report {REPO_ROOT}/artifacts/ch01/x.sqlite")
+    assert portable_text(said) == ("cuDNN symbols found in /opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib/"
+                                   "libcudnn_graph.so.9 symbol table; see pid_2_stdout.log; report artifacts/ch01/x.sqlite")
+    assert portable_text(said, every_path=True) == ("cuDNN symbols found in libcudnn_graph.so.9 symbol table; "
+                                                    "see pid_2_stdout.log; report artifacts/ch01/x.sqlite")
+    assert portable_text("1/2 of a/b/c", every_path=True) == "1/2 of a/b/c"
+
+
+def test_a_scripts_echoed_output_names_no_scratch_folder(capsys, tmp_path):
+    """Chapters echo a script's output as it runs (gpuprof.runner.run_streaming); its 'results written to' line
+    names a scratch file under the temporary folder, which the echo cuts to the file's name (the lines kept for
+    parsing stay as the script printed them)."""
+    import tempfile
+
+    from gpuprof.runner import run_streaming
+
+    scratch = Path(tempfile.mkdtemp()) / "train_run.json"
+    code, lines = run_streaming([sys.executable, "-c", f"print('results written to {scratch}')"], 60, name="echo")
+    shown = capsys.readouterr().out
+    assert code == 0 and lines == [f"results written to {scratch}"]
+    assert shown.strip() == "results written to train_run.json"

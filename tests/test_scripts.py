@@ -120,7 +120,8 @@ BAD_INPUT = {
                          (["--sections", "curve", "--profiler-range", "overlap"], "is not one of the sections"),
                          (["--backend", "torch"], "PyTorch with a usable CUDA GPU was asked for, but not found")],
     "memory_allocation.py": [(["--iterations", "-1"], "must be at least 1"), (["--sections", "leak"], "unknown section"),
-                             (["--size-mib", "x"], "is not a whole number")],
+                             (["--size-mib", "x"], "is not a whole number"),
+                             (["--allocator", "jemalloc"], "invalid choice: 'jemalloc'")],
     "nvtx_features.py": [(["--sections", "colours"], "unknown section"), (["--steps", "0"], "must be at least 1"),
                          (["--backend", "torch"], "PyTorch with a usable CUDA GPU was asked for, but not found")],
     "weight_streaming.py": [(["--prefetch-distance", "-1"], "must not be negative"),
@@ -445,3 +446,11 @@ def test_the_nvtx_trigger_facts_differ_only_in_the_register_only_variable():
         assert "--env-var=NSYS_NVTX_PROFILER_REGISTER_ONLY=0" in full and "--nvtx-capture=trigger_range" in default
     assert "nvtx.push_range" in facts.TRIGGER_PROGRAMS["nvtx"]
     assert "torch.cuda.nvtx.range_push" in facts.TRIGGER_PROGRAMS["torch.cuda.nvtx"]
+
+
+def test_memory_allocation_refuses_an_allocator_the_environment_contradicts(monkeypatch, capsys):
+    """PYTORCH_CUDA_ALLOC_CONF is read once, when CUDA starts: a backend named there that --allocator contradicts
+    would make the run measure the other allocator, so the script says so before anything starts."""
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "backend:native")
+    proc = run_here(REPO_ROOT / "examples" / "nsys" / "memory_allocation.py", "--allocator", "cudaMallocAsync", capsys=capsys)
+    assert proc.returncode == 2 and "already names another backend" in proc.stderr

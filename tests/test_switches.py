@@ -13,6 +13,7 @@ from gpuprof.errors import GpuprofError
 from gpuprof.nsys import session
 from gpuprof.nsys import sqlite as ns
 from gpuprof.studies import nsys_switches as sw
+from conftest import write_exe
 
 CH01 = REPO_ROOT / "artifacts" / "ch01"
 STUDY = json.loads((CH01 / "switches.json").read_text())
@@ -112,21 +113,74 @@ def test_run_switch_study_without_nsys_runs_and_records_the_program(tmp_path):
 
 
 def test_wait_for_line_returns_when_the_program_is_ready():
-    app = subprocess.Popen([sys.executable, "-u", "-c", "import time; print('booting'); time.sleep(0.5); "
-                            "print('step_0'); time.sleep(0.5); print('done')"],
+    # the start-up line quotes the ready word; only a line that starts with it is the program at work
+    app = subprocess.Popen([sys.executable, "-u", "-c", "import time; print('booting, will print step_0 soon'); "
+                            "time.sleep(0.5); print('step_0: 1.0 ms'); time.sleep(0.5); print('done')"],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines, reader, seen = session._wait_for_line(app, "step_0", timeout=60)
-    assert seen and any("step_0" in line for line in lines)
+    lines, reader, matched = session._wait_for_line(app, "step_0", timeout=60)
+    assert matched == "step_0: 1.0 ms" and lines[-1].startswith("step_0")
     app.wait(timeout=60)
     reader.join(timeout=10)
-    assert "".join(lines).split() == ["booting", "step_0", "done"]
+    assert [line.strip() for line in lines] == ["booting, will print step_0 soon", "step_0: 1.0 ms", "done"]
 
 
 def test_wait_for_line_gives_up_after_its_timeout():
     app = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], stdout=subprocess.PIPE, text=True)
     try:
-        _, _, seen = session._wait_for_line(app, "never", timeout=0.2)
-        assert not seen
+        _, _, matched = session._wait_for_line(app, "never", timeout=0.2)
+        assert matched is None
     finally:
         app.kill()
         app.wait()
+
+
+def test_nsys_analyze_runs_each_rule_and_keeps_its_text_without_machine_paths(clean_tool_env, tmp_path):
+    """gpuprof.nsys.rules.analyze on a stand-in nsys: one call per rule, each rule's output kept (a failing
+    rule too, with its status), the report named without its folder, and temporary paths cut."""
+    from gpuprof.nsys import rules
+
+    write_exe(clean_tool_env / "nsys", 'if [ "$1" = "--version" ]; then echo "NVIDIA Nsight Systems version 2025.3.1.0"; exit 0; fi\n'
+              'case "$3" in gpu_gaps*) echo "no such option" >&2; exit 3;; esac\n'
+              'echo "Processing [$4] with [/tmp/nsys/reports/$3.py]..."; echo "advice for $3"')
+    report = tmp_path / "run.sqlite"
+    report.write_bytes(b"SQLite format 3\x00")
+    out = rules.analyze(report, ["cuda_api_sync:rows=5", "gpu_gaps:gap=100"])
+    assert out["nsys"] == "2025.3.1.0" and list(out["rules"]) == ["cuda_api_sync:rows=5", "gpu_gaps:gap=100"]
+    ok, failed = out["rules"]["cuda_api_sync:rows=5"], out["rules"]["gpu_gaps:gap=100"]
+    assert ok["returncode"] == 0 and ok["command"] == "nsys analyze --rule cuda_api_sync:rows=5 run.sqlite"
+    assert "advice for cuda_api_sync:rows=5" in ok["text"] and "/tmp/" not in ok["text"]
+    assert failed["returncode"] == 3 and failed["text"] == "no such option"
+    assert rules.excerpt("a\n\n" + "x" * 200 + "\nb\nc", lines=2, width=10) == ["a", "xxxxxxx..."]
+
+
+def test_interactive_capture_waits_for_the_ready_line_and_shows_no_machine_paths(isolated_dirs, tmp_path, monkeypatch):
+    """The interactive session on a stand-in nsys: recording starts after the program's line that *starts with*
+    the ready text (not one quoting it), the transcript names that line, and no output shows a scratch folder,
+    /tmp or the repository's absolute path."""
+    from gpuprof.tools import LiveTool, Tool
+
+    state = tmp_path / "state"
+    fake = write_exe(tmp_path / "bin" / "nsys", f'''
+case "$1" in
+  launch) shift 3; exec "$@";;
+  sessions) echo "ID  TIME  STATE  NAME"; echo "1  00:05  Launched  course-win";;
+  start) for a in "$@"; do last="$a"; done; echo "$last" > {state}; date +%s%N >> {state}; echo "Collecting data...";;
+  status) echo "collecting data";;
+  stop) out=$(head -1 {state}); : > "$out.nsys-rep"; echo "Generating '/tmp/nsys-report-1a2b.qdstrm'"; echo "Generated:"; echo "	$out.nsys-rep";;
+  export) "{sys.executable}" -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute('create table t (x)')" "$5";;
+esac''')
+    monkeypatch.setattr(session, "live_tool", lambda name: LiveTool(Tool("nsys", fake, "test"), "2025.3.1.0"))
+    prog = tmp_path / "prog.py"
+    prog.write_text("import time\nprint('will print step_0 when ready', flush=True)\ntime.sleep(0.5)\n"
+                    "print(f'step_0: at {time.time_ns()}', flush=True)\ntime.sleep(1.5)\nprint('done')\n")
+    t = session.interactive_capture("chtest", "win", prog, [], ready="step_0", wait_s=0.2, record_s=0.2)
+    assert t.ready_line.startswith("step_0: at ") and t.ready_after_s > 0.4
+    started = int(state.read_text().split()[1])
+    assert started > int(t.ready_line.split()[-1])  # recording began after the program's step_0, not at its first line
+    shown = t.show()
+    assert "# the program printed 'step_0: at" in shown and "Generating 'nsys-report-1a2b.qdstrm'" in shown
+    printed = "\n".join(out for _, out in t.steps)  # what the tools printed (the commands name this test's tmp folders)
+    assert "/tmp/" not in printed and ".partial" not in shown and str(REPO_ROOT) not in shown
+    assert "\twin.nsys-rep" in printed  # the report's folder here is under /tmp: its name is what is left
+    assert t.capture is not None and t.capture.path.name == "win.sqlite"
+

@@ -40,6 +40,42 @@ def test_idle_gaps_are_labelled_with_the_cpu_call():
     assert gaps["cpu_call"][0] == "cudaStreamSynchronize" and gaps["cpu_call_share"][0] == pytest.approx(38 / 90)
 
 
+def test_a_gap_is_named_by_what_covers_half_of_it():
+    # one 100 ns gap (10..110); a 19 ns call, a nested pair and an 8 ns call leave 61 ns outside every call
+    k = frame([(0, 10), (110, 120)])
+    rt = pd.DataFrame({"start": [12, 40, 42, 80], "end": [31, 50, 48, 88],
+                       "name": ["cudaHostAlloc_v3020", "cudaMalloc_v3020", "cuLibraryLoadData", "cudaFree_v3020"]})
+    gap = ta.idle_gaps(k, rt, min_gap_ns=20).iloc[0]
+    assert gap["cpu_call"] == "cudaHostAlloc" and gap["cpu_call_share"] == pytest.approx(0.19)
+    assert gap["covered_share"] == pytest.approx(0.37)  # the nested call counts once
+    assert gap["label"] == ta.HOST_CODE
+    calls = ta.gap_calls((10, 110), rt).set_index("call")
+    assert calls.loc["(outside any CUDA call)", "covered_ns"] == 63
+    assert calls.loc["cudaHostAlloc", "share"] == pytest.approx(0.19) and calls.loc["cuLibraryLoadData", "calls"] == 1
+    # one call over half the gap names it; calls that together cover most of it, none alone half, do not
+    assert ta.idle_gaps(k, rt.assign(end=[70, 50, 48, 88]), min_gap_ns=20)["label"][0] == "cudaHostAlloc"
+    spread = pd.DataFrame({"start": [10, 50], "end": [50, 90], "name": ["cudaMalloc_v3020", "cudaFree_v3020"]})
+    assert ta.idle_gaps(k, spread, min_gap_ns=20)["label"][0] == "several CUDA calls"
+    assert ta.idle_gaps(k, None, min_gap_ns=20)["label"][0] == ta.HOST_CODE
+
+
+def test_calls_with_work_separates_the_cpu_side_of_a_copy():
+    rt = pd.DataFrame({"correlationId": [1, 2], "start": [0, 100], "end": [30, 104],
+                       "name": ["cudaMemcpyAsync_v3020", "cudaMemcpyAsync_v3020"]})
+    work = frame([(28, 36), (110, 118)], correlationId=[1, 2])
+    m = ta.calls_with_work(rt, work).set_index("correlationId")
+    assert m.loc[1, ["api_ns", "lead_ns", "end_to_end_ns"]].tolist() == [30, 28, 36]  # staged, then a short DMA
+    assert m.loc[2, ["api_ns", "lead_ns", "end_to_end_ns"]].tolist() == [4, 10, 18]   # queued and returned at once
+    assert (m["api"] == "cudaMemcpyAsync").all()
+
+
+def test_outside_drops_rows_that_start_in_a_range():
+    df = frame([(0, 5), (10, 12), (20, 30), (40, 41)])
+    warm = frame([(9, 15), (18, 25)])
+    assert ta.outside(df, warm)["start"].tolist() == [0, 40]
+    assert ta.outside(df, warm.iloc[0:0])["start"].tolist() == [0, 10, 20, 40]
+
+
 def test_copy_compute_overlap_known_cases():
     kernels = frame([(0, 100)], streamId=1)
     hidden = frame([(10, 30), (90, 110)], streamId=2)   # 20 + 10 of 40 under the kernel

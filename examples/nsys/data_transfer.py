@@ -5,11 +5,16 @@ Sections (run all, or pick with --sections), each inside an NVTX range of its na
 
   pageable_vs_pinned  H2D and D2H copies from pageable and from pinned host memory
   pin_per_call        .pin_memory() on every call versus one pinned buffer reused
-  d2h_sync            .cpu() after a long kernel blocks the CPU; a non_blocking copy
-                      into pinned memory plus an event does not
+  d2h_sync            three queued matrix products, then: .cpu() (blocks the CPU, copies
+                      into fresh pageable memory); a blocking copy into a pinned buffer
+                      allocated before; a non_blocking copy into it plus an event
   overlap             the same chunked copy + compute, first serialised on one stream,
                       then overlapped: copies on a second stream, double-buffered
   curve               H2D bandwidth over transfer sizes from 4 KiB to --curve-max-mib
+
+Every measurement runs its two warm-up calls inside an NVTX range named ``warmup``, and
+each section's correctness checks run after the section's range has closed (inside a
+``check_results`` range), so that a capture's timed ranges hold the timed work only.
 
 Profile it with
 
@@ -67,6 +72,7 @@ class Transfers:
         self.gpu = self.backend.is_gpu
         self.results: dict[str, object] = {"backend": str(self.backend)}
         self.checked: list[str] = []
+        self.pending: list[tuple[object, object, str]] = []  # checks to run once the section's range has closed
         if self.gpu:
             import torch
 
@@ -94,14 +100,34 @@ class Transfers:
             self.np.copyto(dst, src)
 
     def check_equal(self, a, b, what: str) -> None:  # type: ignore[no-untyped-def]
-        """Fail loudly if a copy did not copy: a benchmark of a wrong copy measures nothing."""
-        same = bool(self.torch.equal(a.cpu(), b.cpu())) if self.gpu else bool(self.np.array_equal(a, b))
-        if not same:
-            raise GpuprofError(f"{what} produced different bytes than its source.", "This is a bug; please report it.")
-        self.checked.append(what)
+        """Ask for a check that a copy copied: a benchmark of a wrong copy measures nothing.
+
+        The check itself runs later (:meth:`run_checks`), after the section's NVTX range has
+        closed: comparing GPU data means copying it to the host, and that copy inside a timed
+        range would be counted with the copies the range measures.
+        """
+        self.pending.append((a, b, what))
+
+    def run_checks(self) -> None:
+        """Run the checks the last section asked for; fail loudly on the first copy that did not copy."""
+        for a, b, what in self.pending:
+            same = bool(self.torch.equal(a.cpu(), b.cpu())) if self.gpu else bool(self.np.array_equal(a, b))
+            if not same:
+                raise GpuprofError(f"{what} produced different bytes than its source.", "This is a bug; please report it.")
+            self.checked.append(what)
+        self.pending.clear()
+
+    def warm_up(self, fn, calls: int = 2) -> None:  # type: ignore[no-untyped-def]
+        """Call ``fn`` ``calls`` times inside a ``warmup`` range and wait for the GPU, so that a capture
+        can tell these calls from the timed ones that follow."""
+        with annotate("warmup"):
+            for _ in range(calls):
+                fn()
+            self.backend.synchronize()
 
     def gbps(self, nbytes: int, fn) -> float:  # type: ignore[no-untyped-def]
-        t = time_call(fn, backend=self.backend, warmup=2, repeats=self.args.repeats)
+        self.warm_up(fn)
+        t = time_call(fn, backend=self.backend, warmup=0, repeats=self.args.repeats)
         return nbytes / t.median / 1e9
 
     # -- sections ----------------------------------------------------------------------
@@ -117,7 +143,8 @@ class Transfers:
             rows["d2h_pageable"] = self.gbps(n, lambda: self.copy(pageable, dev))
         with annotate("d2h_pinned"):
             rows["d2h_pinned"] = self.gbps(n, lambda: self.copy(pinned, dev, non_blocking=True))
-        self.check_equal(dev, pinned, "H2D copy")
+        self.check_equal(dev, pinned, "H2D and D2H copies (pinned)")
+        self.check_equal(dev, pageable, "D2H copy into pageable memory")
         self.results["pageable_vs_pinned"] = rows
         for k, v in rows.items():
             print(f"  {k:<14} {v:8.1f} GB/s  ({self.args.size_mib} MiB)")
@@ -127,15 +154,23 @@ class Transfers:
         n = self.args.size_mib * MIB
         pageable, dev = self.host(n, False), self.device(n)
         once = self.host(n, True)
-        if self.gpu:
-            every = lambda: dev.copy_(pageable.pin_memory(), non_blocking=True)  # noqa: E731
-        else:
-            every = lambda: self.np.copyto(dev, self.np.array(pageable))  # noqa: E731
+
+        def every() -> None:
+            # one range per call: its CPU time is pin_memory()'s, a pinned block (PyTorch's caching host
+            # allocator: cudaHostAlloc the first time, the cached block after) and a host memcpy into it
+            with annotate("pin_and_copy"):
+                if self.gpu:
+                    dev.copy_(pageable.pin_memory(), non_blocking=True)
+                else:
+                    self.np.copyto(dev, self.np.array(pageable))
+
         with annotate("pin_every_call"):
-            t_every = time_call(every, backend=self.backend, warmup=1, repeats=self.args.repeats)
+            self.warm_up(every, calls=1)
+            t_every = time_call(every, backend=self.backend, warmup=0, repeats=self.args.repeats)
         with annotate("pin_once"):
-            t_once = time_call(lambda: self.copy(dev, once, non_blocking=True), backend=self.backend, warmup=1,
-                               repeats=self.args.repeats)
+            copy_once = lambda: self.copy(dev, once, non_blocking=True)  # noqa: E731
+            self.warm_up(copy_once, calls=1)
+            t_once = time_call(copy_once, backend=self.backend, warmup=0, repeats=self.args.repeats)
         self.results["pin_per_call"] = {"every_call_ms": t_every.median * 1e3, "once_ms": t_once.median * 1e3}
         print(f"  pin on every call {t_every.median * 1e3:8.2f} ms   pinned once {t_once.median * 1e3:8.2f} ms   "
               f"({t_every.median / t_once.median:.1f}x)")
@@ -147,14 +182,23 @@ class Transfers:
             return
         torch = self.torch
         a = torch.randn(4096, 4096, device="cuda")
-        out_pinned = torch.empty(4096, 4096, pin_memory=True)
-        _ = (a @ a).cpu()  # warm up cuBLAS (handle, workspace) so that it is not what we measure
-        torch.cuda.synchronize()
+        out_pinned = torch.empty(4096, 4096, pin_memory=True)  # allocated once, before anything is timed
+        with annotate("first_matmul"):
+            # the process's first matrix product: cuBLAS loads and creates its handle here, so that
+            # it is not what the ranges below measure; then a first .cpu()
+            _ = (a @ a).cpu()
+            torch.cuda.synchronize()
         with annotate("blocking_cpu_copy"):
-            b = a @ a @ a @ a  # a few ms of GPU work, queued
+            b = a @ a @ a @ a  # three matrix products, queued: a few ms of GPU work
             t0 = time.perf_counter()
-            _ = b.cpu()  # the CPU waits here for the matmuls, then for the copy
+            fresh = b.cpu()  # the CPU waits here for the products, then for the copy into new pageable memory
             blocked = time.perf_counter() - t0
+        self.check_equal(b, fresh, ".cpu() of the products")
+        with annotate("blocking_pinned_copy"):
+            b = a @ a @ a @ a
+            t0 = time.perf_counter()
+            out_pinned.copy_(b)  # blocking too, but into the pinned buffer: the wait without the pageable copy
+            blocked_pinned = time.perf_counter() - t0
         with annotate("non_blocking_copy"):
             b = a @ a @ a @ a
             t0 = time.perf_counter()
@@ -163,8 +207,11 @@ class Transfers:
             done.record()
             returned = time.perf_counter() - t0  # the CPU is free to do other work from here
             done.synchronize()
-        self.results["d2h_sync"] = {"cpu_blocked_ms": blocked * 1e3, "cpu_returned_ms": returned * 1e3}
-        print(f"  .cpu() held the CPU {blocked * 1e3:.2f} ms; the non_blocking copy returned after {returned * 1e3:.3f} ms")
+        self.check_equal(b, out_pinned, "non_blocking D2H copy into the pinned buffer")
+        self.results["d2h_sync"] = {"cpu_blocked_ms": blocked * 1e3, "cpu_blocked_pinned_ms": blocked_pinned * 1e3,
+                                    "cpu_returned_ms": returned * 1e3}
+        print(f"  .cpu() held the CPU {blocked * 1e3:.2f} ms; a blocking copy into the pinned buffer "
+              f"{blocked_pinned * 1e3:.2f} ms; the non_blocking copy returned after {returned * 1e3:.3f} ms")
 
     def _compute(self, x, passes: int) -> None:  # type: ignore[no-untyped-def]
         for _ in range(passes):
@@ -253,7 +300,7 @@ def memory_needed(args: argparse.Namespace) -> tuple[int, int]:
     per_section = {
         "pageable_vs_pinned": (2 * args.size_mib, args.size_mib),
         "pin_per_call": (3 * args.size_mib, args.size_mib),
-        "d2h_sync": (128, 256),  # fixed: four 4096 x 4096 float matrices and a pinned result
+        "d2h_sync": (128, 512),  # fixed: 64 MiB matrices (the three results kept for the checks), two host copies
         "overlap": (args.chunks * args.chunk_mib, 2 * args.chunk_mib),
         "curve": (2 * args.curve_max_mib, args.curve_max_mib),
     }
@@ -283,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
         if bracket:
             t.torch.cuda.synchronize()  # let the section's GPU work finish inside the range
             t.torch.cuda.profiler.stop()
+        if t.pending:
+            with annotate("check_results"):  # after the section's range: its copies are not the section's
+                t.run_checks()
     if args.json:
         args.json.write_text(json.dumps(t.results, indent=2) + "\n")
         print(f"results written to {args.json}")

@@ -9,8 +9,18 @@ Sections (all by default, or pick with --sections), each inside an NVTX range of
                    every allocation is a real cudaMalloc and every free a cudaFree
   churn            a loop whose temporary tensors change size every step (the cache
                    keeps growing new blocks), versus the same loop at one size
-  pinned_host      pinned host memory (cudaHostAlloc, page-locking) versus pageable,
-                   fresh sizes each time so PyTorch's pinned-memory cache cannot help
+  pinned_host      pinned host memory (tensors with pin_memory=True) versus pageable.
+                   PyTorch serves pinned tensors from its caching host allocator, which
+                   rounds each request up to a power of two, asks CUDA (cudaHostAlloc)
+                   only when no cached block fits, and keeps freed blocks: the
+                   ``pinned_cached`` range shows what that costs; ``pinned_uncached``
+                   empties that cache after every free, so that every allocation is a
+                   real cudaHostAlloc (and every release a cudaFreeHost)
+
+--allocator cudaMallocAsync runs the device sections under PyTorch's other allocator
+backend (PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync): every allocation and free is a
+cudaMallocAsync / cudaFreeAsync call into CUDA's stream-ordered memory pool, which keeps
+freed memory itself, and empty_cache() trims that pool (cudaMemPoolTrimTo).
 
 Profile it with --cuda-memory-usage=true to see device memory over time:
 
@@ -24,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -39,6 +50,8 @@ from gpuprof.errors import GpuprofError  # noqa: E402
 SECTIONS = ("caching", "raw", "churn", "pinned_host")
 MIB = 1 << 20
 MAX_ITERATIONS = 100_000
+ALLOCATORS = ("native", "cudaMallocAsync")  # PyTorch's names for its two CUDA allocator backends
+ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -49,11 +62,44 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--iterations", type=bounded_int(MAX_ITERATIONS, "each can be a real cudaMalloc and cudaFree: a hundred "
                                                          "thousand already take minutes"),
                    default=50, help=f"allocations per section (default: 50, at most {MAX_ITERATIONS:,})")
+    p.add_argument("--allocator", choices=ALLOCATORS, default="native",
+                   help="PyTorch's CUDA allocator backend: its caching allocator (native, the default) or CUDA's "
+                        f"stream-ordered pool (cudaMallocAsync); set through {ALLOC_CONF} before CUDA starts")
     p.add_argument("--json", type=output_file, default=None, metavar="FILE", help="also write the results to FILE")
     p.add_argument("--backend", choices=["torch", "cpu"], default=None, help="force a backend (default: torch CUDA, else CPU)")
     args = p.parse_args(argv)
     args.sections = resolve_sections(p, args.sections, SECTIONS)
+    conf = os.environ.get(ALLOC_CONF, "")
+    if "backend:" in conf and f"backend:{args.allocator}" not in conf:
+        p.error(f"{ALLOC_CONF}={conf!r} already names another backend than --allocator {args.allocator}")
     return args
+
+
+def pinned_size(size_mib: int, i: int) -> int:
+    """The i-th pinned request: --size-mib, then 4 KiB more each time (64 MiB, then just over it, which PyTorch's
+    host cache rounds up to the next power of two, 128 MiB)."""
+    return size_mib * MIB + i * 4096
+
+
+def choose_allocator(allocator: str) -> None:
+    """Ask PyTorch for ``allocator`` through ``PYTORCH_CUDA_ALLOC_CONF``; it is read once, when CUDA
+    starts, so this must run before the first CUDA call (PyTorch is not imported before it)."""
+    conf = os.environ.get(ALLOC_CONF, "")
+    if allocator != "native" and f"backend:{allocator}" not in conf:
+        os.environ[ALLOC_CONF] = ",".join(filter(None, [conf, f"backend:{allocator}"]))
+
+
+def empty_host_cache(torch) -> None:  # type: ignore[no-untyped-def]
+    """Return PyTorch's cached pinned blocks to CUDA (``cudaFreeHost``). The public name came after the
+    private ones; PyTorch 2.11 has ``torch._C._host_emptyCache``."""
+    for owner, name in ((getattr(torch, "accelerator", None), "empty_host_cache"), (torch._C, "_host_emptyCache"),
+                        (torch._C, "_accelerator_emptyHostCache")):
+        fn = getattr(owner, name, None)
+        if callable(fn):
+            fn()
+            return
+    raise GpuprofError(f"PyTorch {torch.__version__} has no way to empty its pinned-memory cache here.",
+                       "Run the other sections: --sections caching,raw,churn.")
 
 
 class Allocations:
@@ -64,15 +110,25 @@ class Allocations:
         import numpy as np
 
         self.np = np
+        self.allocator = "none (no GPU)"
         if self.gpu:
             import torch
 
             self.torch = torch
+            torch.empty(1, device="cuda")  # start CUDA, so that the backend in use can be asked
+            torch.cuda.empty_cache()  # and release that first block: the sections start from an empty cache
+            self.allocator = torch.cuda.get_allocator_backend()
+            if self.allocator != args.allocator:
+                raise GpuprofError(f"PyTorch runs the {self.allocator} allocator, not {args.allocator}.",
+                                   f"Was CUDA started before {ALLOC_CONF} was set?")
         self.results: dict[str, dict[str, float]] = {}
 
     def stats(self) -> dict[str, int]:
-        """The caching allocator's own counters: how many real cudaMalloc/cudaFree calls it made."""
-        if not self.gpu:
+        """The caching allocator's own counters: how many real cudaMalloc/cudaFree calls it made.
+
+        Only the native allocator keeps them: under cudaMallocAsync every allocation is a call into
+        CUDA's pool, and the capture's cudaMallocAsync rows are the count."""
+        if not self.gpu or self.allocator != "native":
             return {}
         s = self.torch.cuda.memory_stats()
         return {"cudaMalloc": int(s.get("num_device_alloc", -1)), "cudaFree": int(s.get("num_device_free", -1)),
@@ -142,43 +198,81 @@ class Allocations:
             row["reserved_after_mib"] = mid["reserved_mib"]
         self.report("churn", row, mid or before)
 
+    def host_allocs(self) -> int:
+        """cudaHostAlloc calls PyTorch's caching host allocator has made (-1 where it does not say)."""
+        stats = getattr(self.torch.cuda, "host_memory_stats", None)
+        return int(stats().get("num_host_alloc", -1)) if stats else -1
+
     def pinned_host(self) -> None:
         it = max(1, self.args.iterations // 5)
-        base = self.args.size_mib * MIB
-        if self.gpu:
-            pinned = self.timed(lambda i: self.torch.empty(base + i * 4096, dtype=self.torch.uint8, pin_memory=True), it)
-            pageable = self.timed(lambda i: self.torch.empty(base + i * 4096, dtype=self.torch.uint8).fill_(1), it)
-            row = {"pinned_us": pinned, "pageable_touched_us": pageable, "pinned_over_pageable": pinned / pageable}
-        else:
-            pageable = self.timed(lambda i: self.np.ones(base + i * 4096, dtype=self.np.uint8), it)
-            row = {"pageable_touched_us": pageable}
-        self.report("pinned_host", row, self.stats())
+        size = lambda i: pinned_size(self.args.size_mib, i)  # noqa: E731
+        if not self.gpu:
+            pageable = self.timed(lambda i: self.np.ones(size(i), dtype=self.np.uint8), it)
+            self.report("pinned_host", {"pageable_touched_us": pageable}, {})
+            return
+        torch = self.torch
+        empty_host_cache(torch)
+        before = self.host_allocs()
+        with annotate("pinned_cached"):
+            cached = self.timed(lambda i: torch.empty(size(i), dtype=torch.uint8, pin_memory=True), it)
+        mid = self.host_allocs()
+        empty_host_cache(torch)  # the blocks pinned_cached kept would serve the first request below
+
+        def fresh(i: int) -> None:
+            x = torch.empty(size(i), dtype=torch.uint8, pin_memory=True)
+            del x
+            empty_host_cache(torch)  # the freed block goes back to CUDA: the next request finds no cache
+
+        with annotate("pinned_uncached"):
+            uncached = self.timed(fresh, it)
+        after = self.host_allocs()
+        with annotate("pageable_touched"):
+            pageable = self.timed(lambda i: torch.empty(size(i), dtype=torch.uint8).fill_(1), it)
+        row = {"pinned_cached_us": cached, "pinned_uncached_us": uncached, "pageable_touched_us": pageable,
+               "uncached_over_pageable": uncached / pageable}
+        if before >= 0:
+            row["cached_cudaHostAlloc"], row["uncached_cudaHostAlloc"] = mid - before, after - mid
+        self.report("pinned_host", row, {})
 
 
 @exit_on_error
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    choose_allocator(args.allocator)
     a = Allocations(args)
     # the churn section's largest block is 4 x --size-mib (the others hold one --size-mib block at a time)
     require_memory(4 * args.size_mib * MIB, "cuda" if a.gpu else "cpu",
                    f"The churn section's largest allocation ({4 * args.size_mib:,} MiB)", "--size-mib")
     if a.gpu and "pinned_host" in args.sections:
-        require_memory(args.size_mib * MIB, "cpu", f"A pinned host buffer of {args.size_mib:,} MiB", "--size-mib")
-    print(f"memory_allocation: {a.backend}" + ("" if a.gpu else " (no GPU: NumPy host allocations stand in)"))
+        # the host cache rounds a request up to the next power of two: just over --size-mib takes twice that
+        require_memory(2 * args.size_mib * MIB, "cpu", f"A pinned host block of {2 * args.size_mib:,} MiB", "--size-mib")
+    print(f"memory_allocation: {a.backend}, allocator {a.allocator}" + ("" if a.gpu else " (no GPU: NumPy host allocations stand in)"))
     for name in args.sections:
         print(f"[{name}]")
         with annotate(name):
             getattr(a, name)()
-    if a.gpu and "caching" in a.results and "raw" in a.results:
-        r = a.results
+    checked = []
+    r = a.results
+    if a.gpu and a.allocator == "native" and "caching" in r and "raw" in r:
         cached, raw = r["caching"].get("cudaMalloc_calls", -1), r["raw"].get("cudaMalloc_calls", -1)
         if not (0 < cached <= 2 and raw == args.iterations):
             raise GpuprofError(f"unexpected allocator behaviour: caching made {cached} cudaMalloc calls, raw {raw}",
                                f"Expected one or two for caching (whatever the iterations) and {args.iterations} for raw.")
-        print(f"result checked: {args.iterations + 1} allocations made {cached} cudaMalloc calls through the cache, "
-              f"and {raw} without it")
-    else:
-        print("result checked: allocations completed (allocator counters need a GPU)")
+        checked.append(f"{args.iterations + 1} allocations made {cached} cudaMalloc calls through the cache, "
+                       f"and {raw} without it")
+    pinned = r.get("pinned_host", {})
+    if "uncached_cudaHostAlloc" in pinned:
+        it = max(1, args.iterations // 5)
+        cached, uncached = pinned["cached_cudaHostAlloc"], pinned["uncached_cudaHostAlloc"]
+        blocks = len({1 << (pinned_size(args.size_mib, i) - 1).bit_length() for i in range(it)})  # one per power of two
+        if not (0 < cached <= blocks and uncached == it):
+            raise GpuprofError(f"unexpected host allocator behaviour: {it} pinned tensors made {cached} cudaHostAlloc "
+                               f"calls through the cache and {uncached} without it",
+                               f"Expected at most {blocks} through the cache (one per power of two) and {it} without it.")
+        checked.append(f"{it} pinned tensors made {cached} cudaHostAlloc calls through the host cache, and {uncached} "
+                       "with it emptied after each")
+    print("result checked: " + ("; ".join(checked) if checked else
+                                "allocations completed (the allocators' counters need a GPU and the native allocator)"))
     if args.json:
         args.json.write_text(json.dumps(a.results, indent=2) + "\n")
         print(f"results written to {args.json}")

@@ -23,7 +23,7 @@ import pandas as pd
 from ..errors import GpuprofError
 if TYPE_CHECKING:
     from ..artifacts import FoundCapture
-from ..runner import run_with_limit
+from ..runner import portable_text, run_with_limit
 from ..nsys.export_edit import scrub_environment
 from ..nsys.sqlite import _resolve, _strings, open_export, table_names
 
@@ -156,10 +156,14 @@ def diagnostics(path: str | Path) -> pd.DataFrame:
 
 
 def distinct_diagnostics(path: str | Path, limit: int = 40) -> list[dict]:
-    """Each distinct diagnostic text once (first time, severity), in time order, at most ``limit``."""
+    """Each distinct diagnostic text once (first time, severity), in time order, at most ``limit``.
+
+    The texts name files of the capture machine (nsys's session folder under /tmp, the
+    interpreter's packages): they are kept with file names only, which is what a reader needs."""
     d = diagnostics(path)
     if d.empty:
         return []
+    d = d.assign(text=d["text"].map(lambda t: portable_text(t, every_path=True)))
     d = d.sort_values("time_s").drop_duplicates("text")
     return [{"time_s": round(float(t), 3), "severity": s, "text": x}
             for t, s, x in zip(d["time_s"], d["severity"], d["text"])][:limit]
