@@ -150,7 +150,7 @@ class Allocations:
 
     def report(self, name: str, row: dict[str, float], before: dict[str, int]) -> None:
         after = self.stats()
-        if after:
+        if after and before:  # a section that makes no device allocation passes no counters
             row["cudaMalloc_calls"] = after["cudaMalloc"] - before["cudaMalloc"]
             row["cudaFree_calls"] = after["cudaFree"] - before["cudaFree"]
         self.results[name] = row
