@@ -110,3 +110,20 @@ def test_a_torchrun_child_gets_torchrun_s_own_thread_default_and_nothing_else_ch
     monkeypatch.setenv("OMP_NUM_THREADS", "8")
     assert child_env(torchrun_target("x.py"))["OMP_NUM_THREADS"] == "8"  # a reader's own setting wins
     assert child_env(python_target("x.py"), {"A": "b"})["A"] == "b"
+
+
+def test_a_shown_command_pastes_into_a_shell_as_the_same_words():
+    """Review item 1: a ``$`` line with ``regex:a|b`` unquoted runs a pipe when pasted."""
+    import shlex
+    import sys
+
+    from gpuprof.runner import portable_command, shell_line
+
+    cmd = ["/opt/ncu", "--kernel-name", "regex:saxpy|elementwise", "-o", "out dir/x", sys.executable, "-c", "print(1)",
+           "name_rank%q{RANK}", "--plain", "a.py"]
+    line = shell_line(cmd)
+    assert "'regex:saxpy|elementwise'" in line and line.startswith("ncu --kernel-name ")
+    assert "--plain a.py" in line, "words the shell leaves alone stay unquoted"
+    assert shlex.split(line) == portable_command(cmd)
+    env_line = shell_line(["python", "x.py"], {"NCCL_MAX_NCHANNELS": "4", "A": "x y"})
+    assert env_line == "NCCL_MAX_NCHANNELS=4 A='x y' python x.py"
