@@ -18,7 +18,9 @@ bits (called throttle reasons before driver 535).
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
 import time
 from typing import Any, Callable
@@ -54,14 +56,19 @@ EVENT_REASONS = {
 BANDWIDTH_HOW = "memory clock x bus width x 2 transfers per clock, as the GPU reports them"
 
 
-def _query(smi: str, name: str, gpu: str | None, keep_busy: Callable[[], object] | None, timeout_s: float) -> str | None:
-    """One field's value, or None when nvidia-smi does not know it, says N/A, fails or hangs.
+class _Hung(Exception):
+    """nvidia-smi did not answer in time: a driver that hangs once will not answer the next field either."""
 
-    nvidia-smi runs as a separate process, and this one keeps the GPU busy until it answers.
+
+def _query(smi: str, name: str, gpu: str | None, keep_busy: Callable[[], object] | None, timeout_s: float) -> str | None:
+    """One field's value, or None when nvidia-smi does not know it, says N/A or fails; :class:`_Hung` when it hangs.
+
+    nvidia-smi runs as a separate process (in its own session, so that a hung one is killed with anything it
+    started), and this one keeps the GPU busy until it answers.
     """
     cmd = [smi, f"--query-gpu={name}", "--format=csv,noheader,nounits"] + (["-i", gpu] if gpu else [])
     try:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     except OSError:
         return None
     deadline = time.monotonic() + timeout_s
@@ -71,9 +78,12 @@ def _query(smi: str, name: str, gpu: str | None, keep_busy: Callable[[], object]
         else:
             time.sleep(0.01)
     if proc.poll() is None:
-        proc.kill()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         proc.communicate()
-        return None
+        raise _Hung(name)
     out, _ = proc.communicate()
     lines = out.strip().splitlines()
     if proc.returncode != 0 or not lines:
@@ -89,19 +99,22 @@ def read_clocks(keep_busy: Callable[[], object] | None = None, *, gpu: str | Non
     ``keep_busy`` should queue GPU work (a matrix product) and return; it is called until
     each nvidia-smi process answers, so the GPU is working when the driver is asked. ``gpu``
     is nvidia-smi's ``-i`` (an index or ``GPU-<uuid>``); None asks for the first GPU.
-    Returns None without nvidia-smi; a field nvidia-smi cannot give is None.
+    Returns None without nvidia-smi; a field nvidia-smi cannot give is None, and after one that does not
+    answer within ``timeout_s``, so are all the fields after it.
     """
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return None
-    out: dict[str, str | None] = {}
-    for key, names in CLOCK_FIELDS:
-        out[key] = None
-        for name in names:
-            value = _query(smi, name, gpu, keep_busy, timeout_s)
-            if value is not None:
-                out[key] = value
-                break
+    out: dict[str, str | None] = {key: None for key, _ in CLOCK_FIELDS}
+    try:
+        for key, names in CLOCK_FIELDS:
+            for name in names:
+                value = _query(smi, name, gpu, keep_busy, timeout_s)
+                if value is not None:
+                    out[key] = value
+                    break
+    except _Hung:
+        pass  # the fields read so far, the others None
     return out
 
 

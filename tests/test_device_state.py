@@ -41,10 +41,12 @@ def test_no_nvidia_smi_no_clocks(clean_tool_env):
     assert ds.read_clocks() is None
 
 
-def test_a_hanging_nvidia_smi_is_given_up(clean_tool_env):
-    write_exe(clean_tool_env / "nvidia-smi", "sleep 30")
+def test_a_hanging_nvidia_smi_is_killed_and_not_asked_again(clean_tool_env):
+    log = clean_tool_env / "asked"
+    write_exe(clean_tool_env / "nvidia-smi", f'echo "$1" >> {log}\nsleep 30')
     clocks = ds.read_clocks(timeout_s=0.2)
     assert clocks is not None and not any(clocks.values())
+    assert log.read_text().splitlines() == ["--query-gpu=clocks.current.sm"], "a driver that hangs once is asked no more"
 
 
 @pytest.mark.parametrize("mask,words", [

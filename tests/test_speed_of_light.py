@@ -138,3 +138,39 @@ def test_figures_are_saved_with_their_device_record(isolated_dirs, monkeypatch):
     loaded, found = sol.load()
     assert found.source == "this machine" and loaded == figs
     assert sol.saved_device(found) == {"memory_bandwidth_gbps": 4800.0, "clocks": None}
+
+
+def test_device_record_reads_the_clocks_under_load_and_asks_for_the_first_gpu_when_its_uuid_is_refused(clean_tool_env):
+    """A stand-in for PyTorch on a GPU (the products are counted, not run) and for nvidia-smi, which here
+    refuses ``-i GPU-<uuid>`` as a driver that does not know the id would."""
+    from types import SimpleNamespace
+
+    from conftest import write_exe
+    from gpuprof.backend import Backend
+
+    write_exe(clean_tool_env / "nvidia-smi", r"""
+for a in "$@"; do [ "$a" = "-i" ] && { echo "No devices were found"; exit 6; }; done
+sleep 0.02
+case "$1" in
+  --query-gpu=clocks.current.sm|--query-gpu=clocks.max.sm) echo 1980 ;;
+  --query-gpu=clocks.current.memory|--query-gpu=clocks.max.memory) echo 2619 ;;
+  --query-gpu=persistence_mode) echo Enabled ;;
+  --query-gpu=clocks_event_reasons.active) echo 0x0000000000000000 ;;
+  *) exit 2 ;;
+esac""")
+    products = []
+
+    class Matrix:
+        def __matmul__(self, other):
+            products.append(1)
+            return self
+
+    props = SimpleNamespace(uuid="58d7a9b6-0000-1111-2222-333344445555", memory_clock_rate=2_619_000, memory_bus_width=5120)
+    torch = SimpleNamespace(randn=lambda *a, **k: Matrix(), bfloat16="bf16",
+                            cuda=SimpleNamespace(get_device_properties=lambda i: props, synchronize=lambda: None))
+    record = sol.device_record(Backend("torch", "cuda", torch), n=16)
+    assert record["clocks"] == {"sm_mhz": "1980", "max_sm_mhz": "1980", "memory_mhz": "2619", "max_memory_mhz": "2619",
+                                "persistence_mode": "Enabled", "event_reasons": "0x0000000000000000"}
+    assert len(products) > 50, "products must keep running while nvidia-smi is asked"
+    assert record["clocks_how"].startswith("nvidia-smi, read while bf16 16^3 products ran")
+    assert record["memory_bandwidth_gbps"] == pytest.approx(3352.32)

@@ -316,6 +316,7 @@ def device_record(backend: Backend | None = None, n: int | None = None) -> dict[
         clocks = read_clocks(busy)
     backend.synchronize()
     del a
+    clocks = clocks if clocks and any(clocks.values()) else None  # nvidia-smi answered nothing: no record
     bandwidth = memory_bandwidth_gbps(backend)
     return {"memory_bandwidth_gbps": bandwidth, "memory_bandwidth_how": BANDWIDTH_HOW if bandwidth else None,
             "clocks": clocks, "clocks_how": CLOCKS_HOW.format(kind) if clocks else None}
