@@ -18,6 +18,7 @@ The layout rule (``tests/test_layout.py`` reads every module's imports and holds
 Shared core
 * :mod:`gpuprof.errors`: errors a reader can act on; :mod:`gpuprof.memory_probe`: host and GPU memory
 * :mod:`gpuprof.backend`: torch CUDA -> CuPy -> CPU, the provenance line, a script's PyTorch
+* :mod:`gpuprof.device_state`: the GPU's clocks under load (``nvidia-smi``) and its own peak memory bandwidth
 * :mod:`gpuprof.timing`: honest timers (warm-up, sync, CUDA events, median and spread)
 * :mod:`gpuprof.ranges`: NVTX ranges with or without the ``nvtx`` package or a GPU
 * :mod:`gpuprof.tools`: finding nsys / ncu, their versions, counter permission, ``require_tool``

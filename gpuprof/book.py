@@ -15,13 +15,24 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["glue"]
+__all__ = ["glue", "plain"]
 
 GLUE_PREFIX = "application/papermill.record/"
 
 
+def plain(value: Any) -> Any:
+    """A NumPy scalar as the Python number it holds; anything else as it is.
+
+    A glued value is shown by its ``repr``, and NumPy 2 writes a scalar's as ``np.float64(1.85)``:
+    a median taken with pandas or NumPy would reach the prose in that form.
+    """
+    return value.item() if type(value).__module__ == "numpy" and hasattr(value, "item") else value
+
+
 def glue(name: str, value: Any, display: bool = False) -> None:
-    """Store ``value``'s display form under ``name`` in the running cell's outputs."""
+    """Store ``value``'s display form under ``name`` in the running cell's outputs (a NumPy scalar as a
+    plain number, see :func:`plain`)."""
+    value = plain(value)
     try:
         from myst_nb import glue as nb_glue
     except ImportError:

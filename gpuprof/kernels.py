@@ -299,7 +299,7 @@ def build_cuda_example(source: str | Path) -> list[str] | None:
     import subprocess
     import tempfile
 
-    from .runner import portable_command
+    from .runner import shell_line
 
     machine = describe_machine()
     nvcc = find_nvcc()
@@ -311,7 +311,7 @@ def build_cuda_example(source: str | Path) -> list[str] | None:
     out = Path(tempfile.mkdtemp(prefix="gpuprof-build-")) / Path(source).stem
     cmd = [nvcc, f"-arch={arch}", "-o", str(out), str(source)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
-    print("$ " + " ".join(portable_command(["nvcc", f"-arch={arch}", "-o", Path(source).stem, str(source)])))
+    print("$ " + shell_line(["nvcc", f"-arch={arch}", "-o", Path(source).stem, str(source)]))
     if proc.returncode != 0:
         print(f"nvcc failed: {proc.stderr.strip()[-400:]}")
         return None

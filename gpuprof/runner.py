@@ -14,6 +14,7 @@ prefix (``nsys profile -o {output}``, ``ncu -o {output}``).
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -21,13 +22,13 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from .artifacts import REPO_ROOT, overwrite_allowed
 from .errors import CaptureExists, GpuprofError
 from .tools import COUNTER_PERMISSION_HINT, Tool
 
-__all__ = ["Capture", "ProfilerFailed", "run_profiler", "python_target", "torchrun_target", "portable_command", "portable_text", "run_with_limit", "run_streaming", "child_env",
+__all__ = ["Capture", "ProfilerFailed", "run_profiler", "python_target", "torchrun_target", "portable_command", "portable_text", "shell_line", "run_with_limit", "run_streaming", "child_env",
            "load_script", "TORCHRUN"]
 
 OUTPUT = "{output}"
@@ -231,6 +232,19 @@ def portable_text(text: str, *, every_path: bool = False) -> str:
     return text
 
 
+def shell_line(cmd: Sequence[str], env: Mapping[str, str] | None = None) -> str:
+    """:func:`portable_command` as one line a reader can paste into a POSIX shell, ``env``'s variables first.
+
+    The runner passes argument lists, never a shell string, so a word such as ``regex:saxpy|elementwise``
+    reaches the tool intact however it is written. A transcript's ``$`` line is different: a reader
+    pastes it, and unquoted, the shell reads that ``|`` as a pipe. ``shlex.join`` quotes every word the
+    shell would otherwise change and leaves the rest as they are; a variable's value is quoted on its
+    own, so ``K=v`` stays an assignment.
+    """
+    words = [f"{k}={shlex.quote(str(v))}" for k, v in (env or {}).items()]
+    return " ".join(words + [shlex.quote(w) for w in portable_command(cmd)])
+
+
 def _append(log: Path, text: str) -> None:
     """Logs accumulate every step of a capture (profile, export, stats) for later reading."""
     with log.open("a") as fh:
@@ -287,7 +301,7 @@ def run_profiler(
         proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False,
                               env=child_env(command, env))
     except subprocess.TimeoutExpired as exc:
-        _append(log_path, f"$ {' '.join(shown)}\n{exc.stdout or ''}{exc.stderr or ''}\n(timed out after {timeout:.0f} s)\n")
+        _append(log_path, f"$ {shlex.join(shown)}\n{exc.stdout or ''}{exc.stderr or ''}\n(timed out after {timeout:.0f} s)\n")
         shutil.rmtree(tmp, ignore_errors=True)
         raise ProfilerFailed(f"{tool.name} did not finish within {timeout:.0f} s; nothing was kept.",
                              f"See {log_path}; profile a shorter run (--duration, a capture range) or raise the timeout.") from None
@@ -296,7 +310,7 @@ def run_profiler(
         raise ProfilerFailed(f"Could not start {tool.path}: {exc}.", "Check the tool's installation.") from None
     seconds = time.perf_counter() - t0
     text = proc.stdout + proc.stderr
-    _append(log_path, f"$ {' '.join(shown)}\n# exit status {proc.returncode}, {seconds:.1f} s\n{text}\n")
+    _append(log_path, f"$ {shlex.join(shown)}\n# exit status {proc.returncode}, {seconds:.1f} s\n{text}\n")
     if proc.returncode != 0:
         shutil.rmtree(tmp, ignore_errors=True)
         raise ProfilerFailed(f"{tool.name} exited with status {proc.returncode}; earlier captures are untouched. "

@@ -17,7 +17,7 @@ from typing import Sequence
 from .artifacts import FoundCapture, atomic_write_bytes, chapter_output, find_capture, record_file
 from .backend import describe_machine
 from .errors import GpuprofError
-from .runner import portable_command, python_target, run_streaming, torchrun_target
+from .runner import python_target, run_streaming, shell_line, torchrun_target
 
 __all__ = ["run_for_json"]
 
@@ -58,20 +58,19 @@ def run_for_json(chapter: str, filename: str, script: str | Path, args: Sequence
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / filename
         cmd = start(*args, *extra, "--json", str(out))
-        shown = [f"{k}={v}" for k, v in (env or {}).items()] + portable_command([*start(*args), *extra_shown,
-                                                                                   "--json", filename])
+        shown = shell_line([*start(*args), *extra_shown, "--json", filename], env)
         if echo:
-            print("$ " + " ".join(shown), flush=True)
+            print("$ " + shown, flush=True)
         code, lines = run_streaming(cmd, timeout_s, name=Path(script).name, echo=echo, env=env,
                                     shown={str(out): filename})
         if code != 0 or not out.exists():
             tail = " | ".join(lines[-3:]) or "no output"
             raise GpuprofError(f"{Path(script).name} failed (exit {code}): {tail}")
         atomic_write_bytes(chapter_output(chapter) / filename, out.read_bytes(), overwrite=True)
-    record_file(chapter, filename, " ".join(shown))
+    record_file(chapter, filename, shown)
     stems = tuple(name.split(".")[0] for name in (files or {}).values())
     for p in sorted(folder.iterdir()):
         changed = p not in before or before[p] != p.stat().st_mtime_ns
         if changed and p.name.startswith(stems) and p.name != filename and stems:
-            record_file(chapter, p.name, " ".join(shown))
+            record_file(chapter, p.name, shown)
     return find_capture(chapter, filename)

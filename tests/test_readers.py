@@ -254,3 +254,19 @@ def test_nvtx_strings_of_the_chapter_2_capture_the_nvtx_package_registers_torch_
     ranges = s[s["event"] == "NvtxPushPopRange"].set_index("text")
     assert ranges.loc["step_0", "registered"] and ranges.loc["library_call_0", "domain"] == "course"
     assert not ranges.loc["optimizer_step", "registered"]
+
+
+def test_launch_calls_of_the_reference_capture():
+    """Chapter 0's launches seen from the CPU under nsys: every step's 200 calls, the call inside the gap,
+    and call-to-call the same as the kernels' start gap on the GPU."""
+    from gpuprof.studies import setup_checks
+
+    calls = setup_checks.launch_calls(SQLITE)
+    steps = setup_checks.tiny_kernels_steps(SQLITE)
+    assert list(calls["step"]) == list(steps["step"]) == [f"step_{i}" for i in range(5)]
+    assert (calls["calls"] == setup_checks.TINY_KERNELS_PER_STEP).all()
+    assert (calls["call_us"] < calls["interval_us"]).all() and (calls["outside_us"] > 0).all()
+    assert ((calls["call_us"] + calls["outside_us"]) / calls["interval_us"] - 1).abs().max() < 0.1
+    assert calls["interval_us"].median() == pytest.approx(steps["median_interval_us"].median(), rel=0.05)
+    text = setup_checks.format_launch_calls(calls)
+    assert text.splitlines()[0].split()[:3] == ["step", "calls", "in"] and len(text.splitlines()) == 6

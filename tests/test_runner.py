@@ -139,3 +139,20 @@ def test_a_scripts_echoed_output_names_no_scratch_folder(capsys, tmp_path):
     shown = capsys.readouterr().out
     assert code == 0 and lines == [f"results written to {scratch}"]
     assert shown.strip() == "results written to train_run.json"
+
+
+def test_a_shown_command_pastes_into_a_shell_as_the_same_words():
+    """Review item 1: a ``$`` line with ``regex:a|b`` unquoted runs a pipe when pasted."""
+    import shlex
+    import sys
+
+    from gpuprof.runner import portable_command, shell_line
+
+    cmd = ["/opt/ncu", "--kernel-name", "regex:saxpy|elementwise", "-o", "out dir/x", sys.executable, "-c", "print(1)",
+           "name_rank%q{RANK}", "--plain", "a.py"]
+    line = shell_line(cmd)
+    assert "'regex:saxpy|elementwise'" in line and line.startswith("ncu --kernel-name ")
+    assert "--plain a.py" in line, "words the shell leaves alone stay unquoted"
+    assert shlex.split(line) == portable_command(cmd)
+    env_line = shell_line(["python", "x.py"], {"NCCL_MAX_NCHANNELS": "4", "A": "x y"})
+    assert env_line == "NCCL_MAX_NCHANNELS=4 A='x y' python x.py"

@@ -25,7 +25,7 @@ from typing import Sequence
 
 from ..artifacts import FoundCapture, chapter_output, find_capture, record_file, save_json
 from ..errors import GpuprofError
-from ..runner import ProfilerFailed, portable_command, python_target, run_profiler
+from ..runner import ProfilerFailed, python_target, run_profiler, shell_line
 from ..tools import classify_ncu_output, live_tool, require_tool
 
 __all__ = ["NcuCapture", "ncu_capture", "ncu_listing", "Listing", "parse_passes", "parse_profiled", "ncu_said",
@@ -109,7 +109,7 @@ def ncu_capture(chapter: str, name: str, script: str | Path | None = None, scrip
         return _reference(chapter, name, "the live capture failed")
     log = cap.log.read_text()
     passes = parse_passes(log)
-    command = " ".join(portable_command(cap.command))
+    command = shell_line(cap.command)
     size = report.stat().st_size
     if size > MAX_REPORT_BYTES:
         print(f"note: {report.name} is {size / 2**20:.1f} MiB, larger than the course keeps as a reference; "
@@ -169,7 +169,7 @@ def ncu_listing(args: Sequence[str], target: Sequence[str] = (), *, timeout: flo
     text = proc.stdout + proc.stderr
     if "ERR_NVGPUCTRPERM" in text:
         raise GpuprofError(classify_ncu_output(text, proc.returncode).detail)
-    return Listing(" ".join(portable_command(cmd)), proc.returncode, time.perf_counter() - t0, text,
+    return Listing(shell_line(cmd), proc.returncode, time.perf_counter() - t0, text,
                    parse_profiled(text), parse_passes(text))
 
 

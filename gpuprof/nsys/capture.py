@@ -17,7 +17,7 @@ from typing import Sequence
 
 from ..artifacts import FoundCapture, chapter_output, find_capture, record_file
 from .export_edit import scrub_environment
-from ..runner import ProfilerFailed, portable_command, python_target, run_profiler
+from ..runner import ProfilerFailed, python_target, run_profiler, shell_line
 from ..tools import live_tool
 
 __all__ = ["NsysCapture", "nsys_capture", "nsys_capture_ranks", "reference_capture", "QUIET", "nvtx_range_capture"]
@@ -99,7 +99,7 @@ def nsys_capture(chapter: str, name: str, script: str | Path | None = None, scri
         print(f"The nsys capture failed: {exc}")
         return reference_capture(chapter, name, reports, "the live capture failed")
     scrub_environment(sqlite)
-    commands = [" ".join(portable_command(r.command)) for r in runs]
+    commands = [shell_line(r.command) for r in runs]
     if echo:
         print("$ " + "\n$ ".join(commands) + f"\n  ({cap.seconds:.1f} s under nsys {version})")
     record_file(chapter, f"{name}.sqlite", " && ".join(commands[:2]), {"nsys": version})
@@ -149,7 +149,7 @@ def nsys_capture_ranks(chapter: str, name: str, script: str | Path, script_args:
         program = [*python_target(script, *script_args)]
         launcher = [python_target(script)[0], *TORCHRUN, "--standalone", f"--nproc-per-node={nproc}", "--no-python"]
         cmd = [*launcher, *profile, "-o", str(Path(tmp) / f"{name}_rank%q{{RANK}}"), *program]
-        shown = " ".join(portable_command([*launcher, *profile, "-o", f"{name}_rank%q{{RANK}}", *program]))
+        shown = shell_line([*launcher, *profile, "-o", f"{name}_rank%q{{RANK}}", *program])
         log = out / f"{name}.log"
         code, text, seconds = run_with_limit(cmd, timeout)
         log.write_text(f"$ {shown}\n# exit status {code}, {seconds:.1f} s\n{text}")
@@ -170,7 +170,7 @@ def nsys_capture_ranks(chapter: str, name: str, script: str | Path, script_args:
             return references("a rank's report could not be exported")
         sqlite = export.file(".sqlite")
         scrub_environment(sqlite)
-        export_cmd = " ".join(portable_command(export.command))
+        export_cmd = shell_line(export.command)
         record_file(chapter, sqlite.name, f"{shown} && {export_cmd}", {"nsys": version})
         caps.append(NsysCapture(find_capture(chapter, sqlite.name), {}, [shown, export_cmd]))
     if echo:

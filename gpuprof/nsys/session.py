@@ -29,7 +29,7 @@ from typing import Sequence
 from ..artifacts import FoundCapture, chapter_output, find_capture, record_file
 from .capture import QUIET
 from .export_edit import scrub_environment
-from ..runner import portable_command, portable_text, python_target, run_profiler
+from ..runner import portable_text, python_target, run_profiler, shell_line
 from ..tools import live_tool
 
 __all__ = ["SessionTranscript", "interactive_capture"]
@@ -56,7 +56,7 @@ def _run(cmd: list[str], transcript: SessionTranscript, shown: list[str] | None 
     kept = "\n".join(line for line in out.splitlines() if not line.lstrip().startswith("[1/1]"))
     if moved:
         kept = kept.replace(str(moved[0]), str(moved[1]))
-    transcript.steps.append((" ".join(portable_command(shown or cmd)), portable_text(kept)))
+    transcript.steps.append((shell_line(shown or cmd), portable_text(kept)))
     return out
 
 
@@ -113,7 +113,7 @@ def interactive_capture(chapter: str, name: str, script: str | Path, script_args
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".partial", dir=out))
     launch = [str(nsys.path), "launch", f"--session-new={session}", f"--trace={trace}",
               *python_target(script, *script_args)]
-    transcript.steps.append((" ".join(portable_command(launch)) + "   # in the background", ""))
+    transcript.steps.append((shell_line(launch) + "   # in the background", ""))
     launched = time.monotonic()
     app = subprocess.Popen(launch, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -155,7 +155,7 @@ def interactive_capture(chapter: str, name: str, script: str | Path, script_args
                           out_dir=out, name=name, overwrite=True)
     scrub_environment(export.file(".sqlite"))
     commands = [c for c, _ in transcript.steps if c.startswith("nsys")]
-    commands.append(" ".join(portable_command(export.command)))
+    commands.append(shell_line(export.command))
     record_file(chapter, f"{name}.sqlite", " && ".join(commands), {"nsys": version})
     transcript.capture = find_capture(chapter, f"{name}.sqlite")
     return transcript

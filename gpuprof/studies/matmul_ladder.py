@@ -32,7 +32,7 @@ from ..errors import GpuprofError
 from ..ncu import derived as nd
 from ..ncu import report as nr
 from ..ncu.plots import PIPES, STALL_REASONS, stall_metric
-from ..runner import portable_command, python_target
+from ..runner import python_target, shell_line
 
 __all__ = ["SCRIPT", "PROCESSES", "SIZE", "REFERENCE", "run_ladder", "timing_table", "targets", "check_table",
            "PROFILE_OPTIONS", "profile_ladder", "profile_lines", "hot_lines", "LINE_RUNGS", "counter_table", "opcode_table", "roofline_points", "stall_mix",
@@ -89,7 +89,7 @@ def run_ladder(chapter: str, filename: str = "ladder.json", *, processes: int = 
             print(f"  [process {i + 1}/{processes}] {len(runs[-1]['results'])} kernels timed; fastest rung "
                   f"{best['extra']['rung']} at {best['rate']:.0f} TFLOP/s ({secs:.0f} s)", flush=True)
     print(f"all processes: {time.perf_counter() - t0:.0f} s")
-    command = " ".join(portable_command(python_target(SCRIPT, "--size", str(size), "--json", "run.json")))
+    command = shell_line(python_target(SCRIPT, "--size", str(size), "--json", "run.json"))
     save_json(chapter, filename, {"script": "examples/nsight_compute/matmul_ladder.py", "size": size,
                                   "processes": processes, "runs": runs}, overwrite=True,
               command=f"gpuprof.studies.matmul_ladder.run_ladder: {command} in {processes} processes forked from "
@@ -187,7 +187,7 @@ def profile_lines(chapter: str, filename: str = "lines.json", *, rungs: Sequence
                "-k", "regex:" + "|".join(names)]
     counters = ["smsp__pcsamp_sample_count", *(f"smsp__pcsamp_warps_issue_stalled_{r}" for r in SAMPLED_STALLS)]
     rows = source_lines(SCRIPT, args, options, kernels, counters, search=[SCRIPT.parent])
-    command = " ".join(portable_command(["ncu", *options, *python_target(SCRIPT, *args)]))
+    command = shell_line(["ncu", *options, *python_target(SCRIPT, *args)])
     save_json(chapter, filename, rows, overwrite=True,
               command=f"{command} (per-line samples: gpuprof.ncu.capture.source_lines; the report is not kept)")
     return find_capture(chapter, filename)

@@ -39,7 +39,7 @@ from ..errors import GpuprofError
 from ..kernel_kinds import is_communication
 from ..nsys.capture import QUIET, nsys_capture, nsys_capture_ranks, reference_capture
 from ..nsys.ranks import RankData, comm_overlap
-from ..runner import portable_command, python_target, run_streaming, run_with_limit, torchrun_target
+from ..runner import python_target, run_streaming, run_with_limit, shell_line, torchrun_target
 from ..script_results import run_for_json
 from ..tools import LiveTool, live_tool
 from ..torch_profiler.trace import read_trace
@@ -107,7 +107,7 @@ def knob_jobs(chapter: str, args: Sequence[str], jobs: int = 3, stem: str = "kno
 
 def _knobs_command(args: Sequence[str], env: dict[str, str] | None) -> str:
     """``ddp_knobs.py args`` under torchrun as a reader would type it, NCCL's variables first."""
-    return " ".join([f"{k}={v}" for k, v in (env or {}).items()] + portable_command(torchrun_target(KNOBS, *args, nproc=NPROC)))
+    return shell_line(torchrun_target(KNOBS, *args, nproc=NPROC), env)
 
 
 def _knob_job(chapter: str, filename: str, args: Sequence[str], env: dict[str, str] | None, label: str) -> dict[str, Any]:
@@ -169,7 +169,7 @@ def run_script(script: Path, args: Sequence[str] = (), timeout_s: int = 300, sho
     ``shown``: the arguments to print instead of ``args`` (a temporary file's path named by its file name).
     """
     cmd = python_target(script, *args)
-    print("$ " + " ".join(portable_command(python_target(script, *(args if shown is None else shown)))), flush=True)
+    print("$ " + shell_line(python_target(script, *(args if shown is None else shown))), flush=True)
     code, lines = run_streaming(cmd, timeout_s, name=Path(script).name)
     if code != 0:
         raise GpuprofError(f"{Path(script).name} failed (exit {code}): {' | '.join(lines[-3:])}")
@@ -220,7 +220,7 @@ def ncu_on_collective(chapter: str, name: str = "ncu_nccl", timeout_s: int = 45)
     ncu, version = live
     program = torchrun_target(ALLREDUCE, "--sizes", "1M", "--iterations", "1", "--warmup", "0", "--copy-mb", "0")
     cmd = [str(ncu.path), "--target-processes", "all", "-k", "regex:nccl", "-c", "1", *program]
-    shown = " ".join(portable_command(cmd))
+    shown = shell_line(cmd)
     print(f"$ {shown}\n  (limit {timeout_s} s)", flush=True)
     code, out, seconds = run_with_limit(cmd, timeout_s)  # on time-out: ncu, torchrun and both ranks killed, and gone
     outcome = "timed out" if code is None else "finished" if code == 0 else "failed"
@@ -267,7 +267,7 @@ def nccl_choices(chapter: str, filename: str = "nccl_tuning.json", sizes: str = 
     cmd = torchrun_target(ALLREDUCE, "--sizes", sizes, "--iterations", "2", "--warmup", "1", "--repeats", "1",
                           "--copy-mb", "0")
     env = {**(env or {}), "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,TUNING"}
-    shown = " ".join(f"{k}={v}" for k, v in env.items()) + " " + " ".join(portable_command(cmd))
+    shown = shell_line(cmd, env)
     print(f"$ {shown}", flush=True)
     code, out, seconds = run_with_limit(cmd, timeout_s, env=env)
     if code != 0:

@@ -324,7 +324,7 @@ def switch_study(chapter: str, name: str, program: Sequence[str], configs: dict[
     which library versions it can trace) and the run labelled ``keep`` as
     ``<name>.sqlite.gz`` in the chapter's folder (with provenance); elsewhere, or if it fails, use the course's reference files."""
     from ..artifacts import chapter_output, find_capture, record_file, save_json
-    from ..runner import portable_command
+    from ..runner import shell_line
     from ..tools import live_tool
 
     live = live_tool("nsys")
@@ -339,7 +339,7 @@ def switch_study(chapter: str, name: str, program: Sequence[str], configs: dict[
         except (OSError, GpuprofError) as exc:
             print(f"The switch study failed ({exc}); the course's reference runs are read instead.")
         else:
-            shown = " ".join(portable_command(list(program)))
+            shown = shell_line(list(program))
             command = f"gpuprof.studies.nsys_switches.run_switch_study: {shown} without nsys and under {len(configs)} switch sets"
             libs = sorted(p.name for p in Path(nsys.path).resolve().parent.glob("libToolsInjection*"))
             save_json(chapter, f"{name}.json", {"runs": runs, "injection_libraries": libs}, command=command,

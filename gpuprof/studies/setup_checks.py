@@ -12,7 +12,6 @@ captures in ``artifacts/ch00`` and say so.
 from __future__ import annotations
 
 import importlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,11 +21,11 @@ from ..artifacts import REPO_ROOT, FoundCapture, chapter_output, find_capture, r
 from ..backend import describe_machine
 from ..errors import GpuprofError, ToolNotFound
 from ..nsys.capture import nsys_capture
-from ..runner import ProfilerFailed, portable_command, python_target, run_profiler
+from ..runner import ProfilerFailed, python_target, run_profiler, shell_line
 from ..tools import find_tool, live_tool, profiling_restricted, tool_version
 
-__all__ = ["Check", "run_checks", "checks_table", "format_checks", "nsys_smoke", "ncu_smoke",
-           "TINY_KERNELS", "SAXPY", "NCU_SMOKE_ARGS"]
+__all__ = ["Check", "run_checks", "checks_table", "format_checks", "nsys_smoke", "ncu_smoke", "launch_calls",
+           "format_launch_calls", "LAUNCH_API", "TINY_KERNELS", "SAXPY", "NCU_SMOKE_ARGS"]
 
 CHAPTER = "ch00"
 TINY_KERNELS = REPO_ROOT / "examples" / "nsys" / "tiny_kernels.py"
@@ -151,10 +150,10 @@ def ncu_smoke(*, overwrite: bool = True) -> FoundCapture:
         print(f"The ncu capture failed: {exc}")
         print("Falling back to the course's reference capture.")
         return find_capture(CHAPTER, "saxpy_sol.csv", prefer="reference")
-    export = ["ncu", "--import", os.path.relpath(rep, REPO_ROOT), "--csv", "--page", "details", ">", "saxpy_sol.csv"]
-    print(f"$ {' '.join(portable_command(cap.command))}\n  ({cap.seconds:.1f} s, ncu {version}): counters readable")
-    record_file(CHAPTER, "saxpy_sol.csv", " ".join(portable_command(cap.command)) + " && " + " ".join(export),
-                {"ncu": version})
+    # The export's ``>`` is the shell's redirection, so it stays outside the quoted words.
+    export = shell_line([ncu.name, "--import", str(rep), "--csv", "--page", "details"]) + " > " + shell_line([str(out / "saxpy_sol.csv")])
+    print(f"$ {shell_line(cap.command)}\n  ({cap.seconds:.1f} s, ncu {version}): counters readable")
+    record_file(CHAPTER, "saxpy_sol.csv", f"{shell_line(cap.command)} && {export}", {"ncu": version})
     return find_capture(CHAPTER, "saxpy_sol.csv")
 
 
@@ -194,6 +193,45 @@ def format_steps(df: pd.DataFrame) -> str:
     for r in df.itertuples():
         lines.append(f"{r.step:<8}{r.kernels:>8d}{r.range_us:>9.0f} us{r.median_kernel_us:>9.2f} us"
                      f"{r.median_interval_us:>10.2f} us{r.gpu_busy_pct:>9.1f}%")
+    return "\n".join(lines)
+
+
+LAUNCH_API = "cudaLaunchKernel"
+
+
+def launch_calls(sqlite_path: Path) -> pd.DataFrame:
+    """Per measured step of ``tiny_kernels.py``: the CPU side of its launches, as nsys recorded them.
+
+    ``call_us`` is the median time spent inside the runtime's launch call (:data:`LAUNCH_API`),
+    ``interval_us`` the median time from one call's start to the next one's, and ``outside_us``
+    the median from one call's end to the next one's start (Python and PyTorch's dispatcher,
+    under the profiler too). All are CPU times under nsys: they say where a launch's time goes
+    while it is profiled, not what it costs without the profiler.
+    """
+    from ..activity import api_name
+    from ..nsys.sqlite import nvtx_ranges, runtime_calls
+
+    ranges = nvtx_ranges(sqlite_path)
+    calls = runtime_calls(sqlite_path)
+    calls = calls[calls["name"].astype(str).map(api_name) == LAUNCH_API]
+    rows = []
+    for r in ranges[ranges["text"].str.startswith("step_")].itertuples():
+        c = calls[(calls["start"] >= r.start) & (calls["start"] < r.end)].sort_values("start")
+        rows.append({
+            "step": r.text,
+            "calls": len(c),
+            "call_us": float((c["end"] - c["start"]).median()) / 1e3 if len(c) else float("nan"),
+            "interval_us": float(c["start"].diff().median()) / 1e3 if len(c) > 1 else float("nan"),
+            "outside_us": float((c["start"].shift(-1) - c["end"]).median()) / 1e3 if len(c) > 1 else float("nan"),
+        })
+    return pd.DataFrame(rows).sort_values("step", key=lambda s: s.str.split("_").str[1].astype(int), ignore_index=True)
+
+
+def format_launch_calls(df: pd.DataFrame) -> str:
+    """:func:`launch_calls` as fixed-width text."""
+    lines = [f"{'step':<8}{'calls':>7}{'in ' + LAUNCH_API:>23}{'call to call':>15}{'between calls':>16}"]
+    for r in df.itertuples():
+        lines.append(f"{r.step:<8}{r.calls:>7d}{r.call_us:>20.2f} us{r.interval_us:>12.2f} us{r.outside_us:>13.2f} us")
     return "\n".join(lines)
 
 

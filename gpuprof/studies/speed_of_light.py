@@ -17,25 +17,43 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..artifacts import FoundCapture, find_capture, save_json
-from ..backend import Backend, choose_backend, describe_machine
+from ..backend import Backend, choose_backend, describe_machine, host_description
+from ..device_state import BANDWIDTH_HOW, describe_event_reasons, memory_bandwidth_gbps, read_clocks
 from ..errors import GpuprofError
 from ..timing import Timing, time_call
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure as MplFigure
 
-__all__ = ["Figure", "bandwidth_bars", "measure", "matmul_bf16", "device_copy", "save", "load", "GPU_DEFAULTS", "CPU_DEFAULTS", "CHAPTER", "FILENAME",
-           "DATASHEET_BF16_DENSE_TFLOPS", "datasheet_bf16_tflops"]
+__all__ = ["Figure", "Peak", "bandwidth_bars", "measure", "matmul_bf16", "device_copy", "device_record", "save", "load",
+           "saved_device", "peaks", "format_table", "format_device", "GPU_DEFAULTS", "CPU_DEFAULTS", "CHAPTER", "FILENAME",
+           "DATASHEETS", "DATASHEET_BF16_DENSE_TFLOPS", "datasheet_bf16_tflops", "datasheet_of"]
 
 CHAPTER = "ch00"
 FILENAME = "speed_of_light.json"
 GPU_DEFAULTS = {"copy_bytes": 1 << 30, "matmul_n": 8192, "repeats": 10, "launches": 2000}
 CPU_DEFAULTS = {"copy_bytes": 64 << 20, "matmul_n": 1024, "repeats": 5, "launches": 2000}
 
-# Specified dense bf16 tensor-core peaks (TFLOP/s), the denominator of MFU as published figures use it.
-# NVIDIA's H100 (SXM5) and H200 (SXM) datasheets give 1,979 TFLOP/s "with sparsity"; dense is half.
-# Matched by substring of the name the driver reports, most specific first.
-DATASHEET_BF16_DENSE_TFLOPS = {"H100 80GB HBM3": 989.4, "H100 SXM": 989.4, "H200": 989.4}
+# The specified peaks of the GPUs the course was measured on, from NVIDIA's datasheets ("NVIDIA H100 Tensor
+# Core GPU" and "NVIDIA H200 Tensor Core GPU", the SXM columns): GPU memory bandwidth 3.35 TB/s (H100 SXM) and
+# 4.8 TB/s (H200 SXM); FP32 67 TFLOP/s; BF16 Tensor Core 1,979 TFLOP/s, a figure the datasheets mark "with
+# sparsity": dense is half, 989.4 in NVIDIA's "NVIDIA H100 Tensor Core GPU Architecture" whitepaper (H100 SXM5,
+# 1,978.9 with sparsity). The dense bf16 peak is also the denominator of MFU as published figures use it.
+# The H100 PCIe and NVL and the H200 NVL have other clocks and other peaks, and a GH200 another memory: they are
+# deliberately absent, so that a GPU not listed here gets "unknown" rather than a wrong peak.
+_BF16 = 'BF16 Tensor Core 1,979 "with sparsity", dense is half: '
+DATASHEETS: dict[str, dict[str, Any]] = {
+    "H100 SXM": {"document": "NVIDIA H100 Tensor Core GPU datasheet, H100 SXM",
+                 "hbm_gbps": 3350.0, "bf16_dense_tflops": 989.4, "fp32_tflops": 67.0,
+                 "bf16_note": _BF16 + "989.4 in NVIDIA's H100 Tensor Core GPU Architecture whitepaper (H100 SXM5)"},
+    "H200 SXM": {"document": "NVIDIA H200 Tensor Core GPU datasheet, H200 SXM",
+                 "hbm_gbps": 4800.0, "bf16_dense_tflops": 989.4, "fp32_tflops": 67.0,
+                 "bf16_note": _BF16 + "989.4, the H100 SXM's (the same GH100 chip, the same 1,979 in its datasheet)"},
+}
+# The names the driver reported for those boards on the course's machines (``torch.cuda.get_device_name``,
+# ``nvidia-smi``), matched exactly: "NVIDIA H200 NVL" and "NVIDIA GH200 480GB" contain "H200" and are other products.
+_MODELS = {"NVIDIA H100 80GB HBM3": "H100 SXM", "NVIDIA H200": "H200 SXM"}
+DATASHEET_BF16_DENSE_TFLOPS = {name: DATASHEETS[model]["bf16_dense_tflops"] for name, model in _MODELS.items()}
 
 
 @dataclass(frozen=True)
@@ -82,6 +100,7 @@ def _launch_cost(launch: Callable[[], object], backend: Backend, launches: int, 
 
 
 D2D_LABEL = "Device-to-device copy (read + write)"
+DUPLEX_LABEL = "H2D + D2H at once, pinned (both counted)"
 
 
 def _d2d_copy(backend: Backend, src: Any, dst: Any) -> Callable[[], object]:
@@ -123,11 +142,28 @@ def _torch_plan(backend: Backend, copy_bytes: int, n: int) -> list[tuple[str, st
     b16 = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     a32, b32 = a16.float(), b16.float()
     torch.backends.cuda.matmul.allow_tf32 = False  # plain fp32: say what we measure
+    pinned_out = torch.empty(copy_bytes, dtype=torch.uint8, pin_memory=True)
+    up, down = torch.cuda.Stream(), torch.cuda.Stream()
+
+    def duplex() -> None:
+        """One H2D and one D2H copy at once, on two streams that start after, and end before, the timing events
+        recorded on the current stream. Separate buffers each way, so neither copy waits for the other."""
+        here = torch.cuda.current_stream()
+        up.wait_stream(here)
+        down.wait_stream(here)
+        with torch.cuda.stream(up):
+            dev.copy_(pinned, non_blocking=True)
+        with torch.cuda.stream(down):
+            pinned_out.copy_(dev2, non_blocking=True)
+        here.wait_stream(up)
+        here.wait_stream(down)
+
     return [
         ("h2d_pinned", "H2D copy, pinned host memory", "GB/s", lambda: dev.copy_(pinned, non_blocking=True), copy_bytes),
         ("h2d_pageable", "H2D copy, pageable host memory", "GB/s", lambda: dev.copy_(pageable), copy_bytes),
         ("d2h_pinned", "D2H copy, pinned host memory", "GB/s", lambda: pinned.copy_(dev, non_blocking=True), copy_bytes),
         ("d2h_pageable", "D2H copy, pageable host memory", "GB/s", lambda: pageable.copy_(dev), copy_bytes),
+        ("duplex_pinned", DUPLEX_LABEL, "GB/s", duplex, 2 * copy_bytes),
         ("d2d", D2D_LABEL, "GB/s", _d2d_copy(backend, dev, dev2), 2 * copy_bytes),
         ("matmul_bf16", f"bf16 matmul {n}^3", "TFLOP/s", lambda: a16 @ b16, n),
         ("matmul_fp32", f"fp32 matmul {n}^3 (TF32 off)", "TFLOP/s", lambda: a32 @ b32, n),
@@ -219,6 +255,8 @@ def measure(backend: Backend | None = None, *, copy_bytes: int | None = None, ma
         t = time_call(fn, backend=backend, warmup=3, repeats=repeats)
         value = _tflops(int(size), t) if unit == "TFLOP/s" else _gbps(size, t)
         size_txt = f"{copy_bytes / 2**20:.0f} MiB" if unit == "GB/s" else f"n={n}"
+        if key == "duplex_pinned":
+            size_txt += " each way"
         figures.append(Figure(key, label, value, unit, f"{size_txt}, median of {repeats}, {t.method}", t.relative_spread))
         if progress:
             progress(f"  {label:<44} {value:10.1f} {unit}")
@@ -247,13 +285,54 @@ def matmul_bf16(n: int | None = None, repeats: int | None = None) -> Figure | No
                   t.relative_spread)
 
 
-def save(figures: list[Figure], *, command: str, overwrite: bool = True) -> None:
-    """Save GPU figures for the later chapters; refuses CPU figures, which are not GPU ceilings."""
+CLOCKS_HOW = "nvidia-smi, read while {} products ran, right after the figures were measured"
+
+
+def device_record(backend: Backend | None = None, n: int | None = None) -> dict[str, Any] | None:
+    """What the GPU itself says about the figures' conditions: its peak memory bandwidth and its clocks under load.
+
+    The clocks are read by nvidia-smi while ``n``-cubed matrix products (bf16 with PyTorch, fp32 with CuPy) keep
+    the GPU busy, since an idle GPU lowers its clocks at once. The record is saved with the figures
+    (:func:`save`) and shown by :func:`format_device`; None on a CPU.
+    """
+    backend = backend or choose_backend()
+    if not backend.is_gpu:
+        return None
+    xp, n = backend.xp, int(n or GPU_DEFAULTS["matmul_n"])
+    gpu = None
+    if backend.name == "torch":
+        a = xp.randn(n, n, device="cuda", dtype=xp.bfloat16)
+        uuid = str(getattr(xp.cuda.get_device_properties(0), "uuid", "") or "")
+        gpu = (uuid if uuid.startswith("GPU-") else f"GPU-{uuid}") if uuid else None
+        kind = f"bf16 {n}^3"
+    else:
+        a = xp.random.standard_normal((n, n), dtype=xp.float32)
+        kind = f"fp32 {n}^3"
+    busy = lambda: a @ a  # noqa: E731
+    for _ in range(50):  # the GPU is at work before the first question
+        busy()
+    clocks = read_clocks(busy, gpu=gpu)
+    if gpu and clocks and not any(clocks.values()):  # nvidia-smi did not take this -i: ask for the first GPU
+        clocks = read_clocks(busy)
+    backend.synchronize()
+    del a
+    clocks = clocks if clocks and any(clocks.values()) else None  # nvidia-smi answered nothing: no record
+    bandwidth = memory_bandwidth_gbps(backend)
+    return {"memory_bandwidth_gbps": bandwidth, "memory_bandwidth_how": BANDWIDTH_HOW if bandwidth else None,
+            "clocks": clocks, "clocks_how": CLOCKS_HOW.format(kind) if clocks else None}
+
+
+def save(figures: list[Figure], *, command: str, device: dict[str, Any] | None = None, overwrite: bool = True) -> None:
+    """Save GPU figures for the later chapters, with :func:`device_record`'s record; refuses CPU figures,
+    which are not GPU ceilings."""
     machine = describe_machine()
     if machine.device != "cuda":
         raise GpuprofError("Refusing to save CPU figures as this machine's GPU speed of light.",
                            "They are shown, not saved; run chapter 0 on a GPU to save figures.")
-    save_json(CHAPTER, FILENAME, {"figures": [asdict(f) for f in figures]}, command=command, overwrite=overwrite)
+    data: dict[str, Any] = {"figures": [asdict(f) for f in figures]}
+    if device is not None:
+        data["device"] = device
+    save_json(CHAPTER, FILENAME, data, command=command, overwrite=overwrite)
 
 
 def load(prefer: str = "this machine") -> tuple[list[Figure], FoundCapture]:
@@ -263,18 +342,52 @@ def load(prefer: str = "this machine") -> tuple[list[Figure], FoundCapture]:
     return [Figure.from_dict(f) for f in data["figures"]], found
 
 
+def saved_device(found: FoundCapture) -> dict[str, Any]:
+    """The :func:`device_record` saved with the figures; empty for a file saved before chapter 0 kept one."""
+    return found.json().get("device") or {}
+
+
+def format_device(found: FoundCapture) -> str:
+    """The host, the GPU's clocks under load and its own peak memory bandwidth, as the figures' file records them.
+
+    The host matters because a launch is CPU work (Python, the framework, the CUDA runtime and driver), so
+    the launch figure says as much about the CPU as about the GPU.
+    """
+    device = saved_device(found)
+    lines = [f"host: {host_description(found.machine)}"]
+    clocks = device.get("clocks")
+    if not clocks:
+        lines.append("GPU clocks: not recorded with these figures")
+    else:
+        def mhz(now: str | None, top: str | None) -> str:
+            return f"{now or '?'} MHz (maximum {top or '?'} MHz)"
+
+        lines.append(f"GPU clocks under load ({device.get('clocks_how')}): SM {mhz(clocks.get('sm_mhz'), clocks.get('max_sm_mhz'))}, "
+                     f"memory {mhz(clocks.get('memory_mhz'), clocks.get('max_memory_mhz'))}")
+        lines.append(f"  persistence mode {clocks.get('persistence_mode') or 'not reported'}; "
+                     f"clock event reasons active: {describe_event_reasons(clocks.get('event_reasons'))}")
+    bandwidth = device.get("memory_bandwidth_gbps")
+    if bandwidth:
+        lines.append(f"GPU memory's peak as the GPU reports it: {bandwidth:,.0f} GB/s ({device.get('memory_bandwidth_how')})")
+    return "\n".join(lines)
+
+
 # Per-lane signalling rate (GT/s) and line-code efficiency, by PCIe generation, from the
 # PCI-SIG base specifications: 8b/10b encoding up to gen 2, 128b/130b for gens 3 to 5.
 _PCIE = {1: (2.5, 8 / 10), 2: (5.0, 8 / 10), 3: (8.0, 128 / 130), 4: (16.0, 128 / 130), 5: (32.0, 128 / 130)}
 
 
+def datasheet_of(gpu_name: str | None) -> tuple[str, dict[str, Any]] | None:
+    """(the model, its :data:`DATASHEETS` entry) for a GPU by the exact name its driver reports, or None."""
+    model = _MODELS.get((gpu_name or "").strip())
+    return (model, DATASHEETS[model]) if model else None
+
+
 def datasheet_bf16_tflops(gpu_name: str | None) -> float | None:
     """The specified dense bf16 peak of a GPU by its reported name, or None for a GPU not in the table
-    (H100 PCIe and NVL have lower clocks and other peaks: they are deliberately absent)."""
-    for key, value in DATASHEET_BF16_DENSE_TFLOPS.items():
-        if gpu_name and key in gpu_name:
-            return value
-    return None
+    (H100 PCIe and NVL, H200 NVL and GH200 have other clocks or memories: they are deliberately absent)."""
+    found = datasheet_of(gpu_name)
+    return found[1]["bf16_dense_tflops"] if found else None
 
 
 def pcie_theoretical_gbps(gen: int | None, width: int | None) -> float | None:
@@ -289,11 +402,82 @@ def pcie_theoretical_gbps(gen: int | None, width: int | None) -> float | None:
     return rate * width * code / 8
 
 
-def format_table(figures: list[Figure]) -> str:
-    """The figures as fixed-width text: identical wherever the same file is read."""
-    lines = [f"{'figure':<46}{'value':>12}  {'unit':<8}{'spread':>7}  how"]
+@dataclass(frozen=True)
+class Peak:
+    """A specified ceiling to set a measured figure against, and where it comes from (None: unknown here)."""
+
+    value: float | None
+    unit: str
+    source: str
+
+
+_LINK_KEYS = ("h2d_pinned", "h2d_pageable", "d2h_pinned", "d2h_pageable")
+
+
+def peaks(found: FoundCapture) -> dict[str, Peak]:
+    """The specified peak for each figure in ``found``'s file that has one: the PCIe link's raw rate for the
+    host-device copies (twice it for both directions at once), the GPU's memory bandwidth for the device copy
+    (as the GPU reports it when the file records that, else the datasheet), the datasheet's dense bf16 and FP32
+    rates for the matrix products. A GPU missing from :data:`DATASHEETS` gets peaks of value None ("unknown").
+    """
+    machine = found.machine
+    gen, width = machine.get("pcie_gen"), machine.get("pcie_width")
+    link = pcie_theoretical_gbps(gen, width)
+    out: dict[str, Peak] = {}
+    if link:
+        spec = f"PCIe gen{gen} x{width} raw rate, one direction (PCI-SIG base specification: lanes x GT/s x line code / 8)"
+        out.update({k: Peak(link, "GB/s", spec) for k in _LINK_KEYS})
+        out["duplex_pinned"] = Peak(2 * link, "GB/s", f"the same link in both directions at once (2 x {link:.1f} GB/s)")
+    else:
+        unknown = Peak(None, "GB/s", "unknown: the PCIe link was not recorded")
+        out.update({k: unknown for k in (*_LINK_KEYS, "duplex_pinned")})
+    name = machine.get("gpu_name")
+    sheet = datasheet_of(name)
+    recorded = saved_device(found).get("memory_bandwidth_gbps")
+    if recorded:
+        out["d2d"] = Peak(recorded, "GB/s", f"the GPU's own record ({BANDWIDTH_HOW})")
+    elif sheet:
+        out["d2d"] = Peak(sheet[1]["hbm_gbps"], "GB/s", f"{sheet[1]['document']}: GPU memory bandwidth")
+    else:
+        out["d2d"] = Peak(None, "GB/s", f"unknown: no datasheet for {name or 'this GPU'} in gpuprof's table")
+    if sheet:
+        out["matmul_bf16"] = Peak(sheet[1]["bf16_dense_tflops"], "TFLOP/s",
+                                  f"{sheet[1]['document']}: {sheet[1]['bf16_note']}")
+        out["matmul_fp32"] = Peak(sheet[1]["fp32_tflops"], "TFLOP/s", f"{sheet[1]['document']}: FP32")
+    else:
+        unknown_gpu = f"unknown: no datasheet for {name or 'this GPU'} in gpuprof's table"
+        out["matmul_bf16"] = out["matmul_fp32"] = Peak(None, "TFLOP/s", unknown_gpu)
+    return out
+
+
+def format_table(figures: list[Figure], peak: dict[str, Peak] | None = None) -> str:
+    """The figures as fixed-width text: identical wherever the same file is read.
+
+    With ``peak`` (see :func:`peaks`), a column gives each figure as a share of its specified peak, marked
+    with a number that the lines under the table explain (the peak and its source); "unknown" where the
+    GPU's peak is not known here, "-" where a figure has no peak (the launch cost).
+    """
+    if peak is None:
+        lines = [f"{'figure':<46}{'value':>12}  {'unit':<8}{'spread':>7}  how"]
+        for f in figures:
+            lines.append(f"{f.label:<46}{f.value:>12,.2f}  {f.unit:<8}{f.spread:>6.1%}  {f.how}")
+        return "\n".join(lines)
+    notes: list[Peak] = []
+    lines = [f"{'figure':<46}{'value':>12}  {'unit':<8}{'spread':>7}  {'of peak':>11}  how"]
     for f in figures:
-        lines.append(f"{f.label:<46}{f.value:>12,.2f}  {f.unit:<8}{f.spread:>6.1%}  {f.how}")
+        p = peak.get(f.key)
+        if p is None:
+            share = "-"
+        else:
+            if p not in notes:
+                notes.append(p)
+            mark = f"[{notes.index(p) + 1}]"
+            share = f"{f.value / p.value:.0%} {mark}" if p.value else f"unknown {mark}"
+        lines.append(f"{f.label:<46}{f.value:>12,.2f}  {f.unit:<8}{f.spread:>6.1%}  {share:>11}  {f.how}")
+    lines.append("peaks:")
+    for i, p in enumerate(notes, 1):
+        value = f"{p.value:,.1f} {p.unit}, " if p.value else ""
+        lines.append(f"  [{i}] {value}{p.source}")
     return "\n".join(lines)
 
 
