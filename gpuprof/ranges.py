@@ -76,18 +76,25 @@ def start_range(message: str, color: str | None = None, domain: str | None = Non
 
     Unlike a push/pop range, a start/end range belongs to no thread: it can end on
     another one, and profilers treat it as process-wide (``ncu --nvtx-include NAME``
-    without the ``/`` of a push/pop range). PyTorch's NVTX binding has no such ranges:
-    without the ``nvtx`` package this is a no-op.
+    without the ``/`` of a push/pop range). Without the ``nvtx`` package, PyTorch's binding
+    opens it (``torch.cuda.nvtx.range_start``, in the default domain: it takes no colour
+    or domain).
     """
     if _KIND == "nvtx":
         return _MOD.start_range(message=message, color=color, domain=domain)
+    if _KIND == "torch.cuda.nvtx":
+        return _MOD.range_start(message)
     return None
 
 
 def end_range(handle: Any) -> None:
     """Close a range opened by :func:`start_range`."""
-    if _KIND == "nvtx" and handle is not None:
+    if handle is None:
+        return
+    if _KIND == "nvtx":
         _MOD.end_range(handle)
+    elif _KIND == "torch.cuda.nvtx":
+        _MOD.range_end(handle)
 
 
 @contextlib.contextmanager

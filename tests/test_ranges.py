@@ -65,3 +65,23 @@ def test_no_nvtx_at_all_is_a_silent_no_op(monkeypatch):
 
 def test_backend_is_reported():
     assert ranges.nvtx_backend() in ("nvtx", "torch.cuda.nvtx", "none")
+
+
+def test_process_range_falls_back_to_torchs_start_end_ranges(monkeypatch):
+    """Without the nvtx package a start/end range is still made, through torch.cuda.nvtx.range_start/range_end
+    (a second reader found process_range silently recording nothing there)."""
+    calls = []
+
+    class TorchNvtx:
+        def range_start(self, msg):
+            calls.append(("start", msg))
+            return 41
+
+        def range_end(self, handle):
+            calls.append(("end", handle))
+
+    monkeypatch.setattr(ranges, "_KIND", "torch.cuda.nvtx")
+    monkeypatch.setattr(ranges, "_MOD", TorchNvtx())
+    with ranges.process_range("timed") as handle:
+        assert handle == 41
+    assert calls == [("start", "timed"), ("end", 41)]

@@ -12,7 +12,8 @@ Sections (run all, or pick with --sections), each inside an NVTX range of its na
                       then overlapped: copies on a second stream, double-buffered
   curve               H2D bandwidth over transfer sizes from 4 KiB to --curve-max-mib
 
-Every measurement runs its two warm-up calls inside an NVTX range named ``warmup``, and
+The measurements run their warm-up calls inside NVTX ranges named ``warmup`` (overlap's warm-up repetition
+runs inside its own ``serial`` and ``overlapped`` ranges), and
 each section's correctness checks run after the section's range has closed (inside a
 ``check_results`` range), so that a capture's timed ranges hold the timed work only.
 
