@@ -663,10 +663,12 @@ def set_by_code(q: Quantity, code: Index) -> Printed | None:
     return None
 
 
+# ``--help`` starts with a non-word character, so it sits outside the ``\b`` that the words need ("`nsys profile
+# --help`" has no word boundary before its dashes).
 SOURCE_WORDS = re.compile(
-    r"\b(?:data ?sheets?|documentation|documented|docs|(?:user|programming|tuning|best practices|reference) guide|"
+    r"(?:\b(?:data ?sheets?|documentation|documented|docs|(?:user|programming|tuning|best practices|reference) guide|"
     r"guide|manual|specifications?|spec sheet|white ?paper|paper|release notes|according to|datasheet|"
-    r"help text|'s help|--help)(?!\w)", re.I)
+    r"help text|'s help)|--help)(?!\w)", re.I)
 _CHAPTER_REF = re.compile(r"\b[Cc]hapters?\s+(\d{1,2}(?:(?:,\s*|\s+and\s+|\s+or\s+|\s*,\s*and\s+)\d{1,2})*)")
 _DOC_REF = re.compile(r"\{doc\}`[^`]*?(\d{2})__\w+")
 

@@ -93,7 +93,7 @@ def test_idle_time_and_kernel_breakdown_equal_htas(path, tmp_path):
     if temporal is None:
         # HTA 0.5 stops on its own assertion (non_compute_time >= 0) only when its rounding (start up, end down)
         # has given some GPU event a negative duration: a copy or memset shorter than a microsecond that lies
-        # inside one. Chapter 5's training trace of 2026-11-24 has four such memsets; the others here have none
+        # inside one. Chapter 5's training trace of 2026-11-26 has three such memsets; the others here have none
         # that break the check. The kernel breakdown below still holds, negative sums included.
         w = hc.gpu_intervals(t, rounding="hta", include_sync=True)
         assert (w["end"] < w["start"]).any()
