@@ -237,9 +237,7 @@ def source_counters(path: str | Path, kernel: int | str, counters: Sequence[str]
     path = Path(path)
     kernel = _kernel_id(path, kernel)
     data = _source(str(path.resolve()), path.stat().st_mtime, int(kernel), tuple(counters))
-    if not data["found"]:
-        raise GpuprofError(f"Kernel {data['kernel']!r} in {path.name} has no per-instruction counters among {list(counters)}.",
-                           "Profile with --section SourceCounters (or --set full) and compile with -lineinfo.")
+    _require_counters(data, path, counters, "Profile with --section SourceCounters (or --set full) and compile with -lineinfo.")
     rows = []
     for key, vals in data["lines"].items():
         file_name, line = key.rsplit("\t", 1)
@@ -252,6 +250,13 @@ def source_counters(path: str | Path, kernel: int | str, counters: Sequence[str]
     df["source"] = [texts[f][line - 1].strip() if 0 < line <= len(texts[f]) else "" for f, line in zip(df["file"], df["line"])]
     df.insert(0, "kernel", data["kernel"])
     return df
+
+
+def _require_counters(data: dict, path: Path, counters: Sequence[str], hint: str) -> None:
+    """Both per-instruction readers stop with the same sentence when the report holds none of the counters."""
+    if not data["found"]:
+        raise GpuprofError(f"Kernel {data['kernel']!r} in {path.name} has no per-instruction counters among {list(counters)}.",
+                           hint)
 
 
 @lru_cache(maxsize=32)
@@ -271,9 +276,7 @@ def sass_counters(path: str | Path, kernel: int | str, counters: Sequence[str] =
     path = Path(path)
     kid = _kernel_id(path, kernel)
     data = _sass(str(path.resolve()), path.stat().st_mtime, int(kid), tuple(counters))
-    if not data["found"]:
-        raise GpuprofError(f"Kernel {data['kernel']!r} in {path.name} has no per-instruction counters among {list(counters)}.",
-                           "Profile with --section SourceCounters (or --set full).")
+    _require_counters(data, path, counters, "Profile with --section SourceCounters (or --set full).")
     df = pd.DataFrame(data["rows"])
     for name in data["found"]:
         df[name] = df[name].fillna(0.0) if name in df else 0.0
