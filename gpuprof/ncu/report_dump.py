@@ -98,11 +98,9 @@ def dump(ncu_report, path: str) -> dict:  # type: ignore[no-untyped-def]
     return {"kernels": kernels}
 
 
-def dump_source(ncu_report, path: str, kernel: int, counters: list[str]) -> dict:  # type: ignore[no-untyped-def]
-    ctx, actions = _actions(ncu_report, path)
-    a = actions[kernel][1]
-    lines: dict[str, dict] = {}
-    found = []
+def _per_instruction(a, counters: list[str], found: list[str]):  # type: ignore[no-untyped-def]
+    """Each instance of each per-instruction counter of action ``a``: (counter, pc, value); the counters
+    the report holds with instruction addresses are appended to ``found``."""
     for name in counters:
         m = a.metric_by_name(name)
         if m is None or not m.has_correlation_ids():
@@ -110,13 +108,21 @@ def dump_source(ncu_report, path: str, kernel: int, counters: list[str]) -> dict
         found.append(name)
         ids = m.correlation_ids()
         for j in range(m.num_instances()):
-            info = a.source_info(ids.as_uint64(j))
-            if info is None:
-                continue
-            key = f"{info.file_name()}\t{int(info.line())}"
-            value = m.as_double(j) if m.kind() == m.ValueKind_DOUBLE else float(m.as_uint64(j))
-            entry = lines.setdefault(key, {})
-            entry[name] = entry.get(name, 0.0) + value
+            yield name, int(ids.as_uint64(j)), m.as_double(j) if m.kind() == m.ValueKind_DOUBLE else float(m.as_uint64(j))
+
+
+def dump_source(ncu_report, path: str, kernel: int, counters: list[str]) -> dict:  # type: ignore[no-untyped-def]
+    ctx, actions = _actions(ncu_report, path)
+    a = actions[kernel][1]
+    lines: dict[str, dict] = {}
+    found: list[str] = []
+    for name, pc, value in _per_instruction(a, counters, found):
+        info = a.source_info(pc)
+        if info is None:
+            continue
+        key = f"{info.file_name()}\t{int(info.line())}"
+        entry = lines.setdefault(key, {})
+        entry[name] = entry.get(name, 0.0) + value
     files = a.source_files()
     contents = {f: files[f] for f in files}
     del ctx
@@ -132,21 +138,14 @@ def dump_sass(ncu_report, path: str, kernel: int, counters: list[str]) -> dict: 
     ctx, actions = _actions(ncu_report, path)
     a = actions[kernel][1]
     rows: dict[int, dict] = {}
-    found = []
-    for name in counters:
-        m = a.metric_by_name(name)
-        if m is None or not m.has_correlation_ids():
-            continue
-        found.append(name)
-        ids = m.correlation_ids()
-        for j in range(m.num_instances()):
-            pc = int(ids.as_uint64(j))
-            row = rows.get(pc)
-            if row is None:
-                info = a.source_info(pc)
-                row = rows[pc] = {"pc": pc, "sass": (a.sass_by_pc(pc) or "").strip(),
-                                  "line": int(info.line()) if info is not None else None}
-            row[name] = m.as_double(j) if m.kind() == m.ValueKind_DOUBLE else float(m.as_uint64(j))
+    found: list[str] = []
+    for name, pc, value in _per_instruction(a, counters, found):
+        row = rows.get(pc)
+        if row is None:
+            info = a.source_info(pc)
+            row = rows[pc] = {"pc": pc, "sass": (a.sass_by_pc(pc) or "").strip(),
+                              "line": int(info.line()) if info is not None else None}
+        row[name] = value
     del ctx
     return {"kernel": a.name(), "found": found, "rows": [rows[pc] for pc in sorted(rows)]}
 
