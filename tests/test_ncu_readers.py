@@ -96,6 +96,21 @@ def test_section_tables_without_ncu_say_how_to_export_them(tmp_path, clean_tool_
     assert "GPU Speed Of Light Throughput" in set(nr.sections(rep)["Section Name"])
 
 
+def test_section_value_reads_one_row_where_the_page_repeats_a_name():
+    """The ladder's page names 'Memory Throughput' in two sections (and rule rows have no name): a value is
+    found by section, a repeated name without one is an error that lists the sections, not a one-row Series."""
+    page = nr.sections(REPO_ROOT / "artifacts" / "ch04" / "ladder.ncu-rep")
+    comp = nr.section_value(page, "copy_tile", "L2 Compression Input Sectors")
+    assert comp == float(page[(page["Kernel Name"] == "copy_tile")
+                              & (page["Metric Name"] == "L2 Compression Input Sectors")]["value"].iloc[0]) > 0
+    sol = nr.section_value(page, "copy_tile", "Memory Throughput", "GPU Speed Of Light Throughput")
+    assert 0 < sol <= 100  # the percentage, not the rate of the other section
+    with pytest.raises(GpuprofError, match=r"2 rows named 'Memory Throughput'.*GPU Speed Of Light Throughput.*Name the section"):
+        nr.section_value(page, "copy_tile", "Memory Throughput")
+    with pytest.raises(GpuprofError, match="0 rows"):
+        nr.section_value(page, "no_such_kernel", "Duration")
+
+
 def test_reader_survives_torch_and_matplotlib_loaded_first():
     """ncu_report crashes a process that loaded PyTorch or matplotlib before it; ours never loads it."""
     import subprocess

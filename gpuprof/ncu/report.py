@@ -42,7 +42,7 @@ from ..errors import GpuprofError
 
 __all__ = ["ncu_report_available", "open_report", "kernels", "metrics", "metric_table", "rules", "source_counters",
            "sections", "ensure_details_csv", "clean_message", "RULE_TYPES", "LAUNCH_METRICS", "instances",
-           "sass_counters"]
+           "sass_counters", "section_value"]
 
 RULE_TYPES = {0: "", 1: "INF", 2: "OPT", 3: "WRN", 4: "ERR"}
 SPEEDUP_TYPES = {0: "", 1: "local", 2: "global"}
@@ -346,3 +346,23 @@ def sections(path: str | Path) -> pd.DataFrame:
 
     open_report(path)  # same checks and messages as the other readers
     return read_details(ensure_details_csv(path))
+
+
+def section_value(details: pd.DataFrame, kernel: str, metric: str, section: str | None = None) -> float:
+    """One value of the details page (:func:`sections`): ``kernel``'s row named ``metric`` (in ``section``).
+
+    Why not ``details.set_index([...])[(kernel, metric)]``: the page repeats names (``Memory Throughput``
+    is a percentage in *GPU Speed Of Light Throughput* and a rate in *Memory Workload Analysis*; every
+    rule adds a row with no metric name), and on such an index pandas 2 returns a one-row Series where
+    pandas 3 returns the number. This looks the row up by value and says what it found if that is not
+    exactly one row (a kernel profiled twice, a name in two sections: pass ``section``).
+    """
+    rows = details[(details["Kernel Name"] == kernel) & (details["Metric Name"] == metric)]
+    if section is not None:
+        rows = rows[rows["Section Name"] == section]
+    if len(rows) != 1:
+        where = sorted(set(rows["Section Name"])) or sorted(set(details.loc[details["Kernel Name"] == kernel, "Section Name"]))
+        raise GpuprofError(f"The details page has {len(rows)} rows named {metric!r} for kernel {kernel!r}"
+                           + (f" in section {section!r}" if section else "") + f" (sections: {', '.join(where) or 'none'}).",
+                           "Name the section, or filter the page by ID when a kernel was profiled more than once.")
+    return float(rows["value"].iloc[0])
