@@ -164,6 +164,35 @@ s = k.groupby("name")["dur"].agg(["sum", "count", "mean", "min", "max"])
 RESULT = {"kernels": len(k), "kernel_names": len(s)}
 """
 
+STEPS = {"toolkit": TOOLKIT, "baseline": BASELINE, "toolkit-hta": TOOLKIT_HTA_QUESTIONS, "hta": HTA}
+
+
+def run_step(step: str, trace: Path | None) -> int:
+    """One step of the benchmark in this process: the code ``measure`` runs in a child, here timed from outside."""
+    if trace is None or not trace.is_file():
+        raise GpuprofError(f"--step {step} needs --trace with a trace file" + (f"; {trace} is not one" if trace else "") + ".",
+                           "Build one first: `python scripts/bench_torch_trace.py --build-only DIR`.")
+    if step == "hta" and len([f for f in trace.parent.iterdir() if f.suffix in (".json", ".gz")]) != 1:
+        raise GpuprofError(f"HTA reads every trace in {trace.parent}, which holds more than {trace.name}.",
+                           "Give it a folder of its own (--build-only puts HTA's trace in DIR/hta/).")
+    scope: dict = {"PATH": str(trace)}
+    exec(STEPS[step], scope)  # noqa: S102 - the module's own step code, as measure() runs it
+    print(json.dumps(scope["RESULT"]))
+    return 0
+
+
+def build_only(source: Path, hta_source: Path, megabytes: float, folder: Path) -> int:
+    """Build both traces into ``folder`` and keep them, for a step-by-step timing with an outside timer."""
+    for f in (source, hta_source):
+        if not f.exists():
+            raise GpuprofError(f"{f} does not exist.", "Pass --source / --hta-source with a PyTorch profiler trace.")
+    (folder / "hta").mkdir(parents=True, exist_ok=True)
+    for src, target in ((source, folder / "big.json"), (hta_source, folder / "hta" / "big.json")):
+        n, copies = build(src, target, megabytes)
+        print(f"{target}: {n:,} events ({copies} copies of {src.name}), {target.stat().st_size / 1e6:.0f} MB", flush=True)
+    return 0
+
+
 @exit_on_error
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
@@ -177,9 +206,20 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"trace replicated for the comparison with HTA (default: {HTA_SOURCE.relative_to(ROOT)}, a DDP "
                         "step on an H200, on which HTA 0.5 runs to the end)")
     p.add_argument("--json", type=output_file, default=None, metavar="FILE", help="also write the results here")
+    p.add_argument("--build-only", type=Path, default=None, metavar="DIR",
+                   help="only build the two traces, DIR/big.json (from --source) and DIR/hta/big.json (from "
+                        "--hta-source), and keep them: for timing one step at a time with an outside timer")
+    p.add_argument("--step", choices=sorted(STEPS), default=None,
+                   help="run one step in this process on --trace and print its result as JSON (what an outside "
+                        "timer such as `/usr/bin/time -v` should time: the process, its imports included)")
+    p.add_argument("--trace", type=Path, default=None, help="the trace --step reads (a file --build-only wrote)")
     args = p.parse_args(argv)
+    if args.step is not None:
+        return run_step(args.step, args.trace)
     if args.source is not None and not args.source.exists():
         raise GpuprofError(f"{args.source} does not exist.", "Pass --source with a PyTorch profiler trace (.json or .json.gz).")
+    if args.build_only is not None:
+        return build_only(args.source or REFERENCE, args.hta_source, args.mb, args.build_only)
     with tempfile.TemporaryDirectory() as tmp:
         source = args.source or (REFERENCE if REFERENCE.exists() else None)
         if source is None:

@@ -359,6 +359,28 @@ def test_torch_trace_benchmark_agrees_with_its_baseline(tmp_path, capsys):
     assert bad.returncode == 2 and "does not exist" in bad.stderr and "Traceback" not in bad.stderr
 
 
+def test_bench_torch_trace_builds_once_and_runs_one_step_per_process(tmp_path, capsys):
+    """--build-only keeps the two traces; --step runs one step on one of them (what an outside timer times), printing
+    the same result the in-process measurement gives; HTA's step refuses a folder holding another trace."""
+    pytest.importorskip("torch")
+    import json
+
+    source = write(tmp_path, gpu_events(), gz=True)
+    script = REPO_ROOT / "scripts" / "bench_torch_trace.py"
+    built = run(script, "--mb", "1", "--source", str(source), "--hta-source", str(source), "--build-only", str(tmp_path / "b"))
+    assert built.returncode == 0, built.stderr
+    assert (tmp_path / "b" / "big.json").stat().st_size >= 1e6 and (tmp_path / "b" / "hta" / "big.json").is_file()
+    step = run(script, "--step", "toolkit", "--trace", str(tmp_path / "b" / "big.json"))
+    assert step.returncode == 0, step.stderr
+    result = json.loads(step.stdout.strip().splitlines()[-1])
+    assert result["kernel_names"] == 2 and result["steps"] == 2 * result["kernels"] // 3
+    (tmp_path / "b" / "other.json").write_text("{}")
+    crowded = run_here(script, "--step", "hta", "--trace", str(tmp_path / "b" / "big.json"), capsys=capsys)
+    assert crowded.returncode == 2 and "HTA reads every trace" in crowded.stderr and "Traceback" not in crowded.stderr
+    missing = run_here(script, "--step", "toolkit", capsys=capsys)
+    assert missing.returncode == 2 and "--build-only" in missing.stderr
+
+
 @pytest.mark.skipif(not __import__("shutil").which("nvcc"), reason="nvcc is not installed here")
 def test_the_c_api_example_compiles_without_an_nvtx_library(tmp_path):
     """NVTX v3 is header-only: the example must build with no -lnvToolsExt."""
