@@ -100,7 +100,8 @@ def test_same_process_baseline_reads_the_unprofiled_steps_and_skips_older_captur
     assert list(t.index) == ["torch.profiler"]
     assert t.loc["torch.profiler", "unprofiled before ms"] == pytest.approx(2.2)
     assert t.loc["torch.profiler", "unprofiled after ms"] == pytest.approx(2.5)
-    assert t.loc["torch.profiler", "profiled / unprofiled"] == pytest.approx(3.0 / 2.3)
+    assert t.loc["torch.profiler", "profiled / before"] == pytest.approx(3.0 / 2.2)  # not pooled with the steps after
+    assert t.loc["torch.profiler", "profiled / after"] == pytest.approx(3.0 / 2.5)
 
 
 def test_the_stored_reference_agrees_with_its_own_traces():
@@ -114,3 +115,18 @@ def test_the_stored_reference_agrees_with_its_own_traces():
         assert launched == m["kernels"]  # every kernel of the trace is linked to a launch call inside a step
         graph = sum((step_launches(trace, s)[0]["name"] == GRAPH_LAUNCH).sum() for s in steps["step"])
         assert graph == m["launch_calls"].get(GRAPH_LAUNCH, 0)
+
+
+def test_span_ends_finds_the_loss_copy_after_the_last_kernel_in_the_committed_runs(capsys):
+    """reconcile.py reads the loss after the step's end event but inside its range: every profiled step's span ends
+    on that copy, after the last kernel; the span to the last kernel is shorter, and the table's span is the full one."""
+    from gpuprof.studies.pytorch_profiler import reconcile_runs, reconcile_table, span_ends
+
+    runs = reconcile_runs("ch05", REPO_ROOT / "examples" / "pytorch_profiler" / "reconcile.py", 256)
+    capsys.readouterr()
+    ends, table = span_ends(runs), reconcile_table(runs)
+    assert list(ends.index) == ["torch.profiler", "nsys"]
+    assert (ends["steps ending on a copy"] == "20 of 20").all()
+    assert (ends["after the last kernel ms"] > 0).all() and (ends["kernels' span ms"] < ends["GPU span ms"]).all()
+    for run in ends.index:
+        assert ends.loc[run, "GPU span ms"] == pytest.approx(table.loc[run, "GPU span ms"])

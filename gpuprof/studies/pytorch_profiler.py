@@ -49,7 +49,7 @@ from ..torch_profiler.trace import Trace
 
 __all__ = ["ReconcileRuns", "reconcile_runs", "reconcile_table", "nsys_steps",
            "KERNEL_LAUNCHES", "GRAPH_LAUNCH", "LAUNCH_CALLS", "COMPILED_NAMES", "GENERATED_PREFIX",
-           "mode_table", "step_launches", "launch_pace", "same_process_baseline"]
+           "mode_table", "step_launches", "launch_pace", "same_process_baseline", "span_ends"]
 
 
 @dataclass
@@ -105,6 +105,56 @@ def reconcile_table(runs: ReconcileRuns) -> pd.DataFrame:
         {"run": "nsys", "host ms": med(nj["wall_ms"]), "CUDA events ms": med(nj["event_ms"]),
          "GPU span ms": med(ns["gpu_span_ms"]), "GPU busy ms": med(ns["gpu_busy_ms"])},
     ]).set_index("run")
+
+
+def _step_ends(work: pd.DataFrame, runtime: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
+    """Per range: the span of all the GPU work launched in it, the span of its kernels alone, and the last piece."""
+    hits = activity.attribute_kernels(work, runtime, ranges, rule="window")
+    rows = []
+    for _, g in hits.groupby(["range_start", "range_text"], sort=False):
+        k = g[g["kind"] == "kernel"]
+        last = g.loc[g["end"].idxmax()]
+        rows.append({"span_ms": (g["end"].max() - g["start"].min()) / 1e6,
+                     "kernel_span_ms": (k["end"].max() - k["start"].min()) / 1e6 if len(k) else np.nan,
+                     "after_last_kernel_ms": (g["end"].max() - k["end"].max()) / 1e6 if len(k) else np.nan,
+                     "last_is_copy": last["kind"] == "memcpy"})
+    return pd.DataFrame(rows)
+
+
+def span_ends(runs: ReconcileRuns) -> pd.DataFrame:
+    """Where each profiled step's GPU span ends, for both profiled runs (medians over the steps).
+
+    Why: the table's GPU span runs from the step's first GPU operation to its last, copies and
+    memsets included, and ``reconcile.py`` reads the loss (``loss.item()``, a device-to-host copy)
+    after the step's end event and closing sync but inside the step's range. So the span ends at
+    that copy, after the interval the CUDA events time, while it starts at the first kernel,
+    after the events' start (the host's lead-in). This prints the span to the last kernel beside
+    it, and how often the last piece is a copy.
+    """
+    rows = []
+    trace_path = runs.profiler.path.parent / f"reconcile_{runs.batch}_steps.json.gz"
+    found = []
+    if trace_path.exists():
+        from ..torch_profiler.summary import gpu_activity
+        from ..torch_profiler.trace import read_trace
+
+        trace = read_trace(trace_path)
+        steps = trace.steps()
+        found.append(("torch.profiler", gpu_activity(trace), trace.runtime_calls(),
+                      steps.assign(text=steps["step"].astype(str)), runs.profiler.json()))
+    sql = runs.nsys.path
+    work = pd.concat([nsql.kernels(sql).assign(kind="kernel"), nsql.memcpy(sql).assign(kind="memcpy"),
+                      nsql.memset(sql).assign(kind="memset")], ignore_index=True)
+    found.append(("nsys", work, nsql.runtime_calls(sql), activity.step_ranges(nsql.nvtx_ranges(sql)), runs.nvtx.json()))
+    for name, work, runtime, ranges, js in found:
+        ends = _step_ends(work.dropna(subset=["correlationId"]), runtime.dropna(subset=["correlationId"]), ranges)
+        events = float(np.median(js["event_ms"]))
+        rows.append({"run": name, "CUDA events ms": events, "GPU span ms": float(ends["span_ms"].median()),
+                     "kernels' span ms": float(ends["kernel_span_ms"].median()),
+                     "after the last kernel ms": float(ends["after_last_kernel_ms"].median()),
+                     "steps ending on a copy": f"{int(ends['last_is_copy'].sum())} of {len(ends)}",
+                     "kernels' span / events": float(ends["kernel_span_ms"].median()) / events})
+    return pd.DataFrame(rows).set_index("run")
 
 
 GRAPH_LAUNCH = "cudaGraphLaunch"
@@ -196,12 +246,16 @@ def launch_pace(trace: Trace, pattern: str = r"step (\d+)") -> pd.DataFrame:
 
 def same_process_baseline(runs: ReconcileRuns) -> pd.DataFrame:
     """For each profiled run of ``reconcile.py``: CUDA-event step times without the profiler in the same process
-    (before and after the profiled steps), beside the profiled steps, and the ratio.
+    (before and after the profiled steps), beside the profiled steps, and the profiled steps' ratio to each.
 
     Comparing the profiled run with the separate run of ``--mode events`` compares two
     processes, and a host-bound step drifts between processes; the unprofiled steps of the
-    same process remove that drift from the ratio. Empty for captures made before the
-    script timed them (their JSON has no ``baseline_event_ms``).
+    same process remove that drift from the ratio. The steps before and after are kept apart
+    (a pooled median of the two falls between them when they differ, and describes neither):
+    after ``torch.profiler`` stops, Kineto may keep CUPTI attached (it tears CUPTI down only
+    with ``TEARDOWN_CUPTI=1``; pytorch/pytorch#144455), so the steps after are not a clean
+    baseline. Empty for captures made before the script timed them (their JSON has no
+    ``baseline_event_ms``).
     """
     rows = []
     for name, found in (("torch.profiler", runs.profiler), ("nsys", runs.nvtx)):
@@ -209,10 +263,10 @@ def same_process_baseline(runs: ReconcileRuns) -> pd.DataFrame:
         before, after = r.get("baseline_event_ms"), r.get("after_event_ms")
         if not before or not r.get("event_ms"):
             continue
-        unprofiled = float(np.median(before + (after or [])))
         profiled = float(np.median(r["event_ms"]))
-        rows.append({"run": name, "unprofiled before ms": float(np.median(before)),
-                     "unprofiled after ms": float(np.median(after)) if after else np.nan,
-                     "profiled ms": profiled, "profiled / unprofiled": profiled / unprofiled})
+        b = float(np.median(before))
+        a = float(np.median(after)) if after else np.nan
+        rows.append({"run": name, "unprofiled before ms": b, "unprofiled after ms": a, "profiled ms": profiled,
+                     "profiled / before": profiled / b, "profiled / after": profiled / a})
     return pd.DataFrame(rows, columns=["run", "unprofiled before ms", "unprofiled after ms", "profiled ms",
-                                       "profiled / unprofiled"]).set_index("run")
+                                       "profiled / before", "profiled / after"]).set_index("run")
