@@ -622,6 +622,22 @@ NUMBERED_STEP = r"step_(\d+)"  # what the course's example scripts name each ste
 _STEP_COLUMNS = ["step", "text", "start", "end", "globalTid"]
 
 
+def _repeated_hint(names: pd.Series) -> str:
+    """Where no range is named like a step: the range repeated most often, and the ``--steps`` that would use it.
+
+    A loop annotated with ``record_function("forward")`` or an optimizer step repeats a range once per
+    iteration even when nothing is called a step; the most repeated name is the likeliest stand-in.
+    """
+    counts = names[names.str.strip() != ""].value_counts()
+    counts = counts[counts >= 2]
+    if counts.empty:
+        return ""
+    name, n = str(counts.index[0]), int(counts.iloc[0])
+    import shlex
+
+    return f"; the range repeated most often is {name!r} ({n:,} times): --steps {shlex.quote(re.escape(name))} would use it"
+
+
 def find_steps(ranges: pd.DataFrame, pattern: str | None = None, *,
                keep: Sequence[str] = ()) -> tuple[pd.DataFrame, str]:
     """The ranges that are the program's steps, and the rule that picked them (see the module's text).
@@ -637,7 +653,14 @@ def find_steps(ranges: pd.DataFrame, pattern: str | None = None, *,
         return empty, "no annotated ranges in the capture, so no steps"
     names = ranges["text"].astype(str)
     if pattern is not None:
-        rx = re.compile(pattern)
+        try:
+            rx = re.compile(pattern)
+        except re.error as exc:
+            from .errors import GpuprofError
+
+            raise GpuprofError(f"--steps {pattern!r} is not a regular expression ({exc}).",
+                               "Escape ( ) [ ] . * + ? with a backslash to match them as written, and quote the "
+                               "pattern for the shell: --steps 'train_step'.") from None
         hit = names.map(lambda n: rx.fullmatch(n) is not None)
         rule = f"ranges matching {pattern!r}"
     else:
@@ -651,7 +674,7 @@ def find_steps(ranges: pd.DataFrame, pattern: str | None = None, *,
             plain = names[names.map(lambda n: STEP_REPEATED.match(n) is not None)]
             counts = plain.value_counts()
             if counts.empty or counts.iloc[0] < 2:
-                return empty, "no range looks like a step (give --steps REGEX)"
+                return empty, "no range looks like a step (give --steps REGEX)" + _repeated_hint(names)
             name = str(counts.index[0])
             rx, hit, rule = re.compile(re.escape(name)), names == name, f"the repeated range {name!r}"
     s = ranges[hit.to_numpy()].sort_values("start", kind="stable", ignore_index=True)

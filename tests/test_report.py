@@ -395,7 +395,8 @@ def test_report_writes_one_self_contained_html_page(tmp_path):
     (["report", "{tmp}/missing.sqlite"], "does not exist"),
     (["report", "{tmp}/cut.sqlite"], "damaged"),
     (["report", "{ch06}/rung0.sqlite", "--window", "no_such_range"], "no range of that name"),
-    (["report", "{ch06}/rung0.sqlite", "--window", "5:2"], "must come after"),
+    (["report", "{ch06}/rung0.sqlite", "--window", "5:2"], "must come after the start. Give --window"),
+    (["report", "{ch06}/rung0.sqlite", "--steps", "("], "is not a regular expression"),
     (["report", "{ch06}/rung0.sqlite", "--top", "0"], "out of range"),
     (["report", "{ch06}/rung0.sqlite", "-o", "{tmp}/no/such/dir/r.html"], "does not exist"),
     (["diff", "{ch06}/rung0.sqlite", "{ch04}/ladder.ncu-rep"], "cannot be compared"),
@@ -565,3 +566,41 @@ def test_a_table_is_found_by_its_heading_or_a_prefix_of_it_as_terminal_text_only
         page.table("Kernels that")
     with pytest.raises(KeyError, match="no table"):
         page.table("Idle")
+
+
+def test_cross_tool_key_gives_nsys_and_the_pytorch_profiler_spellings_one_key():
+    from gpuprof.report.activity_view import cross_tool_key
+
+    pairs = [
+        ("void at::native::<unnamed>::max_pool_backward_nchw<float, float, int>(const T1 *, const long *, T3, int)",
+         "void at::native::(anonymous namespace)::max_pool_backward_nchw<float, float, int>(float const*, long const*, int, int)"),
+        ("void <unnamed>::softmax_warp_forward<float, float, float, (int)4, (bool)1, (bool)0>(T2 *, const T1 *, int)",
+         "void (anonymous namespace)::softmax_warp_forward<float, float, float, 4, true, false>(float*, float const*, int)"),
+        ("void at::native::elementwise_kernel<128, 2, void at::native::gpu_kernel_impl_nocast<at::native::CUDAFunctor_add"
+         "<float>>(at::TensorIteratorBase &, const T1 &)::[lambda(int) (instance 1)]>(int, T3)",
+         "void at::native::elementwise_kernel<128, 2, at::native::gpu_kernel_impl_nocast<at::native::CUDAFunctor_add"
+         "<float>>(at::TensorIteratorBase&, at::native::CUDAFunctor_add<float> const&)::{lambda(int)#1}>(int, "
+         "at::native::gpu_kernel_impl_nocast<at::native::CUDAFunctor_add<float>>)"),
+        ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, std::array<char *, 1>>(int, T2, T3)",
+         "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, std::array<char*, 1ul>>(int, "
+         "at::native::FillFunctor<float>, std::array<char*, 1ul>)"),
+    ]
+    for nsys_name, kineto_name in pairs:
+        assert cross_tool_key(nsys_name) == cross_tool_key(kineto_name)
+    assert cross_tool_key(pairs[0][0]) != cross_tool_key(pairs[1][0])
+    # template arguments still tell instances apart
+    assert cross_tool_key("k<float, (int)4>(int)") != cross_tool_key("k<float, 8>(int)")
+
+
+def test_diff_of_an_nsys_export_and_a_trace_of_the_same_program_matches_every_kernel():
+    """Chapter 5's batch-256 step, captured by nsys in one process and by the PyTorch profiler in another: the same
+    kernels, so nothing appeared or disappeared, and the per-step counts agree."""
+    from gpuprof.report.activity_view import load
+    from gpuprof.report.diff import kernel_changes
+
+    ch05 = REPO_ROOT / "artifacts" / "ch05"
+    changes, per_step = kernel_changes(load(ch05 / "reconcile_256_nsys.sqlite.gz", "nsys"),
+                                       load(ch05 / "reconcile_256_steps.json.gz", "kineto"))
+    assert per_step and len(changes) == 32
+    assert (changes["count_before"] > 0).all() and (changes["count_after"] > 0).all()
+    assert (changes["count_before"] == changes["count_after"]).all()

@@ -175,6 +175,23 @@ def test_steps_are_found_by_a_stated_rule(names, pattern, steps, rule):
     assert rule in said
 
 
+def test_without_step_names_the_most_repeated_range_is_offered_as_steps():
+    found, said = find_steps(_ranges(["forward", "backward", "forward", "optimizer.step (Adam)", "backward", "forward"]))
+    assert found.empty and "'forward' (3 times): --steps forward would use it" in said
+    again, rule = find_steps(_ranges(["forward", "backward", "forward", "forward"]), "forward")
+    assert len(again) == 3 and "matching 'forward'" in rule
+    said = find_steps(_ranges(["Optimizer.step#Adam.step", "x", "Optimizer.step#Adam.step"]))[1]
+    assert r"--steps 'Optimizer\.step\#Adam\.step' would use it" in said  # quoted as typed in a shell
+    assert find_steps(_ranges(["a", "b"]))[1] == "no range looks like a step (give --steps REGEX)"
+
+
+def test_a_bad_steps_pattern_is_one_sentence():
+    from gpuprof.errors import GpuprofError
+
+    with pytest.raises(GpuprofError, match=r"--steps '\(' is not a regular expression .*Escape"):
+        find_steps(_ranges(["step_1"]), "(")
+
+
 def test_step_ranges_are_the_scripts_step_n_sorted_by_start_with_kept_columns():
     ranges = _ranges(["step_2", "warmup", "step_10", "step_x", "my_step_3"]).iloc[[2, 0, 1, 3, 4]]
     ranges["duration_ns"] = ranges["end"] - ranges["start"]

@@ -518,6 +518,32 @@ def compact_name(demangled: str) -> str:
     return s.strip()
 
 
+def cross_tool_key(demangled: str) -> str:
+    """A demangled kernel name reduced to what nsys and the PyTorch profiler print alike.
+
+    The two tools demangle with different demanglers: nsys writes ``<unnamed>``, ``(int)4``,
+    ``(bool)1``, ``[lambda(int) (instance 1)]``, template parameter names in parameter lists
+    (``const T1 *``) and ``void`` before nested function names; the PyTorch profiler (the C++ ABI's
+    demangler) writes ``(anonymous namespace)``, ``4``, ``true``, ``{lambda(int)#1}``, the types
+    themselves and ``1ul``. The key keeps the namespaces, the name and its template arguments,
+    normalises those spellings and drops every parenthesised part (parameter lists), so one kernel
+    has one key in both tools (all 32 kernels of chapter 5's batch-256 step, and all 30 at batch 2048,
+    match one to one between its nsys export and its trace).
+    """
+    s = str(demangled).replace("(anonymous namespace)", "<unnamed>")
+    s = re.sub(r"\[lambda\([^\]]*?\) \(instance (\d+)\)\]", r"lambda#\1", s)
+    s = re.sub(r"\{lambda\([^}]*?\)#(\d+)\}", r"lambda#\1", s)
+    s = re.sub(r"\(bool\)1\b", "true", s)
+    s = re.sub(r"\(bool\)0\b", "false", s)
+    s = re.sub(r"\((?:unsigned |signed )?(?:char|short|int|long|long long)\)(-?\d+)", r"\1", s)
+    previous = None
+    while previous != s:  # innermost parentheses first, until none are left
+        previous, s = s, re.sub(r"\([^()]*\)", "", s)
+    s = re.sub(r"\b(?:void|const)\b", "", s)
+    s = re.sub(r"\b(\d+)(?:ull|ul|ll|u|l)\b", r"\1", s)
+    return re.sub(r"\s+", "", s)
+
+
 def kernel_labels(pairs: pd.DataFrame) -> dict[str, str]:
     """A readable, unique label per demangled name among ``pairs`` (columns name, demangled).
 

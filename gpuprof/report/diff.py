@@ -5,7 +5,9 @@ profiler, in any pairing): the headline numbers side by side with their ratio; k
 time by kind, and convolution and matrix-product time by the precision their names
 say; the kernels that appeared and disappeared; the kernels whose time changed most.
 
-Kernels are matched by their demangled names, one row per template instance: a short
+Kernels are matched by their demangled names, one row per template instance (between an nsys
+export and a PyTorch profiler trace, by :func:`~gpuprof.report.activity_view.cross_tool_key`, the part
+of the name both tools' demanglers print alike): a short
 name is often generic (CUTLASS's ``Kernel2`` is an FP32 SIMT GEMM in one capture and a
 bf16 tensor-core GEMM in the other, cuDNN's ``Kernel`` a convolution or a split-K
 reduction, ATen's ``elementwise_kernel`` every elementwise operator), and matching by it
@@ -30,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from ..kernel_kinds import time_by_precision
-from .activity_view import ActivityView, headline, kernel_labels, kernels_by_name
+from .activity_view import ActivityView, cross_tool_key, headline, kernel_labels, kernels_by_name
 from .page import Page
 from .timeline_page import HEADLINE_LABELS
 
@@ -50,6 +52,17 @@ def _per(view: ActivityView, table: pd.DataFrame, columns: list[str], per_step: 
     return table
 
 
+def _by_cross_tool_key(table: pd.DataFrame) -> pd.DataFrame:
+    """``kernels_by_name``'s table keyed by :func:`cross_tool_key` (the names the two tools print alike),
+    summing the rows of any two demangled names that reduce to one key."""
+    if table.empty:
+        return table
+    keyed = table.assign(demangled=table["demangled"].map(cross_tool_key))
+    g = keyed.groupby("demangled", sort=False)
+    return g.agg(name=("name", "first"), kind=("kind", "first"), count=("count", "sum"),
+                 total_ms=("total_ms", "sum")).reset_index()[table.columns]
+
+
 def kernel_changes(before: ActivityView, after: ActivityView) -> tuple[pd.DataFrame, bool]:
     """Per kernel (demangled name) in either capture: its label (:func:`~gpuprof.report.activity_view.kernel_labels`
     over both captures), kind, count and ms before and after (per step when both have steps), the change in
@@ -60,6 +73,8 @@ def kernel_changes(before: ActivityView, after: ActivityView) -> tuple[pd.DataFr
     labels = kernel_labels(pairs.assign(demangled=pairs["demangled"].fillna(pairs["name"]))) if len(pairs) else {}
     b = _per(before, kernels_by_name(before, labels), ["count", "total_ms"], per_step)
     a = _per(after, kernels_by_name(after, labels), ["count", "total_ms"], per_step)
+    if before.tool != after.tool:  # nsys and the PyTorch profiler spell one demangled name two ways
+        b, a = _by_cross_tool_key(b), _by_cross_tool_key(a)
     m = b.merge(a, on="demangled", how="outer", suffixes=("_before", "_after"))
     m["name"] = m["name_before"].fillna(m["name_after"])
     m["kind"] = m["kind_before"].fillna(m["kind_after"])

@@ -62,14 +62,14 @@ def parse_window(text: str, view: ActivityView) -> tuple[int, int]:
         t0 = int(view.work["start"].min())
         lo, hi = t0 + int(float(m.group(1)) * 1e6), t0 + int(float(m.group(2)) * 1e6)
         if hi <= lo:
-            raise ValueError(f"--window {text}: the end must come after the start")
+            raise ValueError(f"--window {text}: the end must come after the start.")
         return lo, hi
     if text == "step" and not view.steps.empty:
         last = view.steps.iloc[-1]
         return int(last["start"]), int(last["end"])
     rows = view.ranges[view.ranges["text"].astype(str) == text] if not view.ranges.empty else view.ranges
     if rows.empty:
-        raise ValueError(f"--window {text!r}: no range of that name, and not A:B in milliseconds")
+        raise ValueError(f"--window {text!r}: no range of that name, and not A:B in milliseconds.")
     last = rows.sort_values("start").iloc[-1]
     return int(last["start"]), int(last["end"])
 
