@@ -18,7 +18,7 @@ from typing import overload
 import pandas as pd
 
 __all__ = ["COMMUNICATION_RULE", "is_communication", "KIND_RULES", "kernel_kind", "time_by_kind", "PRECISION_RULES", "precision", "time_by_precision",
-           "tensor_cores", "matmul_table"]
+           "FAST_F32_ATTENTION", "tensor_cores", "matmul_table"]
 
 # Communication: a kernel whose name starts with "nccl", case-insensitive. NCCL names every kernel it
 # launches so (ncclDevKernel_AllReduce_Sum_f32_RING_LL, ncclDevKernel_AllGather_RING_LL,
@@ -142,14 +142,29 @@ def time_by_precision(kernels: pd.DataFrame, kinds: tuple[str, ...] = ("convolut
     return out.sort_values(["kind", "time_ms"], ascending=[True, False], ignore_index=True)[cols]
 
 
+# PyTorch's memory-efficient attention on FP32 inputs, built for sm80 and later (it runs on Hopper too:
+# ``fmha_cutlassF_f32_aligned_64x64_rf_sm80``, ``fmha_cutlassB_f32_..._sm80``). Its name says f32, yet in
+# pytorch/pytorch aten/src/ATen/native/transformers/cuda/mem_eff_attention/gemm_kernel_utils.h,
+# ``DefaultGemmType<ArchTag, float>`` for ``ArchTag::kMinComputeCapability >= 80`` is ``OpClassTensorOp``
+# with ``InstructionShape 16x8x8`` and ``Operator OpMultiplyAddFastF32``, which CUTLASS's cutlass/arch/mma.h
+# defines as "the input is converted to 2 (big and small) TF32 components / Perform 3xTF32 or 4xTF32 for
+# every F32 output element": tensor cores, near-FP32 accuracy, and untouched by the TF32 switches.
+# (Before sm80 the same file falls back to OpClassSimt, FMA on the CUDA cores: those names end in sm50/70/75.)
+FAST_F32_ATTENTION = r"fmha_cutlass[fb]_f32_\w*_sm(8\d|9\d|1\d\d)\b"
+
+
 def tensor_cores(name: str, demangled: str = "") -> str:
     """Whether a matrix-product kernel's name says it runs on tensor cores, and with what inputs.
 
     From the names cuBLAS, CUTLASS and cuDNN give their kernels: ``ffma``/``simt``/``sgemm``
     are FP32 fused multiply-adds on the CUDA cores; ``nvjet``/``wgmma``/``tensorop``/``s1688``...
     are tensor-core kernels; ``bf16``/``f16``/``tf32`` name the input type where the name has it.
+    PyTorch's FP32 memory-efficient attention for sm80+ (``fmha_cutlass*_f32_*_sm80``) is ``yes (3xTF32)``:
+    see :data:`FAST_F32_ATTENTION` for the source that says so.
     """
     text = f"{name} {demangled}".lower()
+    if re.search(FAST_F32_ATTENTION, text):
+        return "yes (3xTF32)"
     if re.search(r"ffma|simt|sgemm", text):
         return "no: FP32 on CUDA cores"
     kind = next((t for t in ("bf16", "tf32", "f16") if t in text), None)

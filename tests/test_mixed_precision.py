@@ -123,8 +123,16 @@ def test_the_reference_run_meets_the_chapters_claims(data):
     assert mp.speedup_floor(t, mp.LARGE_BATCH, "bf16") >= 2.0
     assert mp.fit_table(data).set_index("mode").loc["bf16", "vs_fp32"] >= 1.4
     under = mp.underflow_table(data)
-    assert under.loc["fp16-noscaler", "underflowed"] > 100 * (under.loc["fp16", "underflowed"] + 1)
+    assert under.loc["fp16-noscaler", "zero_not_in_fp32"] > 100 * (under.loc["fp16", "zero_not_in_fp32"] + 1)
     assert (mp.loss_agreement(mp.loss_curves(data)) <= 0.01).all()
+    # the scaler's first skip is the second step (after the first update), in every FP16 process
+    h = mp.scale_history(data)
+    assert h.loc[h["skipped"], "step"].unique().tolist() == [1] and (h.loc[h["step"] == 0, "scale_after"] == 65536).all()
+    per_seq = mp.memory_per_sequence(data)
+    assert 0.5 < per_seq.loc["bf16", "slope_vs_fp32"] < 0.6  # activations per sequence well above half of FP32's
+    assert abs(per_seq.loc["bf16", "predicted_largest"] / per_seq.loc["fp32", "predicted_largest"] - 1.8) < 0.1
+    top = mp.underflow_top(data)
+    assert top.attrs["total"] == under.loc["fp16-noscaler", "zero_not_in_fp32"] and 0 < top.attrs["kept"] < top.attrs["total"]
 
 
 def test_capture_readers_on_the_reference_captures():
@@ -138,7 +146,18 @@ def test_capture_readers_on_the_reference_captures():
         assert "measured_steps" in texts and not any(t.startswith("warmup") for t in texts)
     shares = s[["tensor_core_share", "other_matmul_share", "cast_share", "rest_share"]].sum(axis=1)
     assert shares.round(9).eq(1).all()  # the four shares split all kernel time
-    assert s.loc["fp32", "tensor_core_share"] == 0 and s.loc["fp32", "casts_per_step"] == 0
+    assert s.loc["fp32", "casts_per_step"] == 0
+    # FP32's matrix products run on the CUDA cores; its attention (PyTorch's memory-efficient kernel, sm80 build)
+    # is 3xTF32 on tensor cores, in fp32 and tf32 modes alike
+    work = mp.matmul_work(paths)
+    assert work.loc["fp32", "matmul_tensor_core_ms"] == 0 and work.loc["fp32", "matmul_ms"] > 0
+    assert (work.loc[["fp32", "tf32"], "attention_tensor_core_ms"] == work.loc[["fp32", "tf32"], "attention_ms"]).all()
+    assert 0 < s.loc["fp32", "tensor_core_share"] < 0.1
+    assert work.loc["fp32", "matmul_ms"] / work.loc["bf16", "matmul_ms"] > 2 * work.loc["fp32", "gpu_ms"] / work.loc["bf16", "gpu_ms"]
+    ph = mp.phase_work(paths)
+    assert (ph.groupby(level="mode")["kernels"].sum() - s["kernels_per_step"]).abs().max() <= 1
+    assert ph.loc[("bf16", "forward"), "cpu_ms"] > 2 * ph.loc[("bf16", "forward"), "gpu_ms"]  # host-bound at batch 32
+    assert ph.loc[("fp32", "forward"), "casts"] == 0 and ph.loc[("bf16", "forward"), "casts"] > 0
     assert s.loc["bf16", "casts_per_step"] > 0 and s.loc["bf16", "gpu_ms_per_step"] < 0.5 * s.loc["fp32", "gpu_ms_per_step"]
     w = mp.scaler_work(paths)
     assert w["scaler_kernels_per_step"].gt(0).tolist() == [m == "fp16" for m in w.index]

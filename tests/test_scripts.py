@@ -49,6 +49,7 @@ SMALL_ARGS = {"tiny_kernels.py": ["--steps", "2", "--kernels", "10"], "saxpy.py"
                                "--json", "{tmp}/k.json"],
               "ddp_buckets.py": ["--width", "512", "--depth", "4", "--bucket-mb", "default,25,1", "--json", "{tmp}/b.json"],
               "allreduce_bandwidth.py": ["--cpu", "--sizes", "4K", "--iterations", "2", "--json", "{tmp}/a.json"],
+              "fp8_matmul.py": ["--m", "64", "--k", "64", "--n", "32", "--repeats", "2", "--json", "{tmp}/f.json"],
               "mixed_precision.py": ["--mode", "fp16", "--layers", "1", "--d-model", "64", "--heads", "4", "--d-ff", "128",
                                      "--batch-size", "2", "--seq-len", "16", "--warmup", "1", "--steps", "2",
                                      "--json", "{tmp}/mp.json"]}
@@ -178,6 +179,8 @@ BAD_INPUT = {
                                (["--json", "/no/such/dir/a.json"], "does not exist")],
     "mixed_precision.py": [(["--steps", "0"], "must be at least 1"), (["--json", "/no/such/dir/m.json"], "does not exist"),
                            (["--mode", "fp8"], "invalid choice")],
+    "fp8_matmul.py": [(["--m", "100"], "is not a multiple of 16"), (["--repeats", "0"], "must be at least 1"),
+                      (["--json", "/no/such/dir/f.json"], "does not exist")],
 }
 # Sizes no machine the course runs on can hold (each well above an H200's 141 GB and the GPU hosts' 128 GB): one
 # sentence saying what the run needs and what there is, before anything is allocated.
@@ -194,6 +197,7 @@ TOO_BIG_INPUT = {
     "train_profiled.py": [["--batch", "100000"]], "reconcile.py": [["--batch", "100000"]],
     "profiler_overhead.py": [["--batch", "100000"]], "spills.py": [["--n", "100000000000"]],
     "mixed_precision.py": [["--batch-size", "100000000"], ["--d-model", "1000000", "--heads", "1"]],
+    "fp8_matmul.py": [["--m", "1600000000"]],
 }
 # Counts that would run for days are refused with the limit stated.
 TOO_MANY = {

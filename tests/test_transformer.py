@@ -235,6 +235,11 @@ def test_time_by_kind_uses_the_demangled_name_only_where_the_short_one_says_noth
     ("nvjet_sm90_tst_96x128_64x6_2x1_v_bz_NNN", "yes"),
     ("cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x2_tn_align2", "yes (bf16)"),
     ("splitKreduce_kernel", "unknown from the name"),
+    # PyTorch's FP32 memory-efficient attention: 3xTF32 on tensor cores from sm80 on, SIMT before
+    ("fmha_cutlassB_f32_aligned_64x64_k64_sm80", "yes (3xTF32)"),
+    ("fmha_cutlassF_f32_aligned_64x64_rf_sm80", "yes (3xTF32)"),
+    ("fmha_cutlassF_f32_aligned_32x128_gmem_sm90", "yes (3xTF32)"),
+    ("fmha_cutlassF_f32_aligned_64x64_rf_sm75", "unknown from the name"),
 ])
 def test_tensor_cores_from_the_name(name, answer):
     assert tensor_cores(name) == answer

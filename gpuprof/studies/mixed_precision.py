@@ -35,7 +35,8 @@ from ..runner import portable_command, python_target
 
 __all__ = ["SCRIPT", "MODES", "FAILURE", "SMALL_BATCH", "LARGE_BATCH", "ROUNDS", "BUDGET_GIB", "run_plan", "run_study",
            "timing_table", "speedup_floor", "fit_table", "loss_curves", "loss_agreement", "underflow_table",
-           "capture_mode", "capture_summary", "gemm_kernels", "scaler_work", "CAST", "SCALER", "figure"]
+           "scale_history", "underflow_top", "memory_per_sequence", "capture_mode", "capture_summary", "gemm_kernels",
+           "matmul_work", "PHASES", "OPTIMIZER", "phase_work", "scaler_work", "CAST", "SCALER", "figure"]
 
 SCRIPT = REPO_ROOT / "examples" / "nsys" / "mixed_precision.py"
 MODES = ("fp32", "tf32", "fp16", "bf16")
@@ -191,21 +192,73 @@ def loss_agreement(curves: pd.DataFrame) -> pd.Series:
 
 
 def underflow_table(data: dict[str, Any], batch: int = SMALL_BATCH) -> pd.DataFrame:
-    """Per mode, the first step's gradient elements that are zero in that mode but not in the FP32 reference,
-    their share, and the parameter that lost most; and the FP32 reference's own census of where its gradient
-    elements would fall in FP16's range."""
+    """Per mode, the first step's gradient elements that are zero in that mode but not in the FP32 reference
+    (``zero_not_in_fp32``), their share, and the parameter that lost most; and the FP32 reference's own census of
+    where its gradient elements would fall in FP16's range (``attrs['census']``).
+
+    The column is named for what it counts, not "underflow": TF32 keeps FP32's exponent range, so its few
+    zeros come from different rounding (a sum that cancels), not from a range it cannot hold; only in FP16
+    without a scaler is the count dominated by underflow. The census counts every parameter, including
+    those whose gradient autocast leaves in FP32 (LayerNorm, embeddings), so it is not a prediction of
+    the count."""
     rows, census = [], None
     for r in _timed(data):
         if r["batch"] != batch or any(x["mode"] == r["mode"] for x in rows):
             continue
         top = max(r["underflow_by_parameter"].items(), key=lambda kv: kv[1], default=("-", 0))
-        rows.append({"mode": r["mode"], "underflowed": r["underflowed_grad_elements"],
+        rows.append({"mode": r["mode"], "zero_not_in_fp32": r["underflowed_grad_elements"],
                      "share": r["underflowed_grad_elements"] / r["grad_elements"], "most_in": top[0],
                      "there": top[1], "skipped_steps": sum(s["skipped"] for s in r["steps"])})
         census = census or r.get("reference_fp16_census")
     out = pd.DataFrame(rows).set_index("mode")
     out = out.loc[[m for m in (*MODES, FAILURE) if m in out.index]]
     out.attrs["census"] = census
+    return out
+
+
+def scale_history(data: dict[str, Any], mode: str = "fp16", batch: int = SMALL_BATCH, steps: int = 4) -> pd.DataFrame:
+    """The first ``steps`` steps of every ``mode`` process at ``batch``: loss, the scaler's scale after the step,
+    and whether the step was skipped (the script marks a step skipped when the scale fell over it). Which step
+    overflowed is read here, not assumed: the processes are rows, so a reader sees whether they agree."""
+    rows = []
+    for r in _timed(data):
+        if r["mode"] != mode or r["batch"] != batch:
+            continue
+        for s in r["steps"][:steps]:
+            rows.append({"round": r["round"], "step": s["step"], "loss": s["loss"], "scale_after": s["scale"],
+                         "skipped": s["skipped"]})
+    return pd.DataFrame(rows)
+
+
+def underflow_top(data: dict[str, Any], mode: str = FAILURE, batch: int = SMALL_BATCH) -> pd.DataFrame:
+    """The parameters that lost most gradient elements to zero in ``mode`` (the script keeps its top five), each
+    with its share of the mode's whole count; ``attrs['total']`` is that count, ``attrs['kept']`` their sum."""
+    run = next(r for r in _timed(data) if r["mode"] == mode and r["batch"] == batch)
+    total = run["underflowed_grad_elements"]
+    out = pd.DataFrame([{"parameter": k, "zeroed": v, "share": v / total}
+                        for k, v in sorted(run["underflow_by_parameter"].items(), key=lambda kv: -kv[1])])
+    out.attrs.update(total=total, kept=int(out["zeroed"].sum()) if len(out) else 0)
+    return out
+
+
+def memory_per_sequence(data: dict[str, Any], from_batch: int = SMALL_BATCH) -> pd.DataFrame:
+    """Per mode probed for the largest batch: a straight line through the probes' peaks (least squares over the
+    probes that fitted, from ``from_batch`` up; smaller batches sit on the allocator's floor), as GiB per
+    sequence (``slope_GiB``: activations and what else grows with the batch) and GiB at batch 0
+    (``intercept_GiB``: weights, gradients, optimizer state and autocast's weight copies), with each slope as a
+    share of FP32's and the largest batch the line predicts in the budget. The ratio of two modes' largest
+    batches is set by their slopes and intercepts; a fixed part common to both modes cannot change it."""
+    rows = []
+    for r in data["runs"]:
+        if r["kind"] != "fit":
+            continue
+        pts = [(p["batch"], p["peak_bytes"] / 2**30) for p in r["probes"] if p["fits"] and p["batch"] >= from_batch]
+        b, m = np.array(pts, dtype=float).T
+        slope, intercept = np.polyfit(b, m, 1)
+        rows.append({"mode": r["mode"], "probes_fitted": len(pts), "slope_GiB": slope, "intercept_GiB": intercept,
+                     "predicted_largest": (r["budget_gib"] - intercept) / slope, "largest_batch": r["largest_batch"]})
+    out = pd.DataFrame(rows).set_index("mode")
+    out["slope_vs_fp32"] = out["slope_GiB"] / out.loc["fp32", "slope_GiB"]
     return out
 
 
@@ -267,6 +320,52 @@ def gemm_kernels(paths: dict[str, str | Path], top: int = 3) -> pd.DataFrame:
     out = pd.concat(parts, ignore_index=True)
     out["kernel"] = out["kernel"].str.slice(0, 60)
     return out[["mode", "kernel", "kind", "per_step", "ms_per_step", "tensor_cores"]]
+
+
+def matmul_work(paths: dict[str, str | Path]) -> pd.DataFrame:
+    """Per mode, per step: GPU time of the matrix products, of attention, and of all kernels, with the part of
+    each that runs on tensor cores (:func:`gpuprof.kernel_kinds.tensor_cores`). The matrix products' own
+    speed-up is the ratio of ``matmul_ms``; ``gpu_ms`` is the whole GPU work, of which they are one part."""
+    rows = []
+    for mode, path in paths.items():
+        hits, _, _, n = _step_work(path)
+        full = hits["demangled"].fillna(hits["name"])
+        kind = np.array([kernel_kind(a, b) for a, b in zip(hits["name"], full)])
+        tc = np.array([tensor_cores(a, b).startswith("yes") for a, b in zip(hits["name"], full)])
+        t = hits["duration_ns"].to_numpy() / 1e6 / n
+        mm, att = kind == "matrix product", kind == "attention"
+        rows.append({"mode": mode, "matmul_ms": t[mm].sum(), "matmul_tensor_core_ms": t[mm & tc].sum(),
+                     "attention_ms": t[att].sum(), "attention_tensor_core_ms": t[att & tc].sum(), "gpu_ms": t.sum()})
+    return pd.DataFrame(rows).set_index("mode")
+
+
+PHASES = ("forward", "backward", "optimizer_step")
+OPTIMIZER = r"multi_tensor_apply"
+
+
+def phase_work(paths: dict[str, str | Path]) -> pd.DataFrame:
+    """Per mode and phase (the script's ``forward``, ``backward`` and ``optimizer_step`` ranges), per step: how
+    long the range lasted on the CPU (``cpu_ms``), and the kernels launched while it was open (rule "window":
+    autograd launches backward from a thread of its own), their count, their GPU time, and how many of them
+    are casts (:data:`CAST`) and optimizer kernels (:data:`OPTIMIZER`). A phase whose ``cpu_ms`` is several
+    times its ``gpu_ms`` is bound by the host: the GPU ran its kernels faster than the CPU issued them."""
+    rows = []
+    for mode, path in paths.items():
+        ranges = ns.nvtx_ranges(path)
+        n = len(ta.step_ranges(ranges))
+        phases = ranges[ranges["text"].isin(PHASES)]
+        hits = ta.attribute_kernels(ns.kernels(path), ns.runtime_calls(path), phases, rule="window")
+        full = hits["demangled"].fillna(hits["name"])
+        for phase in PHASES:
+            r = phases[phases["text"] == phase]
+            h = hits["range_text"] == phase
+            rows.append({"mode": mode, "phase": phase, "cpu_ms": float((r["end"] - r["start"]).sum()) / 1e6 / n,
+                         "kernels": int(h.sum()) / n, "gpu_ms": float(hits.loc[h, "duration_ns"].sum()) / 1e6 / n,
+                         "casts": int((h & full.str.contains(CAST, regex=True)).sum()) / n,
+                         "optimizer_kernels": int((h & full.str.contains(OPTIMIZER, regex=True)).sum()) / n,
+                         "optimizer_gpu_ms": float(hits.loc[h & full.str.contains(OPTIMIZER, regex=True),
+                                                            "duration_ns"].sum()) / 1e6 / n})
+    return pd.DataFrame(rows).set_index(["mode", "phase"])
 
 
 def scaler_work(paths: dict[str, str | Path]) -> pd.DataFrame:
