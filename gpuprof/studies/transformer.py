@@ -11,7 +11,8 @@ four ways). This module holds what the chapter would otherwise spell out in cell
   the ranges' names, not by hand), :func:`kinds_per_step`, :func:`matmul_kernels`,
   :func:`events_vs_nvtx` and :func:`backtrace_coverage`;
 * :func:`sweep_table` and :func:`sweep_figure` for the sweep over sizes and context lengths;
-* :func:`layer_table` and :func:`layer_figure` for the launch-bound layer.
+* :func:`layer_table` and :func:`layer_figure` for the launch-bound layer, and
+  :func:`graph_input_copies` for the copies a CUDA-graph tree makes before each replay.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from ..errors import GpuprofError
 __all__ = ["BENCHMARK", "LAYER", "SIZES", "CAPTURE_ARGS", "MEASURED_RANGE", "BACKTRACES", "capture_benchmark",
            "capture_layer", "step_table", "measured", "phase_summary", "kinds_per_step", "matmul_kernels",
            "events_vs_nvtx", "backtrace_coverage", "sweep_table", "sweep_figure", "layer_table",
-           "layer_figure", "LAUNCH_CALLS", "memory_by_category", "memory_by_context", "activation_fit", "compare_optimizers", "optimizer_table",
+           "layer_figure", "graph_input_copies", "GRAPH_INPUT_COPY", "LAUNCH_CALLS", "memory_by_category", "memory_by_context", "activation_fit", "compare_optimizers", "optimizer_table",
            "run_benchmarks", "WARMUPS", "warmup_table", "ATTENTION_PARTS", "attention_split", "matmul_share"]
 
 BENCHMARK = REPO_ROOT / "examples" / "nsys" / "transformer_benchmark.py"
@@ -293,6 +294,40 @@ def layer_table(result: dict[str, Any], path: str | Path) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("variant")
 
 
+# What CUDA-graph trees launch before a replay to copy its non-static inputs into the graph's memory
+# (torch._foreach_copy_): ATen's multi-tensor kernel with the Copy functor, e.g.
+# multi_tensor_apply_kernel<TensorListMetadata<2>, UnaryOpFunctor<float, 2, 1, 1>, Copy<float, float>>.
+GRAPH_INPUT_COPY = r"multi_tensor_apply_kernel<.*\bCopy<"
+
+
+def graph_input_copies(result: dict[str, Any], path: str | Path) -> pd.DataFrame:
+    """Per variant of the layer script's capture: the multi-tensor copy kernels per forward and their GPU time.
+
+    A model compiled with ``mode="reduce-overhead"`` replays CUDA graphs, and a graph reads
+    fixed addresses: before each replay, CUDA-graph trees copy every input that is not static
+    (not a parameter, a buffer or a tensor marked with ``torch._dynamo.mark_static_address``)
+    into the graph's own memory, with one ``_foreach_copy_`` (:data:`GRAPH_INPUT_COPY`
+    kernels, launched outside the graph). Weights held as plain tensors are such inputs, and
+    copying them every forward is GPU time the compiled code without graphs does not spend.
+    ``kernel_us_per_forward`` is all the variant's kernel time, ``without_copies_us`` the rest.
+    """
+    iters = result["config"]["profile_iterations"]
+    kernels, runtime, ranges = ns.kernels(path), ns.runtime_calls(path), ns.nvtx_ranges(path)
+    rows = []
+    for v in result["variants"]:
+        r = ranges[ranges["text"] == v]
+        if r.empty:
+            continue
+        hits = ta.attribute_kernels(kernels, runtime, r, rule="window")
+        copies = hits[hits["demangled"].fillna(hits["name"]).str.contains(GRAPH_INPUT_COPY, regex=True)]
+        s, e = ta.merge_intervals(hits["start"].to_numpy(), hits["end"].to_numpy())
+        busy_us = float((e - s).sum()) / iters / 1e3
+        copy_us = float(copies["duration_ns"].sum()) / iters / 1e3
+        rows.append({"variant": v, "copy_kernels_per_forward": len(copies) / iters, "copy_us_per_forward": copy_us,
+                     "kernel_us_per_forward": busy_us, "without_copies_us": busy_us - copy_us})
+    return pd.DataFrame(rows).set_index("variant")
+
+
 def layer_figure(table: pd.DataFrame, gpu: str):  # type: ignore[no-untyped-def]
     """Kernels per layer, time per forward (kernel time and idle time) and GPU busy, per variant."""
     import matplotlib.pyplot as plt
@@ -312,7 +347,7 @@ def layer_figure(table: pd.DataFrame, gpu: str):  # type: ignore[no-untyped-def]
     axes[2].set(title="GPU busy (% of the forward)", ylim=(0, 100))
     for ax in axes:
         ax.tick_params(axis="x", labelsize=8)
-    fig.suptitle(f"The encoder stack, four ways ({gpu})", fontsize=10)
+    fig.suptitle(f"The encoder stack, {len(names)} ways ({gpu})", fontsize=10)
     fig.tight_layout()
     return fig
 
