@@ -163,7 +163,7 @@ def test_sweep_reports_out_of_memory_as_a_row(tmp_path, capsys):
     assert "1 ran, 1 out of memory, 0 failed" in out.stdout
     table = tr.sweep_table(data, peak_tflops=100.0)
     assert table["status"].tolist() == ["ok", "out of memory"]
-    assert table.loc[0, "mfu_fwd_bwd"] > 0 and pd.isna(table.loc[1, "tokens_per_s"])
+    assert table.loc[0, "matmul_rate_frac_fwd_bwd"] > 0 and pd.isna(table.loc[1, "tokens_per_s"])
 
 
 def test_benchmark_refuses_a_size_that_cannot_fit_before_allocating(tmp_path, capsys):
@@ -402,7 +402,8 @@ def test_sweep_table_of_the_reference():
     table = tr.sweep_table(data, peak)
     assert len(table) == len(tr.SIZES) * 4 and set(table["size"]) == set(tr.SIZES)
     ok = table[table["status"] == "ok"]
-    assert ((ok["mfu_fwd_bwd"] > 0) & (ok["mfu_fwd_bwd"] < 1)).all() and (ok["mfu_step"] < ok["mfu_fwd_bwd"]).all()
+    frac_fwd_bwd, frac_step = ok["matmul_rate_frac_fwd_bwd"], ok["matmul_rate_frac_step"]
+    assert ((frac_fwd_bwd > 0) & (frac_fwd_bwd < 1)).all() and (frac_step < frac_fwd_bwd).all()
 
 
 def test_library_kernels_launch_through_the_driver_api_without_backtraces():
@@ -427,7 +428,7 @@ def test_datasheet_peak_by_name_and_sweep_columns_over_it():
                       "tokens_per_s": 1.0, "forward_backward_tflops": 500.0, "achieved_tflops": 400.0,
                       "peak_memory_bytes": 2**30}]}
     t = tr.sweep_table(data, 800.0, 1000.0).iloc[0]
-    assert (t.mfu_fwd_bwd, t.mfu_step, t.datasheet_fwd_bwd, t.datasheet_step) == (0.625, 0.5, 0.5, 0.4)
+    assert (t.matmul_rate_frac_fwd_bwd, t.matmul_rate_frac_step, t.datasheet_fwd_bwd, t.datasheet_step) == (0.625, 0.5, 0.5, 0.4)
 
 
 def test_memory_by_category_counts_what_the_step_held():

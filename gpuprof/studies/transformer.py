@@ -199,13 +199,16 @@ def backtrace_coverage(path: str | Path) -> pd.DataFrame:
 # --- the sweep ------------------------------------------------------------------------------------------
 
 def sweep_table(data: dict[str, Any], peak_tflops: float | None, datasheet_tflops: float | None = None) -> pd.DataFrame:
-    """One row per size and context length: status, time of forward / forward+backward / step, tokens/s, MFU, memory.
+    """One row per size and context length: status, time of forward / forward+backward / step, tokens/s, FLOP rates
+    as shares of two peaks, memory.
 
-    ``mfu_fwd_bwd`` is model FLOPs of forward and backward over their measured time, divided
-    by ``peak_tflops`` (the bf16 matrix-product rate measured on this machine); ``mfu_step``
-    includes the optimizer's time. With ``datasheet_tflops`` (the specified dense peak), the
-    same two rates over it: ``datasheet_fwd_bwd`` and ``datasheet_step``, MFU as published
-    figures define it. Out-of-memory and failed rows keep their status and no numbers.
+    ``matmul_rate_frac_fwd_bwd`` is model FLOPs of forward and backward over their measured
+    time, divided by ``peak_tflops`` (the bf16 matrix-product rate measured on this machine);
+    ``matmul_rate_frac_step`` includes the optimizer's time. These are not MFU, whose
+    denominator is the hardware's specified peak: with ``datasheet_tflops`` (the specified
+    dense peak), the same two rates over it are ``datasheet_fwd_bwd`` and ``datasheet_step``,
+    the latter MFU as PaLM defines it and published figures quote it. Out-of-memory and
+    failed rows keep their status and no numbers.
     """
     rows = []
     for r in data["rows"]:
@@ -217,8 +220,8 @@ def sweep_table(data: dict[str, Any], peak_tflops: float | None, datasheet_tflop
                        tokens_per_s=r["tokens_per_s"], tflops_fwd_bwd=r["forward_backward_tflops"],
                        peak_GiB=(r["peak_memory_bytes"] or 0) / 2**30)
             if peak_tflops:
-                row["mfu_fwd_bwd"] = r["forward_backward_tflops"] / peak_tflops
-                row["mfu_step"] = r["achieved_tflops"] / peak_tflops
+                row["matmul_rate_frac_fwd_bwd"] = r["forward_backward_tflops"] / peak_tflops
+                row["matmul_rate_frac_step"] = r["achieved_tflops"] / peak_tflops
             if datasheet_tflops:
                 row["datasheet_fwd_bwd"] = r["forward_backward_tflops"] / datasheet_tflops
                 row["datasheet_step"] = r["achieved_tflops"] / datasheet_tflops
@@ -227,22 +230,23 @@ def sweep_table(data: dict[str, Any], peak_tflops: float | None, datasheet_tflop
 
 
 def sweep_figure(table: pd.DataFrame, gpu: str, peak_tflops: float | None):  # type: ignore[no-untyped-def]
-    """Tokens/s and model FLOP utilisation against context length, one line per size; out-of-memory points marked."""
+    """Tokens/s and the FLOP rate as a share of the measured matmul rate against context length, one line per size;
+    out-of-memory points marked."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), dpi=80)
     for size, g in table.groupby("size", sort=False):
         ok = g[g["status"] == "ok"]
         (line,) = axes[0].plot(ok["context"], ok["tokens_per_s"], marker="o", label=size)
-        if "mfu_fwd_bwd" in ok:
-            axes[1].plot(ok["context"], 100 * ok["mfu_fwd_bwd"], marker="o", color=line.get_color(), label=size)
+        if "matmul_rate_frac_fwd_bwd" in ok:
+            axes[1].plot(ok["context"], 100 * ok["matmul_rate_frac_fwd_bwd"], marker="o", color=line.get_color(), label=size)
         bad = g[g["status"] != "ok"]
         for c in bad["context"]:
             axes[0].annotate("OOM", (c, axes[0].get_ylim()[0]), color=line.get_color(), fontsize=8)
     axes[0].set(xscale="log", yscale="log", xlabel="context length (tokens)", ylabel="tokens / s (training step)",
                 title="Throughput")
     axes[1].set(xscale="log", xlabel="context length (tokens)", ylabel="% of the measured bf16 matmul rate",
-                title="Model FLOP utilisation, forward + backward")
+                title="Model FLOPs per second, forward + backward")
     contexts = sorted(table["context"].unique())
     for ax in axes:
         ax.set_xticks(contexts, labels=[str(c) for c in contexts])
