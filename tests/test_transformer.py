@@ -464,6 +464,12 @@ def test_manual_attention_computes_what_sdpa_computes():
         assert torch.allclose(fused(tokens), manual(tokens), atol=1e-5)
 
 
+def test_softmax_bytes_count_each_score_read_and_written_once():
+    cfg = {"batch_size": 4, "context_length": 512, "num_heads": 12, "num_layers": 12, "dtype": "fp32"}
+    assert tr.softmax_bytes_per_step(cfg) == 4 * 12 * 512 * 512 * 12 * 4 * 2
+    assert tr.softmax_bytes_per_step({**cfg, "dtype": "bf16"}) == tr.softmax_bytes_per_step(cfg) // 2
+
+
 def test_attention_split_of_the_reference():
     result = json.loads((REF / "attention_manual.json").read_text())
     split = tr.attention_split(REF / "attention_manual.sqlite", result["config"])

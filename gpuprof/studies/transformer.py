@@ -37,7 +37,7 @@ __all__ = ["BENCHMARK", "LAYER", "SIZES", "CAPTURE_ARGS", "MEASURED_RANGE", "BAC
            "capture_layer", "step_table", "measured", "phase_summary", "kinds_per_step", "matmul_kernels",
            "events_vs_nvtx", "backtrace_coverage", "sweep_table", "sweep_figure", "layer_table",
            "layer_figure", "graph_input_copies", "GRAPH_INPUT_COPY", "LAUNCH_CALLS", "memory_by_category", "memory_by_context", "activation_fit", "compare_optimizers", "optimizer_table",
-           "run_benchmarks", "WARMUPS", "warmup_table", "ATTENTION_PARTS", "attention_split", "matmul_share"]
+           "run_benchmarks", "WARMUPS", "warmup_table", "ATTENTION_PARTS", "attention_split", "softmax_bytes_per_step", "matmul_share"]
 
 BENCHMARK = REPO_ROOT / "examples" / "nsys" / "transformer_benchmark.py"
 LAYER = REPO_ROOT / "examples" / "nsys" / "launch_bound_layer.py"
@@ -535,6 +535,18 @@ def attention_split(path: str | Path, config: dict[str, Any]) -> pd.DataFrame:
     own = out["matmul_ms_per_step"].where(out["matmul_ms_per_step"] > 0, out["gpu_ms_per_step"])
     out["tflop_per_s"] = out["gflop_per_step"] / own
     return out
+
+
+def softmax_bytes_per_step(config: dict[str, Any]) -> int:
+    """The least memory traffic of the written-out softmax in one forward step: every score (b h t^2 per layer)
+    read once and its probability written once, in the scores' type (FP32 but for ``--dtype bf16``: 2 bytes).
+
+    A lower bound: a kernel that reads a row more than once (once for its maximum, once for
+    the sum) moves more, though a row of a few hundred scores may come from cache the second time.
+    """
+    b, t, h, layers = config["batch_size"], config["context_length"], config["num_heads"], config["num_layers"]
+    size = 2 if config.get("dtype") == "bf16" else 4
+    return 2 * size * b * h * t * t * layers
 
 
 def matmul_share(training: str | Path, forward: str | Path) -> pd.DataFrame:
