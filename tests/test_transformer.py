@@ -153,8 +153,8 @@ def test_benchmark_bad_input_is_one_sentence(args, message, capsys):
 
 @pytest.mark.slow
 def test_sweep_reports_out_of_memory_as_a_row(tmp_path, capsys):
-    """A size whose feed-forward weight cannot be allocated: a real allocation failure, here on the CPU (in a child
-    of the sweep's own fork server; the sweep's main runs in this process)."""
+    """A size whose feed-forward weight this machine cannot hold: the child refuses it before allocating (in a child
+    of the sweep's own fork server; the sweep's main runs in this process), and the sweep makes it a row."""
     out = run_script_in_process(tr.BENCHMARK, "--sweep", "--sizes", "tiny,huge:64:100000000000:1:1", "--contexts", "8",
                                 "--warmup-steps", "1", "--num-steps", "2", "--json", str(tmp_path / "s.json"), capsys=capsys)
     assert out.returncode == 0, out.stderr
@@ -163,7 +163,31 @@ def test_sweep_reports_out_of_memory_as_a_row(tmp_path, capsys):
     assert "1 ran, 1 out of memory, 0 failed" in out.stdout
     table = tr.sweep_table(data, peak_tflops=100.0)
     assert table["status"].tolist() == ["ok", "out of memory"]
-    assert table.loc[0, "mfu_fwd_bwd"] > 0 and pd.isna(table.loc[1, "tokens_per_s"])
+    assert table.loc[0, "matmul_rate_frac_fwd_bwd"] > 0 and pd.isna(table.loc[1, "tokens_per_s"])
+
+
+def test_benchmark_refuses_a_size_that_cannot_fit_before_allocating(tmp_path, capsys):
+    """What the run needs, what the machine has and which options to change, exit status 2, before any allocation
+    (the run would otherwise die allocating a trillion sequences' token ids); its --json says so for the sweep."""
+    out = run_script_in_process(tr.BENCHMARK, "--batch-size", "1000000000000", "--cpu", "--json", str(tmp_path / "r.json"),
+                                capsys=capsys)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    for words in ("batch 1,000,000,000,000", "would take at least", "GiB of host memory", "is available",
+                  "--batch-size", "--context-length"):
+        assert words in out.stderr
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["status"] == "out of memory" and "would take at least" in data["error"]
+
+
+def test_benchmark_least_bytes_counts_weights_state_tokens_and_logits():
+    bench = load_script(tr.BENCHMARK)
+    cfg = bench.model_config(bench.parse_args(["--d-model", "8", "--d-ff", "16", "--num-layers", "2", "--num-heads", "2",
+                                              "--context-length", "5", "--batch-size", "3"]))
+    weights = 2 * (4 * 8 * 8 + 2 * 8 * 16) + 8 * bench.VOCAB
+    tokens_and_logits = 3 * 6 * 8 + 3 * 5 * bench.VOCAB * 4
+    assert bench.least_bytes(cfg) == 16 * weights + tokens_and_logits
+    assert bench.least_bytes({**cfg, "forward_only": True}) == 4 * weights + tokens_and_logits
+    assert bench.least_bytes({**cfg, "dtype": "bf16"}) == 16 * weights + 3 * 6 * 8 + 3 * 5 * bench.VOCAB * 2
 
 
 @pytest.mark.slow
@@ -200,6 +224,50 @@ def test_layer_script_runs_on_the_cpu_and_skips_the_graph(tmp_path):
     r = json.loads((tmp_path / "l.json").read_text())
     assert r["variants"] == ["ops", "fused"] and r["skipped"] == ["graph"]
     assert r["results"]["ops"]["max_abs_diff"] == 0 and r["results"]["fused"]["ms_per_forward"] > 0
+
+
+class _Reads(dict):
+    """A dict that records which keys were read."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.read: set[str] = set()
+
+    def __getitem__(self, key):
+        self.read.add(key)
+        return super().__getitem__(key)
+
+
+def test_ops_input_bytes_are_the_tensors_the_op_by_op_stack_reads():
+    layer = load_script(tr.LAYER)
+    args = layer.parse_args(LAYER_TINY)
+    weights = [_Reads(w) for w in layer.make_weights(args, "cpu")]
+    x = torch.randn(args.batch_size, args.seq_len, args.d_model)
+    layer.stack(layer.layer_ops, weights, x, args.heads)
+    assert weights[0].read == set(layer.OPS_WEIGHTS)
+    read = sum(w[k].numel() * w[k].element_size() for w in weights for k in layer.OPS_WEIGHTS)
+    assert layer.ops_input_bytes(vars(args)) == read + x.numel() * x.element_size()
+
+
+@pytest.mark.slow
+def test_static_weights_are_parameters_torch_compile_marks_static():
+    """reduce-overhead-static computes what ops computes, its weights share the plain tensors' memory, and
+    torch.compile marks them static (what tells CUDA-graph trees not to copy them), not the plain tensors. On the
+    CPU, mode="reduce-overhead" compiles without graphs: the copies themselves need a GPU to be seen."""
+    layer = load_script(tr.LAYER)
+    args = layer.parse_args(LAYER_TINY)
+    weights = layer.make_weights(args, "cpu")
+    x = torch.randn(args.batch_size, args.seq_len, args.d_model)
+    with torch.inference_mode():
+        expected = layer.stack(layer.layer_ops, weights, x, args.heads)
+        got = layer.make_forward("reduce-overhead-static", weights, x, args.heads)()
+        held = layer.static_weights(weights)
+        torch.compile(lambda: layer.stack(layer.layer_ops, held, x, args.heads), mode="reduce-overhead")()
+    assert torch.allclose(got, expected, atol=1e-4)
+    assert all(isinstance(p, torch.nn.Parameter) and not p.requires_grad for w in held for p in w.values())
+    assert all(held[i][k].data_ptr() == weights[i][k].data_ptr() for i in range(len(weights)) for k in weights[i])
+    assert {getattr(held[0][k], "_dynamo_static_input_type", None) for k in layer.OPS_WEIGHTS} == {"unguarded"}
+    assert all(getattr(t, "_dynamo_static_input_type", None) is None for w in weights for t in w.values())
 
 
 def test_layer_script_rejects_unknown_variants(capsys):
@@ -320,13 +388,27 @@ def test_layer_table_of_the_reference():
     assert lt.loc["ops", "x_first"] == 1
 
 
+def test_graph_input_copies_of_the_reference():
+    """The reference capture's reduce-overhead variant copies its inputs before each replay (2 multi-tensor Copy
+    kernels per forward), no other variant does, and without those copies its GPU time is plain torch.compile's."""
+    result = json.loads((REF / "layer.json").read_text())
+    copies = tr.graph_input_copies(result, REF / "layer.sqlite")
+    assert copies["copy_kernels_per_forward"].to_dict() == {"ops": 0, "compiled": 0, "reduce-overhead": 2, "fused": 0,
+                                                            "graph": 0}
+    ro = copies.loc["reduce-overhead"]
+    assert 50 < ro["copy_us_per_forward"] < 150
+    assert abs(ro["without_copies_us"] / copies.loc["compiled", "kernel_us_per_forward"] - 1) < 0.05
+    assert (copies.drop(index="reduce-overhead")["copy_us_per_forward"] == 0).all()
+
+
 def test_sweep_table_of_the_reference():
     data = json.loads((REF / "sweep.json").read_text())
     peak = json.loads((REF / "matmul_peak.json").read_text())["tflops"]
     table = tr.sweep_table(data, peak)
     assert len(table) == len(tr.SIZES) * 4 and set(table["size"]) == set(tr.SIZES)
     ok = table[table["status"] == "ok"]
-    assert ((ok["mfu_fwd_bwd"] > 0) & (ok["mfu_fwd_bwd"] < 1)).all() and (ok["mfu_step"] < ok["mfu_fwd_bwd"]).all()
+    frac_fwd_bwd, frac_step = ok["matmul_rate_frac_fwd_bwd"], ok["matmul_rate_frac_step"]
+    assert ((frac_fwd_bwd > 0) & (frac_fwd_bwd < 1)).all() and (frac_step < frac_fwd_bwd).all()
 
 
 def test_library_kernels_launch_through_the_driver_api_without_backtraces():
@@ -351,7 +433,7 @@ def test_datasheet_peak_by_name_and_sweep_columns_over_it():
                       "tokens_per_s": 1.0, "forward_backward_tflops": 500.0, "achieved_tflops": 400.0,
                       "peak_memory_bytes": 2**30}]}
     t = tr.sweep_table(data, 800.0, 1000.0).iloc[0]
-    assert (t.mfu_fwd_bwd, t.mfu_step, t.datasheet_fwd_bwd, t.datasheet_step) == (0.625, 0.5, 0.5, 0.4)
+    assert (t.matmul_rate_frac_fwd_bwd, t.matmul_rate_frac_step, t.datasheet_fwd_bwd, t.datasheet_step) == (0.625, 0.5, 0.5, 0.4)
 
 
 def test_memory_by_category_counts_what_the_step_held():
@@ -385,6 +467,12 @@ def test_manual_attention_computes_what_sdpa_computes():
     tokens = torch.randint(0, 50, (2, 16))
     with torch.no_grad():
         assert torch.allclose(fused(tokens), manual(tokens), atol=1e-5)
+
+
+def test_softmax_bytes_count_each_score_read_and_written_once():
+    cfg = {"batch_size": 4, "context_length": 512, "num_heads": 12, "num_layers": 12, "dtype": "fp32"}
+    assert tr.softmax_bytes_per_step(cfg) == 4 * 12 * 512 * 512 * 12 * 4 * 2
+    assert tr.softmax_bytes_per_step({**cfg, "dtype": "bf16"}) == tr.softmax_bytes_per_step(cfg) // 2
 
 
 def test_attention_split_of_the_reference():

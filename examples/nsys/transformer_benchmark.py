@@ -53,8 +53,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywher
 
 from gpuprof import exit_on_error  # noqa: E402
 from gpuprof.backend import require_torch  # noqa: E402
-from gpuprof.cli import nonnegative_int, output_file, positive_int  # noqa: E402
-from gpuprof.errors import GpuprofError, is_out_of_memory  # noqa: E402
+from gpuprof.cli import nonnegative_int, output_file, positive_int, require_memory  # noqa: E402
+from gpuprof.errors import GpuprofError, is_out_of_memory, out_of_memory_sentence  # noqa: E402
 from gpuprof.fork_runs import run_all  # noqa: E402
 from gpuprof.ranges import annotate  # noqa: E402
 
@@ -69,7 +69,9 @@ PRESETS: dict[str, tuple[int, int, int, int]] = {
 }
 VOCAB = 10_000
 DTYPES = ("fp32", "tf32", "bf16")
-OOM_EXIT = 3  # a run that ran out of memory: the sweep makes it a row
+# A configuration that does not fit (refused up front, or out of memory while running) exits 2, as any refused
+# run does, and its --json says "out of memory": the sweep reads that and makes it a row.
+OOM_EXIT = 2
 PHASES = ("forward", "backward", "optimizer")
 
 
@@ -223,6 +225,20 @@ def matmul_parameters(cfg: dict[str, Any]) -> int:
     """
     d, ff, layers = cfg["d_model"], cfg["d_ff"], cfg["num_layers"]
     return layers * (4 * d * d + 2 * d * ff) + d * cfg["vocab"]
+
+
+def least_bytes(cfg: dict[str, Any]) -> int:
+    """The least memory a run of ``cfg`` holds, known before anything is allocated: a lower bound.
+
+    The matrix-product weights (:func:`matmul_parameters`, FP32) with, for training, their
+    gradients and AdamW's two moments (16 bytes per weight in all, 4 forward-only); the token
+    ids (int64, context + 1 per sequence); the logits over the vocabulary (bf16 under
+    autocast, else FP32). Activations, embeddings and the allocator's rounding come on top.
+    """
+    weights = matmul_parameters(cfg) * (4 if cfg["forward_only"] else 16)
+    tokens = cfg["batch_size"] * (cfg["context_length"] + 1) * 8
+    logits = cfg["batch_size"] * cfg["context_length"] * cfg["vocab"] * (2 if cfg["dtype"] == "bf16" else 4)
+    return weights + tokens + logits
 
 
 def flops_per_step(cfg: dict[str, Any], forward_only: bool) -> int:
@@ -402,14 +418,22 @@ def single(args: argparse.Namespace) -> int:
           f"{', compiled' if args.compile else ''}, {what}, on {where}", flush=True)
     base = {"config": cfg, "device": device, "gpu": where, "torch": torch.__version__}
     try:
+        require_memory(least_bytes(cfg), device,
+                       f"d_model {args.d_model:,} x {args.num_layers:,} layers at batch {args.batch_size:,} x context "
+                       f"{args.context_length:,} ({'weights' if args.forward_only else 'weights, gradients, AdamW state'}, "
+                       "token ids, logits)",
+                       "--size (or --d-model, --d-ff, --num-layers), --batch-size or --context-length", lower_bound=True)
         result = run(args, device)
-    except Exception as exc:  # noqa: BLE001 - only running out of memory is turned into a result
-        if not is_out_of_memory(exc):
+    except Exception as exc:  # noqa: BLE001 - only a configuration that does not fit is turned into a result
+        if isinstance(exc, GpuprofError):
+            refused = exc
+        elif is_out_of_memory(exc):
+            refused = GpuprofError(out_of_memory_sentence(exc))
+        else:
             raise
         if args.json:
-            write_json(args.json, {**base, "status": "out of memory"})
-        print(f"out of memory: this configuration does not fit on {where}.", file=sys.stderr)
-        return OOM_EXIT
+            write_json(args.json, {**base, "status": "out of memory", "error": str(refused)})
+        raise refused from None
     first = result["warmup_step_ms"][0] if result["warmup_step_ms"] else None
     print(f"  {result['parameters'] / 1e6:,.1f} M parameters; " + describe(result, cfg))
     if first is not None:
@@ -461,7 +485,7 @@ def sweep(args: argparse.Namespace) -> int:
             row: dict[str, Any] = {"name": name, "context_length": context, "wall_s": wall}
             if outs[i].exists():
                 row.update(json.loads(outs[i].read_text()))
-            if status == str(OOM_EXIT) and row.get("status") == "out of memory":
+            if status == str(OOM_EXIT) and row.get("status") == "out of memory":  # refused up front, or ran out
                 note = "out of memory"
             elif status == "0" and row.get("status") == "ok":
                 note = describe(row, row["config"])

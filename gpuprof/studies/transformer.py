@@ -11,7 +11,8 @@ four ways). This module holds what the chapter would otherwise spell out in cell
   the ranges' names, not by hand), :func:`kinds_per_step`, :func:`matmul_kernels`,
   :func:`events_vs_nvtx` and :func:`backtrace_coverage`;
 * :func:`sweep_table` and :func:`sweep_figure` for the sweep over sizes and context lengths;
-* :func:`layer_table` and :func:`layer_figure` for the launch-bound layer.
+* :func:`layer_table` and :func:`layer_figure` for the launch-bound layer, and
+  :func:`graph_input_copies` for the copies a CUDA-graph tree makes before each replay.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ from ..errors import GpuprofError
 __all__ = ["BENCHMARK", "LAYER", "SIZES", "CAPTURE_ARGS", "MEASURED_RANGE", "BACKTRACES", "capture_benchmark",
            "capture_layer", "step_table", "measured", "phase_summary", "kinds_per_step", "matmul_kernels",
            "events_vs_nvtx", "backtrace_coverage", "sweep_table", "sweep_figure", "layer_table",
-           "layer_figure", "LAUNCH_CALLS", "memory_by_category", "memory_by_context", "activation_fit", "compare_optimizers", "optimizer_table",
-           "run_benchmarks", "WARMUPS", "warmup_table", "ATTENTION_PARTS", "attention_split", "matmul_share"]
+           "layer_figure", "graph_input_copies", "GRAPH_INPUT_COPY", "LAUNCH_CALLS", "memory_by_category", "memory_by_context", "activation_fit", "compare_optimizers", "optimizer_table",
+           "run_benchmarks", "WARMUPS", "warmup_table", "ATTENTION_PARTS", "attention_split", "softmax_bytes_per_step", "matmul_share"]
 
 BENCHMARK = REPO_ROOT / "examples" / "nsys" / "transformer_benchmark.py"
 LAYER = REPO_ROOT / "examples" / "nsys" / "launch_bound_layer.py"
@@ -198,13 +199,16 @@ def backtrace_coverage(path: str | Path) -> pd.DataFrame:
 # --- the sweep ------------------------------------------------------------------------------------------
 
 def sweep_table(data: dict[str, Any], peak_tflops: float | None, datasheet_tflops: float | None = None) -> pd.DataFrame:
-    """One row per size and context length: status, time of forward / forward+backward / step, tokens/s, MFU, memory.
+    """One row per size and context length: status, time of forward / forward+backward / step, tokens/s, FLOP rates
+    as shares of two peaks, memory.
 
-    ``mfu_fwd_bwd`` is model FLOPs of forward and backward over their measured time, divided
-    by ``peak_tflops`` (the bf16 matrix-product rate measured on this machine); ``mfu_step``
-    includes the optimizer's time. With ``datasheet_tflops`` (the specified dense peak), the
-    same two rates over it: ``datasheet_fwd_bwd`` and ``datasheet_step``, MFU as published
-    figures define it. Out-of-memory and failed rows keep their status and no numbers.
+    ``matmul_rate_frac_fwd_bwd`` is model FLOPs of forward and backward over their measured
+    time, divided by ``peak_tflops`` (the bf16 matrix-product rate measured on this machine);
+    ``matmul_rate_frac_step`` includes the optimizer's time. These are not MFU, whose
+    denominator is the hardware's specified peak: with ``datasheet_tflops`` (the specified
+    dense peak), the same two rates over it are ``datasheet_fwd_bwd`` and ``datasheet_step``,
+    the latter MFU as PaLM defines it and published figures quote it. Out-of-memory and
+    failed rows keep their status and no numbers.
     """
     rows = []
     for r in data["rows"]:
@@ -216,8 +220,8 @@ def sweep_table(data: dict[str, Any], peak_tflops: float | None, datasheet_tflop
                        tokens_per_s=r["tokens_per_s"], tflops_fwd_bwd=r["forward_backward_tflops"],
                        peak_GiB=(r["peak_memory_bytes"] or 0) / 2**30)
             if peak_tflops:
-                row["mfu_fwd_bwd"] = r["forward_backward_tflops"] / peak_tflops
-                row["mfu_step"] = r["achieved_tflops"] / peak_tflops
+                row["matmul_rate_frac_fwd_bwd"] = r["forward_backward_tflops"] / peak_tflops
+                row["matmul_rate_frac_step"] = r["achieved_tflops"] / peak_tflops
             if datasheet_tflops:
                 row["datasheet_fwd_bwd"] = r["forward_backward_tflops"] / datasheet_tflops
                 row["datasheet_step"] = r["achieved_tflops"] / datasheet_tflops
@@ -226,22 +230,23 @@ def sweep_table(data: dict[str, Any], peak_tflops: float | None, datasheet_tflop
 
 
 def sweep_figure(table: pd.DataFrame, gpu: str, peak_tflops: float | None):  # type: ignore[no-untyped-def]
-    """Tokens/s and model FLOP utilisation against context length, one line per size; out-of-memory points marked."""
+    """Tokens/s and the FLOP rate as a share of the measured matmul rate against context length, one line per size;
+    out-of-memory points marked."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), dpi=80)
     for size, g in table.groupby("size", sort=False):
         ok = g[g["status"] == "ok"]
         (line,) = axes[0].plot(ok["context"], ok["tokens_per_s"], marker="o", label=size)
-        if "mfu_fwd_bwd" in ok:
-            axes[1].plot(ok["context"], 100 * ok["mfu_fwd_bwd"], marker="o", color=line.get_color(), label=size)
+        if "matmul_rate_frac_fwd_bwd" in ok:
+            axes[1].plot(ok["context"], 100 * ok["matmul_rate_frac_fwd_bwd"], marker="o", color=line.get_color(), label=size)
         bad = g[g["status"] != "ok"]
         for c in bad["context"]:
             axes[0].annotate("OOM", (c, axes[0].get_ylim()[0]), color=line.get_color(), fontsize=8)
     axes[0].set(xscale="log", yscale="log", xlabel="context length (tokens)", ylabel="tokens / s (training step)",
                 title="Throughput")
     axes[1].set(xscale="log", xlabel="context length (tokens)", ylabel="% of the measured bf16 matmul rate",
-                title="Model FLOP utilisation, forward + backward")
+                title="Model FLOPs per second, forward + backward")
     contexts = sorted(table["context"].unique())
     for ax in axes:
         ax.set_xticks(contexts, labels=[str(c) for c in contexts])
@@ -293,6 +298,40 @@ def layer_table(result: dict[str, Any], path: str | Path) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("variant")
 
 
+# What CUDA-graph trees launch before a replay to copy its non-static inputs into the graph's memory
+# (torch._foreach_copy_): ATen's multi-tensor kernel with the Copy functor, e.g.
+# multi_tensor_apply_kernel<TensorListMetadata<2>, UnaryOpFunctor<float, 2, 1, 1>, Copy<float, float>>.
+GRAPH_INPUT_COPY = r"multi_tensor_apply_kernel<.*\bCopy<"
+
+
+def graph_input_copies(result: dict[str, Any], path: str | Path) -> pd.DataFrame:
+    """Per variant of the layer script's capture: the multi-tensor copy kernels per forward and their GPU time.
+
+    A model compiled with ``mode="reduce-overhead"`` replays CUDA graphs, and a graph reads
+    fixed addresses: before each replay, CUDA-graph trees copy every input that is not static
+    (not a parameter, a buffer or a tensor marked with ``torch._dynamo.mark_static_address``)
+    into the graph's own memory, with one ``_foreach_copy_`` (:data:`GRAPH_INPUT_COPY`
+    kernels, launched outside the graph). Weights held as plain tensors are such inputs, and
+    copying them every forward is GPU time the compiled code without graphs does not spend.
+    ``kernel_us_per_forward`` is all the variant's kernel time, ``without_copies_us`` the rest.
+    """
+    iters = result["config"]["profile_iterations"]
+    kernels, runtime, ranges = ns.kernels(path), ns.runtime_calls(path), ns.nvtx_ranges(path)
+    rows = []
+    for v in result["variants"]:
+        r = ranges[ranges["text"] == v]
+        if r.empty:
+            continue
+        hits = ta.attribute_kernels(kernels, runtime, r, rule="window")
+        copies = hits[hits["demangled"].fillna(hits["name"]).str.contains(GRAPH_INPUT_COPY, regex=True)]
+        s, e = ta.merge_intervals(hits["start"].to_numpy(), hits["end"].to_numpy())
+        busy_us = float((e - s).sum()) / iters / 1e3
+        copy_us = float(copies["duration_ns"].sum()) / iters / 1e3
+        rows.append({"variant": v, "copy_kernels_per_forward": len(copies) / iters, "copy_us_per_forward": copy_us,
+                     "kernel_us_per_forward": busy_us, "without_copies_us": busy_us - copy_us})
+    return pd.DataFrame(rows).set_index("variant")
+
+
 def layer_figure(table: pd.DataFrame, gpu: str):  # type: ignore[no-untyped-def]
     """Kernels per layer, time per forward (kernel time and idle time) and GPU busy, per variant."""
     import matplotlib.pyplot as plt
@@ -312,7 +351,7 @@ def layer_figure(table: pd.DataFrame, gpu: str):  # type: ignore[no-untyped-def]
     axes[2].set(title="GPU busy (% of the forward)", ylim=(0, 100))
     for ax in axes:
         ax.tick_params(axis="x", labelsize=8)
-    fig.suptitle(f"The encoder stack, four ways ({gpu})", fontsize=10)
+    fig.suptitle(f"The encoder stack, {len(names)} ways ({gpu})", fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -496,6 +535,18 @@ def attention_split(path: str | Path, config: dict[str, Any]) -> pd.DataFrame:
     own = out["matmul_ms_per_step"].where(out["matmul_ms_per_step"] > 0, out["gpu_ms_per_step"])
     out["tflop_per_s"] = out["gflop_per_step"] / own
     return out
+
+
+def softmax_bytes_per_step(config: dict[str, Any]) -> int:
+    """The least memory traffic of the written-out softmax in one forward step: every score (b h t^2 per layer)
+    read once and its probability written once, in the scores' type (FP32 but for ``--dtype bf16``: 2 bytes).
+
+    A lower bound: a kernel that reads a row more than once (once for its maximum, once for
+    the sum) moves more, though a row of a few hundred scores may come from cache the second time.
+    """
+    b, t, h, layers = config["batch_size"], config["context_length"], config["num_heads"], config["num_layers"]
+    size = 2 if config.get("dtype") == "bf16" else 4
+    return 2 * size * b * h * t * t * layers
 
 
 def matmul_share(training: str | Path, forward: str | Path) -> pd.DataFrame:
