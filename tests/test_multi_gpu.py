@@ -20,6 +20,7 @@ import pandas as pd
 import pytest
 
 from gpuprof.artifacts import find_capture, reference_dir
+from gpuprof.errors import GpuprofError
 from gpuprof.kernel_kinds import is_communication
 from gpuprof.nsys import ranks
 from gpuprof.nsys import sqlite as ns
@@ -408,13 +409,16 @@ def test_stored_reports_share_one_axis_after_the_shift():
 
 
 def test_bucket_model_on_known_numbers():
-    # a made-up sweep: 20 us per call plus 1 us per kB; 1 MB of gradients, backward 1 ms
-    sweep = {"rows": [{"bytes": b, "time_us": 20 + b / 1e3} for b in (500_000, 1_000_000)]}
-    m = mg.bucket_model(sweep, 1_000_000, {1.0: 1, 0.5: 2}, backward_ms=1.0).set_index("bucket_mb")
+    # a made-up sweep: 20 us per call plus 1 us per kB (1 GB/s); buckets of 1 MB of gradients, backward 1 ms
+    sweep = {"rows": [{"bytes": b, "time_us": 20 + b / 1e3} for b in (4_000, 500_000, 1_000_000)]}
+    assert mg.latency_bandwidth_fit(sweep) == pytest.approx((0.02, 1.0))
+    m = mg.bucket_model(sweep, {1.0: [1_000_000], 0.5: [500_000, 500_000], 0.3: [750_000, 250_000]},
+                        backward_ms=1.0).set_index("bucket_mb")
     assert m.loc[1.0, "exposed_ms"] == pytest.approx(1.02)  # one bucket: all of it after backward
     # two buckets: the first (ready at 0.5 ms) ends at 1.02, the second starts then and ends at 1.54
-    assert m.loc[0.5, "per_call_ms"] == pytest.approx(0.52) and m.loc[0.5, "exposed_ms"] == pytest.approx(0.54)
-    assert m.loc[0.5, "comm_ms"] == pytest.approx(1.04)
+    assert m.loc[0.5, "exposed_ms"] == pytest.approx(0.54) and m.loc[0.5, "comm_ms"] == pytest.approx(1.04)
+    # unequal buckets: the first (ready at 0.75 ms) ends at 1.52; the last, small one follows: 1.79
+    assert m.loc[0.3, "exposed_ms"] == pytest.approx(0.79) and m.loc[0.3, "last_bucket_mib"] == pytest.approx(250_000 / 2**20)
 
 
 @pytest.mark.slow
@@ -564,3 +568,33 @@ def test_every_nccl_kernel_of_the_chapter_8_captures_is_communication():
     k = pd.concat([ns.kernels(reference_dir() / "ch08" / f) for f in ("straggler.sqlite", "buckets_rank0.sqlite")])
     mentions = k["name"].astype(str).str.contains("nccl", case=False)
     assert mentions.any() and (is_communication(k["name"]) == mentions).all()
+
+
+def test_trace_arrivals_on_the_reference_traces_share_a_clock_and_account_for_the_nccl_times():
+    paths = [REF / f"ddp_trace_rank{r}.json.gz" for r in (0, 1)]
+    arr = mg.trace_arrivals(paths)
+    t = mg.torch_trace_table(paths)
+    assert len(arr) == t.loc[0, "nccl_kernels"] and arr["rank"].eq(1).all()
+    assert abs(arr["end_skew_ns"].median()) < 50_000  # one host's clock: matched collectives end together
+    # a kernel's duration is end minus start, so the totals differ by the summed skews
+    diff_ms = (arr["end_skew_ns"] - arr["start_skew_ns"]).sum() / 1e6
+    assert diff_ms == pytest.approx(t.loc[1, "nccl_ms"] - t.loc[0, "nccl_ms"], abs=1e-6)
+
+
+def test_trace_arrivals_refuses_traces_it_cannot_match(tmp_path, monkeypatch):
+    def fake(p):
+        n = 3 if "a" in Path(p).name else 2
+        k = pd.DataFrame({"name": ["ncclDevKernel_AllReduce"] * n, "start": range(n), "end": range(1, n + 1)})
+        return type("T", (), {"kernels": lambda self: k})()
+    monkeypatch.setattr(mg, "read_trace", fake)
+    with pytest.raises(GpuprofError, match="cannot be matched by order"):
+        mg.trace_arrivals(["a.json", "b.json"])
+
+
+def test_longest_wait_per_step_on_the_reference_straggler():
+    data = ranks.rank_data(REF / "straggler.sqlite")
+    waiting, late = mg.longest_wait_per_step(data[0]), mg.longest_wait_per_step(data[1])
+    assert len(waiting) == len(late) > 0
+    # rank 0 waits for rank 1's 20 ms sleep inside one all-reduce a step; rank 1's longest is short
+    assert (waiting["longest_nccl_ms"] > 15).all() and (late["longest_nccl_ms"] < 5).all()
+    assert (waiting["compute_beside_ms"] <= waiting["compute_ms"]).all() and (waiting["compute_beside_ms"] > 0).all()
