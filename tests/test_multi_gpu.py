@@ -598,3 +598,15 @@ def test_longest_wait_per_step_on_the_reference_straggler():
     # rank 0 waits for rank 1's 20 ms sleep inside one all-reduce a step; rank 1's longest is short
     assert (waiting["longest_nccl_ms"] > 15).all() and (late["longest_nccl_ms"] < 5).all()
     assert (waiting["compute_beside_ms"] <= waiting["compute_ms"]).all() and (waiting["compute_beside_ms"] > 0).all()
+
+
+def test_bucket_bandwidth_reads_each_bucket_of_the_reference_capture():
+    data = ranks.rank_data([REF / "buckets_rank0.sqlite", REF / "buckets_rank1.sqlite"])
+    sweep = json.loads((REF / "allreduce.json").read_text())
+    layout = [117_497_856] * 4 + [67_141_632]  # DDP's 100 MB layout of the chapter's model (ddp_buckets.py)
+    b = mg.bucket_bandwidth(data, layout, 100.0, sweep)
+    assert len(b) == 5 and (b["least_ms"] <= b[["rank_0_ms", "rank_1_ms"]].max(axis=1)).all()
+    assert b.loc[4, "least_ms"] < b.loc[0, "least_ms"]  # the last, smaller bucket takes less time
+    assert b["busbw_gbps"].between(50, 500).all()
+    with pytest.raises(GpuprofError, match="all-reduce kernels for"):
+        mg.bucket_bandwidth(data, layout[:4], 100.0, sweep)

@@ -46,7 +46,7 @@ from ..tools import LiveTool, live_tool
 from ..torch_profiler.trace import read_trace
 
 __all__ = ["DDP", "KNOBS", "ALLREDUCE", "knob_table", "NPROC", "gpus_here", "enough_gpus", "capture_ranks", "capture_launcher",
-           "run_json", "knob_jobs", "channel_jobs", "channel_table", "untraced_steps", "by_bucket", "latency_bandwidth_fit", "bucket_model", "step_windows", "overlap_table", "straggler_table", "longest_wait_per_step",
+           "run_json", "knob_jobs", "channel_jobs", "channel_table", "untraced_steps", "by_bucket", "latency_bandwidth_fit", "bucket_model", "bucket_bandwidth", "step_windows", "overlap_table", "straggler_table", "longest_wait_per_step",
            "bandwidth_table", "bandwidth_figure", "overlap_figure", "rank_timeline", "torch_trace_table", "trace_arrivals",
            "run_script", "ncu_on_collective", "BUCKET_LAYOUT", "bucket_layouts", "layout_table", "parse_nccl_choices", "nccl_choices", "nccl_choice_table"]
 
@@ -394,6 +394,35 @@ def bucket_model(sweep: dict[str, Any], layouts: dict[float, Sequence[int]], bac
                      "exposed_ms": finish - backward_ms})
     return pd.DataFrame(rows)
 
+
+def bucket_bandwidth(data: dict[int, RankData], layout: Sequence[int], bucket_mb: float,
+                     sweep: dict[str, Any]) -> pd.DataFrame:
+    """Each of DDP's all-reduces of one bucket size, as the per-rank captures timed it, beside the sweep.
+
+    ``layout`` is the bytes of the buckets in the order DDP all-reduces them (``ddp_buckets.py``),
+    so the n-th all-reduce kernel of a timed step carries the n-th bucket. A kernel's time includes
+    any wait for the peer, so per bucket the rank that waited less (the smaller median over the
+    timed steps) is the one that measures the transfer. Returns one row per bucket: position,
+    bytes, each rank's median ms (``rank_R_ms``), least_ms, busbw_gbps (two ranks: the bus factor
+    is 1) and sweep_ms (the time :func:`latency_bandwidth_fit` gives that size). Refuses a step
+    whose all-reduce count is not the layout's.
+    """
+    latency_ms, gbps = latency_bandwidth_fit(sweep)
+    out = pd.DataFrame({"position": np.arange(len(layout)), "bytes": list(layout)})
+    for rank, d in sorted(data.items()):
+        times = []
+        for _, s in step_windows(d.ranges).query("bucket_mb == @bucket_mb").iterrows():
+            k = ta.inside(d.nccl, (int(s["start"]), int(s["end"])))
+            k = k[k["name"].astype(str).str.contains("AllReduce")].sort_values("start", kind="stable")
+            if len(k) != len(layout):
+                raise GpuprofError(f"rank {rank}, {s['step']} at {bucket_mb:g} MB: {len(k)} all-reduce kernels for "
+                                   f"{len(layout)} buckets.", "Give the layout recorded for the same bucket_cap_mb.")
+            times.append(k["duration_ns"].to_numpy() / 1e6)
+        out[f"rank_{rank}_ms"] = np.median(np.vstack(times), axis=0)
+    out["least_ms"] = out[[c for c in out.columns if c.startswith("rank_")]].min(axis=1)
+    out["busbw_gbps"] = out["bytes"] / out["least_ms"] / 1e6
+    out["sweep_ms"] = latency_ms + out["bytes"] / (gbps * 1e6)
+    return out
 
 def knob_table(jobs: Sequence[dict[str, Any]]) -> pd.DataFrame:
     """Per variant of ``ddp_knobs.py``: its step time over the jobs given, against fp32's and against its no-sync step.
