@@ -47,6 +47,8 @@ ONE_PROCESS_RUNS = {
     "25 MB given": ["--cpu", "--width", "512", "--depth", "4", "--batch-size", "4", "--warmup", "2", "--steps", "3"],
     "default buckets": ["--cpu", "--width", "512", "--depth", "4", "--batch-size", "4", "--warmup", "2", "--steps", "3",
                         "--default-buckets"],
+    "free running": ["--cpu", "--width", "64", "--depth", "3", "--batch-size", "8", "--warmup", "1", "--steps", "2",
+                     "--free-running"],
 }
 
 
@@ -610,3 +612,14 @@ def test_bucket_bandwidth_reads_each_bucket_of_the_reference_capture():
     assert b["busbw_gbps"].between(50, 500).all()
     with pytest.raises(GpuprofError, match="all-reduce kernels for"):
         mg.bucket_bandwidth(data, layout[:4], 100.0, sweep)
+
+
+def test_ddp_free_running_keeps_no_phase_times(one_process_runs):
+    status, out, result = one_process_runs["free running"]
+    assert status == "0", out[-2000:]
+    assert "free-running: no phase times" in out and "result checked" in out
+    steps = result["ranks"][0]["configs"][0]["steps"]
+    # no per-phase waits and no loss read: the step time alone, per step
+    assert len(steps) == 2 and all(set(s) == {"step"} and s["step"] > 0 for s in steps)
+    _, timed, _ = one_process_runs["two bucket caps"]
+    assert "free-running" not in timed

@@ -21,6 +21,9 @@ Levers:
                           (gradients all-reduced once per step instead of once per micro-batch)
   --bf16                  autocast to bfloat16 (gradients stay FP32)
   --slow-rank R           make rank R a straggler: it sleeps --slow-ms before each backward
+  --free-running          time the steps as a production loop runs them: no wait for the GPU after
+                          each phase and no loss read each step, so the CPU can run ahead; each
+                          step timed by CUDA events on the default stream (no phase times then)
 
 DDP's own knobs (each off by default, as in DDP):
   --grad-as-bucket-view   DDP(gradient_as_bucket_view=True): gradients are views into the
@@ -107,6 +110,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-sync", action="store_true", help="never all-reduce the gradients (DDP's no_sync())")
     p.add_argument("--slow-rank", type=nonnegative_int, default=None, help="the rank to slow down (default: none)")
     p.add_argument("--slow-ms", type=positive_float, default=10.0, help="its sleep before each backward (default: 10)")
+    p.add_argument("--free-running", action="store_true",
+                   help="no per-phase synchronisation nor per-step loss read; steps timed by CUDA events")
     p.add_argument("--warmup", type=positive_int, default=3, help="untimed steps first, per bucket size (default: 3)")
     p.add_argument("--steps", type=positive_int, default=10, help="timed steps per bucket size (default: 10)")
     p.add_argument("--cpu", action="store_true", help="run on the CPU (gloo) even where GPUs are available")
@@ -185,7 +190,9 @@ def train(args: argparse.Namespace, torch: Any, rank: int, device: str, bucket_m
         return torch.autocast("cuda" if gpu else "cpu", dtype=torch.bfloat16) if args.bf16 else contextlib.nullcontext()
 
     def sync() -> None:
-        if gpu:
+        # after each phase, so that its NVTX range and host-clock time mean what they say; a
+        # production loop does not wait (--free-running), and where the CPU sets the pace that differs
+        if gpu and not args.free_running:
             torch.cuda.synchronize()
 
     def step() -> dict[str, float]:
@@ -213,6 +220,8 @@ def train(args: argparse.Namespace, torch: Any, rank: int, device: str, bucket_m
             opt.zero_grad(set_to_none=True)
         sync()
         t["optimizer"] = (time.perf_counter() - t0) * 1e3
+        if args.free_running:
+            return {}  # host times of phases that were not waited for mean nothing; the loss is not read
         t["loss"] = float(loss.detach())
         return t
 
@@ -230,12 +239,22 @@ def train(args: argparse.Namespace, torch: Any, rank: int, device: str, bucket_m
             warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle")  # no schedule here
             profiler = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else []))
             profiler.start()
+        events = []
         for i in range(args.steps):
             with annotate(f"step_{i}"):
                 t0 = time.perf_counter()
+                if args.free_running and gpu:
+                    events.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
+                    events[-1][0].record()
                 s = step()
-                s["step"] = (time.perf_counter() - t0) * 1e3
+                if args.free_running and gpu:
+                    events[-1][1].record()
+                s["step"] = (time.perf_counter() - t0) * 1e3  # on a GPU with --free-running, replaced below
             steps.append(s)
+        if events:
+            torch.cuda.synchronize()
+            for s, (start, end) in zip(steps, events):
+                s["step"] = start.elapsed_time(end)  # ms on the default stream, from the step's first queued work to its last
         if profiler is not None:
             profiler.stop()
             profiler.export_chrome_trace(trace_file(args.torch_trace, rank))
@@ -282,7 +301,8 @@ def summary_lines(results: list[dict[str, Any]]) -> list[str]:
             step_ms = [s["step"] for s in st]
             lines.append(f"  bucket {config['bucket_mb']:g} MB, rank {r['rank']}: step {statistics.median(step_ms):.2f} ms median "
                          f"(range {min(step_ms):.2f}-{max(step_ms):.2f}); "
-                         + ", ".join(f"{k} {statistics.median(s[k] for s in st):.2f}" for k in ("forward", "backward", "optimizer")))
+                         + (", ".join(f"{k} {statistics.median(s[k] for s in st):.2f}" for k in ("forward", "backward", "optimizer")
+                                      if k in st[0]) or "free-running: no phase times"))
     return lines
 
 
