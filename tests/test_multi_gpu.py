@@ -623,3 +623,32 @@ def test_ddp_free_running_keeps_no_phase_times(one_process_runs):
     assert len(steps) == 2 and all(set(s) == {"step"} and s["step"] > 0 for s in steps)
     _, timed, _ = one_process_runs["two bucket caps"]
     assert "free-running" not in timed
+
+
+@pytest.mark.parametrize("flag", [["--max-ctas", "4"], ["--high-priority"]])
+def test_ddp_nccl_communicator_options_on_the_cpu_are_refused_in_one_sentence(capsys, flag):
+    p = run_script_in_process(mg.DDP, "--cpu", *flag, "--width", "32", "--depth", "2", capsys=capsys)
+    assert p.returncode != 0 and "set NCCL's communicator; this run uses gloo" in p.stdout + p.stderr
+    assert "Traceback" not in p.stdout + p.stderr
+
+
+def test_join_group_builds_nccl_options_only_when_asked(monkeypatch):
+    from gpuprof import distributed
+
+    seen = {}
+
+    class Config:
+        max_ctas = -1
+
+    class Options:
+        def __init__(self, is_high_priority_stream=False):
+            self.is_high_priority_stream, self.config = is_high_priority_stream, Config()
+
+    import torch.distributed as dist
+    monkeypatch.setattr(dist, "ProcessGroupNCCL", type("PG", (), {"Options": Options}), raising=False)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: seen.update(backend=backend, **kw))
+    torch = type("T", (), {"device": staticmethod(lambda d: d)})
+    distributed.join_group(torch, 0, 2, "cuda:0", max_ctas=4, high_priority=True)
+    assert seen["backend"] == "nccl" and seen["pg_options"].config.max_ctas == 4 and seen["pg_options"].is_high_priority_stream
+    distributed.join_group(torch, 0, 2, "cuda:0")
+    assert seen["pg_options"] is None

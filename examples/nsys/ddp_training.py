@@ -21,6 +21,10 @@ Levers:
                           (gradients all-reduced once per step instead of once per micro-batch)
   --bf16                  autocast to bfloat16 (gradients stay FP32)
   --slow-rank R           make rank R a straggler: it sleeps --slow-ms before each backward
+  --max-ctas N            cap NCCL's thread blocks (channels) per collective for this process group
+                          alone, through its communicator's config (ncclConfig_t maxCTAs), where
+                          NCCL_MAX_NCHANNELS caps every communicator of the process
+  --high-priority         NCCL's collectives on a high-priority CUDA stream (ProcessGroupNCCL.Options)
   --free-running          time the steps as a production loop runs them: no wait for the GPU after
                           each phase and no loss read each step, so the CPU can run ahead; each
                           step timed by CUDA events on the default stream (no phase times then)
@@ -110,6 +114,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-sync", action="store_true", help="never all-reduce the gradients (DDP's no_sync())")
     p.add_argument("--slow-rank", type=nonnegative_int, default=None, help="the rank to slow down (default: none)")
     p.add_argument("--slow-ms", type=positive_float, default=10.0, help="its sleep before each backward (default: 10)")
+    p.add_argument("--max-ctas", type=positive_int, default=None, metavar="N",
+                   help="cap NCCL's thread blocks (channels) for this job's process group alone (ncclConfig_t maxCTAs)")
+    p.add_argument("--high-priority", action="store_true", help="NCCL's collectives on a high-priority CUDA stream")
     p.add_argument("--free-running", action="store_true",
                    help="no per-phase synchronisation nor per-step loss read; steps timed by CUDA events")
     p.add_argument("--warmup", type=positive_int, default=3, help="untimed steps first, per bucket size (default: 3)")
@@ -144,7 +151,7 @@ def setup(args: argparse.Namespace) -> tuple[Any, int, int, str]:
     # SGD keeps no state, but DDP's buckets hold a second copy of the gradients: one "state"
     require_training_memory(lambda: build_model(args, torch, None), (args.width,), args.batch_size, device,
                             "--width, --depth or --batch-size", optimizer_states=1, half_precision=args.bf16)
-    join_group(torch, rank, world, device)
+    join_group(torch, rank, world, device, max_ctas=args.max_ctas, high_priority=args.high_priority)
     return torch, rank, world, device
 
 
@@ -275,6 +282,8 @@ def knobs(args: argparse.Namespace) -> str:
                                   ("bucket_cap_mb unset (small first bucket)", args.default_buckets)) if flag]
     on += [f"{args.comm_hook}_compress_hook"] if args.comm_hook != "none" else []
     on += ["no gradient sync"] if args.no_sync else []
+    on += [f"NCCL maxCTAs {args.max_ctas}"] if args.max_ctas is not None else []
+    on += ["NCCL high-priority stream"] if args.high_priority else []
     return f", DDP: {', '.join(on)}" if on else ""
 
 
