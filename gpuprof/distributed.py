@@ -35,10 +35,25 @@ def torchrun_place(torch, cpu: bool = False) -> tuple[int, int, str]:  # type: i
     return rank, world, f"cuda:{local}"
 
 
-def join_group(torch, rank: int, world: int, device: str) -> None:  # type: ignore[no-untyped-def]
-    """Join the default process group: NCCL between GPUs, gloo between CPU processes."""
+def join_group(torch, rank: int, world: int, device: str, max_ctas: int | None = None,  # type: ignore[no-untyped-def]
+               high_priority: bool = False) -> None:
+    """Join the default process group: NCCL between GPUs, gloo between CPU processes.
+
+    ``max_ctas`` caps the thread blocks (channels) of this group's NCCL collectives, through the
+    ``maxCTAs`` field of the communicator's ``ncclConfig_t`` (``ProcessGroupNCCL.Options().config``);
+    unlike ``NCCL_MAX_NCHANNELS`` it applies to this group alone. ``high_priority`` puts its
+    collectives on a high-priority CUDA stream. Both are NCCL's: asked for on the CPU, one sentence.
+    """
     from torch import distributed as dist
 
     gpu = device.startswith("cuda")
+    options = None
+    if max_ctas is not None or high_priority:
+        if not gpu:
+            raise GpuprofError("--max-ctas and --high-priority set NCCL's communicator; this run uses gloo on the CPU.",
+                               "Run on GPUs, or leave them out.")
+        options = dist.ProcessGroupNCCL.Options(is_high_priority_stream=high_priority)
+        if max_ctas is not None:
+            options.config.max_ctas = max_ctas
     dist.init_process_group("nccl" if gpu else "gloo", rank=rank, world_size=world,
-                                         device_id=torch.device(device) if gpu else None)
+                            device_id=torch.device(device) if gpu else None, pg_options=options)

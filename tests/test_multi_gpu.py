@@ -20,6 +20,7 @@ import pandas as pd
 import pytest
 
 from gpuprof.artifacts import find_capture, reference_dir
+from gpuprof.errors import GpuprofError
 from gpuprof.kernel_kinds import is_communication
 from gpuprof.nsys import ranks
 from gpuprof.nsys import sqlite as ns
@@ -46,6 +47,8 @@ ONE_PROCESS_RUNS = {
     "25 MB given": ["--cpu", "--width", "512", "--depth", "4", "--batch-size", "4", "--warmup", "2", "--steps", "3"],
     "default buckets": ["--cpu", "--width", "512", "--depth", "4", "--batch-size", "4", "--warmup", "2", "--steps", "3",
                         "--default-buckets"],
+    "free running": ["--cpu", "--width", "64", "--depth", "3", "--batch-size", "8", "--warmup", "1", "--steps", "2",
+                     "--free-running"],
 }
 
 
@@ -408,13 +411,16 @@ def test_stored_reports_share_one_axis_after_the_shift():
 
 
 def test_bucket_model_on_known_numbers():
-    # a made-up sweep: 20 us per call plus 1 us per kB; 1 MB of gradients, backward 1 ms
-    sweep = {"rows": [{"bytes": b, "time_us": 20 + b / 1e3} for b in (500_000, 1_000_000)]}
-    m = mg.bucket_model(sweep, 1_000_000, {1.0: 1, 0.5: 2}, backward_ms=1.0).set_index("bucket_mb")
+    # a made-up sweep: 20 us per call plus 1 us per kB (1 GB/s); buckets of 1 MB of gradients, backward 1 ms
+    sweep = {"rows": [{"bytes": b, "time_us": 20 + b / 1e3} for b in (4_000, 500_000, 1_000_000)]}
+    assert mg.latency_bandwidth_fit(sweep) == pytest.approx((0.02, 1.0))
+    m = mg.bucket_model(sweep, {1.0: [1_000_000], 0.5: [500_000, 500_000], 0.3: [750_000, 250_000]},
+                        backward_ms=1.0).set_index("bucket_mb")
     assert m.loc[1.0, "exposed_ms"] == pytest.approx(1.02)  # one bucket: all of it after backward
     # two buckets: the first (ready at 0.5 ms) ends at 1.02, the second starts then and ends at 1.54
-    assert m.loc[0.5, "per_call_ms"] == pytest.approx(0.52) and m.loc[0.5, "exposed_ms"] == pytest.approx(0.54)
-    assert m.loc[0.5, "comm_ms"] == pytest.approx(1.04)
+    assert m.loc[0.5, "exposed_ms"] == pytest.approx(0.54) and m.loc[0.5, "comm_ms"] == pytest.approx(1.04)
+    # unequal buckets: the first (ready at 0.75 ms) ends at 1.52; the last, small one follows: 1.79
+    assert m.loc[0.3, "exposed_ms"] == pytest.approx(0.79) and m.loc[0.3, "last_bucket_mib"] == pytest.approx(250_000 / 2**20)
 
 
 @pytest.mark.slow
@@ -564,3 +570,85 @@ def test_every_nccl_kernel_of_the_chapter_8_captures_is_communication():
     k = pd.concat([ns.kernels(reference_dir() / "ch08" / f) for f in ("straggler.sqlite", "buckets_rank0.sqlite")])
     mentions = k["name"].astype(str).str.contains("nccl", case=False)
     assert mentions.any() and (is_communication(k["name"]) == mentions).all()
+
+
+def test_trace_arrivals_on_the_reference_traces_share_a_clock_and_account_for_the_nccl_times():
+    paths = [REF / f"ddp_trace_rank{r}.json.gz" for r in (0, 1)]
+    arr = mg.trace_arrivals(paths)
+    t = mg.torch_trace_table(paths)
+    assert len(arr) == t.loc[0, "nccl_kernels"] and arr["rank"].eq(1).all()
+    assert abs(arr["end_skew_ns"].median()) < 50_000  # one host's clock: matched collectives end together
+    # a kernel's duration is end minus start, so the totals differ by the summed skews
+    diff_ms = (arr["end_skew_ns"] - arr["start_skew_ns"]).sum() / 1e6
+    assert diff_ms == pytest.approx(t.loc[1, "nccl_ms"] - t.loc[0, "nccl_ms"], abs=1e-6)
+
+
+def test_trace_arrivals_refuses_traces_it_cannot_match(tmp_path, monkeypatch):
+    def fake(p):
+        n = 3 if "a" in Path(p).name else 2
+        k = pd.DataFrame({"name": ["ncclDevKernel_AllReduce"] * n, "start": range(n), "end": range(1, n + 1)})
+        return type("T", (), {"kernels": lambda self: k})()
+    monkeypatch.setattr(mg, "read_trace", fake)
+    with pytest.raises(GpuprofError, match="cannot be matched by order"):
+        mg.trace_arrivals(["a.json", "b.json"])
+
+
+def test_longest_wait_per_step_on_the_reference_straggler():
+    data = ranks.rank_data(REF / "straggler.sqlite")
+    waiting, late = mg.longest_wait_per_step(data[0]), mg.longest_wait_per_step(data[1])
+    assert len(waiting) == len(late) > 0
+    # rank 0 waits for rank 1's 20 ms sleep inside one all-reduce a step; rank 1's longest is short
+    assert (waiting["longest_nccl_ms"] > 15).all() and (late["longest_nccl_ms"] < 5).all()
+    assert (waiting["compute_beside_ms"] <= waiting["compute_ms"]).all() and (waiting["compute_beside_ms"] > 0).all()
+
+
+def test_bucket_bandwidth_reads_each_bucket_of_the_reference_capture():
+    data = ranks.rank_data([REF / "buckets_rank0.sqlite", REF / "buckets_rank1.sqlite"])
+    sweep = json.loads((REF / "allreduce.json").read_text())
+    layout = [117_497_856] * 4 + [67_141_632]  # DDP's 100 MB layout of the chapter's model (ddp_buckets.py)
+    b = mg.bucket_bandwidth(data, layout, 100.0, sweep)
+    assert len(b) == 5 and (b["least_ms"] <= b[["rank_0_ms", "rank_1_ms"]].max(axis=1)).all()
+    assert b.loc[4, "least_ms"] < b.loc[0, "least_ms"]  # the last, smaller bucket takes less time
+    assert b["busbw_gbps"].between(50, 500).all()
+    with pytest.raises(GpuprofError, match="all-reduce kernels for"):
+        mg.bucket_bandwidth(data, layout[:4], 100.0, sweep)
+
+
+def test_ddp_free_running_keeps_no_phase_times(one_process_runs):
+    status, out, result = one_process_runs["free running"]
+    assert status == "0", out[-2000:]
+    assert "free-running: no phase times" in out and "result checked" in out
+    steps = result["ranks"][0]["configs"][0]["steps"]
+    # no per-phase waits and no loss read: the step time alone, per step
+    assert len(steps) == 2 and all(set(s) == {"step"} and s["step"] > 0 for s in steps)
+    _, timed, _ = one_process_runs["two bucket caps"]
+    assert "free-running" not in timed
+
+
+@pytest.mark.parametrize("flag", [["--max-ctas", "4"], ["--high-priority"]])
+def test_ddp_nccl_communicator_options_on_the_cpu_are_refused_in_one_sentence(capsys, flag):
+    p = run_script_in_process(mg.DDP, "--cpu", *flag, "--width", "32", "--depth", "2", capsys=capsys)
+    assert p.returncode != 0 and "set NCCL's communicator; this run uses gloo" in p.stdout + p.stderr
+    assert "Traceback" not in p.stdout + p.stderr
+
+
+def test_join_group_builds_nccl_options_only_when_asked(monkeypatch):
+    from gpuprof import distributed
+
+    seen = {}
+
+    class Config:
+        max_ctas = -1
+
+    class Options:
+        def __init__(self, is_high_priority_stream=False):
+            self.is_high_priority_stream, self.config = is_high_priority_stream, Config()
+
+    import torch.distributed as dist
+    monkeypatch.setattr(dist, "ProcessGroupNCCL", type("PG", (), {"Options": Options}), raising=False)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: seen.update(backend=backend, **kw))
+    torch = type("T", (), {"device": staticmethod(lambda d: d)})
+    distributed.join_group(torch, 0, 2, "cuda:0", max_ctas=4, high_priority=True)
+    assert seen["backend"] == "nccl" and seen["pg_options"].config.max_ctas == 4 and seen["pg_options"].is_high_priority_stream
+    distributed.join_group(torch, 0, 2, "cuda:0")
+    assert seen["pg_options"] is None

@@ -21,6 +21,13 @@ Levers:
                           (gradients all-reduced once per step instead of once per micro-batch)
   --bf16                  autocast to bfloat16 (gradients stay FP32)
   --slow-rank R           make rank R a straggler: it sleeps --slow-ms before each backward
+  --max-ctas N            cap NCCL's thread blocks (channels) per collective for this process group
+                          alone, through its communicator's config (ncclConfig_t maxCTAs), where
+                          NCCL_MAX_NCHANNELS caps every communicator of the process
+  --high-priority         NCCL's collectives on a high-priority CUDA stream (ProcessGroupNCCL.Options)
+  --free-running          time the steps as a production loop runs them: no wait for the GPU after
+                          each phase and no loss read each step, so the CPU can run ahead; each
+                          step timed by CUDA events on the default stream (no phase times then)
 
 DDP's own knobs (each off by default, as in DDP):
   --grad-as-bucket-view   DDP(gradient_as_bucket_view=True): gradients are views into the
@@ -107,6 +114,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-sync", action="store_true", help="never all-reduce the gradients (DDP's no_sync())")
     p.add_argument("--slow-rank", type=nonnegative_int, default=None, help="the rank to slow down (default: none)")
     p.add_argument("--slow-ms", type=positive_float, default=10.0, help="its sleep before each backward (default: 10)")
+    p.add_argument("--max-ctas", type=positive_int, default=None, metavar="N",
+                   help="cap NCCL's thread blocks (channels) for this job's process group alone (ncclConfig_t maxCTAs)")
+    p.add_argument("--high-priority", action="store_true", help="NCCL's collectives on a high-priority CUDA stream")
+    p.add_argument("--free-running", action="store_true",
+                   help="no per-phase synchronisation nor per-step loss read; steps timed by CUDA events")
     p.add_argument("--warmup", type=positive_int, default=3, help="untimed steps first, per bucket size (default: 3)")
     p.add_argument("--steps", type=positive_int, default=10, help="timed steps per bucket size (default: 10)")
     p.add_argument("--cpu", action="store_true", help="run on the CPU (gloo) even where GPUs are available")
@@ -139,7 +151,7 @@ def setup(args: argparse.Namespace) -> tuple[Any, int, int, str]:
     # SGD keeps no state, but DDP's buckets hold a second copy of the gradients: one "state"
     require_training_memory(lambda: build_model(args, torch, None), (args.width,), args.batch_size, device,
                             "--width, --depth or --batch-size", optimizer_states=1, half_precision=args.bf16)
-    join_group(torch, rank, world, device)
+    join_group(torch, rank, world, device, max_ctas=args.max_ctas, high_priority=args.high_priority)
     return torch, rank, world, device
 
 
@@ -185,7 +197,9 @@ def train(args: argparse.Namespace, torch: Any, rank: int, device: str, bucket_m
         return torch.autocast("cuda" if gpu else "cpu", dtype=torch.bfloat16) if args.bf16 else contextlib.nullcontext()
 
     def sync() -> None:
-        if gpu:
+        # after each phase, so that its NVTX range and host-clock time mean what they say; a
+        # production loop does not wait (--free-running), and where the CPU sets the pace that differs
+        if gpu and not args.free_running:
             torch.cuda.synchronize()
 
     def step() -> dict[str, float]:
@@ -213,6 +227,8 @@ def train(args: argparse.Namespace, torch: Any, rank: int, device: str, bucket_m
             opt.zero_grad(set_to_none=True)
         sync()
         t["optimizer"] = (time.perf_counter() - t0) * 1e3
+        if args.free_running:
+            return {}  # host times of phases that were not waited for mean nothing; the loss is not read
         t["loss"] = float(loss.detach())
         return t
 
@@ -230,12 +246,22 @@ def train(args: argparse.Namespace, torch: Any, rank: int, device: str, bucket_m
             warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle")  # no schedule here
             profiler = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else []))
             profiler.start()
+        events = []
         for i in range(args.steps):
             with annotate(f"step_{i}"):
                 t0 = time.perf_counter()
+                if args.free_running and gpu:
+                    events.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
+                    events[-1][0].record()
                 s = step()
-                s["step"] = (time.perf_counter() - t0) * 1e3
+                if args.free_running and gpu:
+                    events[-1][1].record()
+                s["step"] = (time.perf_counter() - t0) * 1e3  # on a GPU with --free-running, replaced below
             steps.append(s)
+        if events:
+            torch.cuda.synchronize()
+            for s, (start, end) in zip(steps, events):
+                s["step"] = start.elapsed_time(end)  # ms on the default stream, from the step's first queued work to its last
         if profiler is not None:
             profiler.stop()
             profiler.export_chrome_trace(trace_file(args.torch_trace, rank))
@@ -256,6 +282,8 @@ def knobs(args: argparse.Namespace) -> str:
                                   ("bucket_cap_mb unset (small first bucket)", args.default_buckets)) if flag]
     on += [f"{args.comm_hook}_compress_hook"] if args.comm_hook != "none" else []
     on += ["no gradient sync"] if args.no_sync else []
+    on += [f"NCCL maxCTAs {args.max_ctas}"] if args.max_ctas is not None else []
+    on += ["NCCL high-priority stream"] if args.high_priority else []
     return f", DDP: {', '.join(on)}" if on else ""
 
 
@@ -282,7 +310,8 @@ def summary_lines(results: list[dict[str, Any]]) -> list[str]:
             step_ms = [s["step"] for s in st]
             lines.append(f"  bucket {config['bucket_mb']:g} MB, rank {r['rank']}: step {statistics.median(step_ms):.2f} ms median "
                          f"(range {min(step_ms):.2f}-{max(step_ms):.2f}); "
-                         + ", ".join(f"{k} {statistics.median(s[k] for s in st):.2f}" for k in ("forward", "backward", "optimizer")))
+                         + (", ".join(f"{k} {statistics.median(s[k] for s in st):.2f}" for k in ("forward", "backward", "optimizer")
+                                      if k in st[0]) or "free-running: no phase times"))
     return lines
 
 

@@ -17,7 +17,8 @@ holds what the chapter would otherwise spell out in cells:
 * :func:`bucket_layouts`: which gradients share a bucket, per ``bucket_cap_mb``, as DDP
   itself all-reduces them (``ddp_buckets.py``; on the CPU, since a layout depends on the
   parameters' sizes alone), and :func:`layout_table`;
-* :func:`straggler_table`, :func:`bandwidth_table`, :func:`torch_trace_table`, and the figures.
+* :func:`straggler_table`, :func:`bandwidth_table`, :func:`torch_trace_table`, :func:`trace_arrivals`
+  (which rank reached each collective first, from the per-rank torch.profiler traces), and the figures.
 """
 
 from __future__ import annotations
@@ -45,8 +46,8 @@ from ..tools import LiveTool, live_tool
 from ..torch_profiler.trace import read_trace
 
 __all__ = ["DDP", "KNOBS", "ALLREDUCE", "knob_table", "NPROC", "gpus_here", "enough_gpus", "capture_ranks", "capture_launcher",
-           "run_json", "knob_jobs", "channel_jobs", "channel_table", "untraced_steps", "by_bucket", "bucket_model", "step_windows", "overlap_table", "straggler_table",
-           "bandwidth_table", "bandwidth_figure", "overlap_figure", "rank_timeline", "torch_trace_table",
+           "run_json", "knob_jobs", "channel_jobs", "channel_table", "untraced_steps", "by_bucket", "latency_bandwidth_fit", "bucket_model", "bucket_bandwidth", "step_windows", "overlap_table", "straggler_table", "longest_wait_per_step",
+           "bandwidth_table", "bandwidth_figure", "overlap_figure", "rank_timeline", "torch_trace_table", "trace_arrivals",
            "run_script", "ncu_on_collective", "BUCKET_LAYOUT", "bucket_layouts", "layout_table", "parse_nccl_choices", "nccl_choices", "nccl_choice_table"]
 
 DDP = REPO_ROOT / "examples" / "nsys" / "ddp_training.py"
@@ -352,33 +353,76 @@ def by_bucket(overlap: pd.DataFrame) -> pd.DataFrame:
                          "exposed_worst": per["exposed_ms"].max(), "exposed_least": per["exposed_ms"].min()})
 
 
-def bucket_model(sweep: dict[str, Any], gradient_bytes: int, buckets: dict[float, int], backward_ms: float) -> pd.DataFrame:
-    """The exposed all-reduce time per step that the all-reduce sweep alone predicts for each bucket size.
+def latency_bandwidth_fit(sweep: dict[str, Any]) -> tuple[float, float]:
+    """A per-call latency (ms) and a bandwidth (GB/s) fitted to an all-reduce sweep: time = a + size / B.
+
+    Least squares on the times themselves, so the large sizes, whose times are long, decide the
+    bandwidth and the small ones the latency. Interpolating between the sweep's points instead
+    overstates the sizes between two far-apart large points (time is not linear in log size
+    there), which is why the bucket model uses this fit.
+    """
+    size = np.array([r["bytes"] for r in sweep["rows"]], dtype=float)
+    ms = np.array([r["time_us"] for r in sweep["rows"]], dtype=float) / 1e3
+    a, per_byte = np.linalg.lstsq(np.vstack([np.ones_like(size), size]).T, ms, rcond=None)[0]
+    return float(a), float(1 / per_byte / 1e6)
+
+
+def bucket_model(sweep: dict[str, Any], layouts: dict[float, Sequence[int]], backward_ms: float) -> pd.DataFrame:
+    """The exposed all-reduce time per step that the all-reduce sweep alone predicts for each bucket layout.
 
     A model of bucketed overlap of the kind Stanford CS336's second assignment asks for (a latency per
-    call plus size over bandwidth), simulated: bucket k of n
-    (``gradient_bytes``/n bytes each) is ready when backward has produced its share, at
-    ``backward_ms``·k/n (gradients come at an even rate, the last layer's first); NCCL runs the
-    buckets one after another, each taking the time the sweep measured for its size (interpolated
-    in log size: a per-call latency, then size over bandwidth); whatever is still running when
-    backward ends is exposed. ``buckets`` maps each bucket size (MB) to the number of buckets DDP
-    made. It leaves out what overlap costs the computation (NCCL's kernels take SMs and memory
-    bandwidth from backward's) and DDP's own per-bucket work. Returns bucket_mb, buckets,
-    per_call_ms, comm_ms (all the calls, one after another) and exposed_ms.
+    call plus size over bandwidth, both fitted to the sweep by :func:`latency_bandwidth_fit`),
+    simulated: ``layouts`` maps each bucket size (MB) to the bytes of the buckets DDP made, in the
+    order it all-reduces them (``ddp_buckets.py``'s record of a step after the first); backward
+    produces the gradients at an even rate, so a bucket is ready when backward has produced its bytes
+    and all before it; NCCL runs the buckets one after another; whatever is still running when
+    backward (``backward_ms``) ends is exposed. It leaves out what overlap costs the computation
+    (NCCL's kernels take SMs and memory bandwidth from backward's) and DDP's own per-bucket work.
+    Returns bucket_mb, buckets, last_bucket_mib, comm_ms (all the calls, one after another) and
+    exposed_ms.
     """
-    rows_in = sorted(sweep["rows"], key=lambda r: r["bytes"])
-    log_size = np.log([r["bytes"] for r in rows_in])
-    call_ms = np.array([r["time_us"] for r in rows_in]) / 1e3
+    latency_ms, gbps = latency_bandwidth_fit(sweep)
     rows = []
-    for mb, n in sorted(buckets.items(), reverse=True):
-        per_call = float(np.interp(np.log(gradient_bytes / n), log_size, call_ms))
-        finish = 0.0
-        for k in range(1, n + 1):
-            finish = max(finish, backward_ms * k / n) + per_call
-        rows.append({"bucket_mb": mb, "buckets": n, "per_call_ms": per_call, "comm_ms": n * per_call,
+    for mb, sizes in sorted(layouts.items(), reverse=True):
+        total, done, finish, comm = float(sum(sizes)), 0.0, 0.0, 0.0
+        for size in sizes:
+            done += size
+            call = latency_ms + size / (gbps * 1e6)
+            finish = max(finish, backward_ms * done / total) + call
+            comm += call
+        rows.append({"bucket_mb": mb, "buckets": len(sizes), "last_bucket_mib": sizes[-1] / 2**20, "comm_ms": comm,
                      "exposed_ms": finish - backward_ms})
     return pd.DataFrame(rows)
 
+
+def bucket_bandwidth(data: dict[int, RankData], layout: Sequence[int], bucket_mb: float,
+                     sweep: dict[str, Any]) -> pd.DataFrame:
+    """Each of DDP's all-reduces of one bucket size, as the per-rank captures timed it, beside the sweep.
+
+    ``layout`` is the bytes of the buckets in the order DDP all-reduces them (``ddp_buckets.py``),
+    so the n-th all-reduce kernel of a timed step carries the n-th bucket. A kernel's time includes
+    any wait for the peer, so per bucket the rank that waited less (the smaller median over the
+    timed steps) is the one that measures the transfer. Returns one row per bucket: position,
+    bytes, each rank's median ms (``rank_R_ms``), least_ms, busbw_gbps (two ranks: the bus factor
+    is 1) and sweep_ms (the time :func:`latency_bandwidth_fit` gives that size). Refuses a step
+    whose all-reduce count is not the layout's.
+    """
+    latency_ms, gbps = latency_bandwidth_fit(sweep)
+    out = pd.DataFrame({"position": np.arange(len(layout)), "bytes": list(layout)})
+    for rank, d in sorted(data.items()):
+        times = []
+        for _, s in step_windows(d.ranges).query("bucket_mb == @bucket_mb").iterrows():
+            k = ta.inside(d.nccl, (int(s["start"]), int(s["end"])))
+            k = k[k["name"].astype(str).str.contains("AllReduce")].sort_values("start", kind="stable")
+            if len(k) != len(layout):
+                raise GpuprofError(f"rank {rank}, {s['step']} at {bucket_mb:g} MB: {len(k)} all-reduce kernels for "
+                                   f"{len(layout)} buckets.", "Give the layout recorded for the same bucket_cap_mb.")
+            times.append(k["duration_ns"].to_numpy() / 1e6)
+        out[f"rank_{rank}_ms"] = np.median(np.vstack(times), axis=0)
+    out["least_ms"] = out[[c for c in out.columns if c.startswith("rank_")]].min(axis=1)
+    out["busbw_gbps"] = out["bytes"] / out["least_ms"] / 1e6
+    out["sweep_ms"] = latency_ms + out["bytes"] / (gbps * 1e6)
+    return out
 
 def knob_table(jobs: Sequence[dict[str, Any]]) -> pd.DataFrame:
     """Per variant of ``ddp_knobs.py``: its step time over the jobs given, against fp32's and against its no-sync step.
@@ -441,6 +485,28 @@ def straggler_table(data: dict[int, RankData]) -> pd.DataFrame:
         out["waited_for"] = out["nccl_ms"] == out["nccl_ms"].min()
     return out
 
+
+
+def longest_wait_per_step(d: RankData) -> pd.DataFrame:
+    """Per timed step of one rank: its longest NCCL kernel (ms) and the compute kernels' time that ran
+    beside it (ms, the part of each compute kernel inside the NCCL kernel's span).
+
+    On the rank that waits for a straggler, one all-reduce per step spans the wait, spinning on
+    NCCL's channels (SMs) the whole time; whatever of backward runs meanwhile shares the GPU
+    with it. This is the measurement behind "a straggler costs the waiting ranks SMs".
+    """
+    rows = []
+    for _, s in step_windows(d.ranges).iterrows():
+        window = (int(s["start"]), int(s["end"]))
+        nccl, compute = ta.inside(d.nccl, window), ta.inside(d.compute, window)
+        if nccl.empty:
+            continue
+        k = nccl.loc[nccl["duration_ns"].idxmax()]
+        overlap = (np.minimum(compute["end"], k["end"]) - np.maximum(compute["start"], k["start"])).clip(lower=0)
+        rows.append({"step": s["step"], "longest_nccl_ms": float(k["duration_ns"]) / 1e6,
+                     "compute_beside_ms": float(overlap.sum()) / 1e6,
+                     "compute_ms": float(compute["duration_ns"].sum()) / 1e6})
+    return pd.DataFrame(rows)
 
 # --- bandwidth -------------------------------------------------------------------------------------
 
@@ -557,3 +623,32 @@ def torch_trace_table(paths: Sequence[str | Path]) -> pd.DataFrame:
                      "collectives": ", ".join(f"{n} x{c}" for n, c in coll["name"].value_counts().sort_index().items()),
                      "nccl_kernels": len(nccl), "nccl_ms": float(nccl["duration_ns"].sum()) / 1e6 if len(nccl) else 0.0})
     return pd.DataFrame(rows)
+
+
+def trace_arrivals(paths: Sequence[str | Path]) -> pd.DataFrame:
+    """Which rank reached each collective first, read from per-rank torch.profiler traces of one job.
+
+    An NCCL kernel starts when its rank launches it and then waits inside for its peers, so a
+    rank's NCCL time includes the waits: comparing two ranks' totals says that one waited more,
+    not whether it always arrived first. The kernels' start times say that. Every rank runs the
+    same collectives in the same order, so the n-th NCCL kernel of each trace is the same
+    collective; the traces of one host share its clock (Kineto writes host-clock timestamps), which
+    the ends check: a collective ends almost together on every rank. Returns one row per
+    collective and rank other than the first: index, rank, start_skew_ns (its start minus the
+    first rank's: negative when it arrived first) and end_skew_ns. Refuses traces with different
+    numbers of NCCL kernels (they cannot be matched by order).
+    """
+    kernels = []
+    for p in paths:
+        k = read_trace(p).kernels()
+        kernels.append(k[is_communication(k["name"])].sort_values("start", kind="stable") if len(k) else k)
+    ref = kernels[0]
+    rows = []
+    for rank, k in enumerate(kernels[1:], start=1):
+        if len(k) != len(ref):
+            raise GpuprofError(f"trace {Path(paths[rank]).name} holds {len(k)} NCCL kernels and {Path(paths[0]).name} "
+                               f"{len(ref)}: they cannot be matched by order.", "Trace the ranks over the same steps.")
+        rows.append(pd.DataFrame({"index": np.arange(len(k)), "rank": rank,
+                                  "start_skew_ns": k["start"].to_numpy() - ref["start"].to_numpy(),
+                                  "end_skew_ns": k["end"].to_numpy() - ref["end"].to_numpy()}))
+    return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=["index", "rank", "start_skew_ns", "end_skew_ns"])
