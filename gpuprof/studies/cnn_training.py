@@ -40,7 +40,7 @@ from ..nsys import sqlite as ns
 from ..runner import portable_command, python_target
 
 __all__ = ["SCRIPT", "Config", "LADDER", "LEVERS", "NCHW_CHECK", "ROUNDS", "run_plan", "preload", "SWEEP", "SWEEP_BATCHES", "COMPILE", "all_configs", "run_args",
-           "run_configs", "results_table", "ladder_table", "sweep_table", "phase_table", "gpu_activity",
+           "run_configs", "results_table", "ladder_table", "spread_table", "sweep_table", "phase_table", "gpu_activity",
            "sync_wait_ms", "PHASES", "capture_config", "evidence", "largest_phase", "ladder_figure", "sweep_figure"]
 
 SCRIPT = REPO_ROOT / "examples" / "nsys" / "cnn_training.py"
@@ -299,6 +299,32 @@ def ladder_table(runs: dict[str, dict], ladder: Sequence[Config] = tuple(LADDER)
     out["x naive low"] = out["low"] / out["high"].iloc[0]
     out["x naive high"] = out["high"] / out["low"].iloc[0]
     return out
+
+
+def spread_table(runs: dict[str, dict], configs: Sequence[Config]) -> pd.DataFrame:
+    """For each configuration timed in several processes: its processes' rates, how far they spread, and how far
+    the windows of one process did (a configuration sharing its run with an earlier one is left out).
+
+    ``between``: the fastest process over the slowest, minus one (each process's rate is its
+    median window). ``within``: over the processes, the largest ratio of one process's fastest
+    window to its slowest, minus one. The chapter once said that processes vary more than the
+    windows of one process; this table is the check, and it holds for some loops, not all.
+    """
+    rows, seen = [], set()
+    for cfg in configs:
+        if _key(cfg) in seen or cfg.label not in runs:
+            continue
+        seen.add(_key(cfg))
+        procs = [p for p in runs[cfg.label].get("processes", []) if p.get("status") == "ok"]
+        if len(procs) < 2:
+            continue
+        rates = sorted(p["images_per_s"] for p in procs)
+        within = [max(w["images_per_s"] for w in p["windows"]) / min(w["images_per_s"] for w in p["windows"]) - 1
+                  for p in procs if p.get("windows")]
+        rows.append({"configuration": cfg.label, "slowest": rates[0], "middle": float(np.median(rates)),
+                     "fastest": rates[-1], "between": rates[-1] / rates[0] - 1,
+                     "within": max(within) if within else np.nan})
+    return pd.DataFrame(rows).set_index("configuration")
 
 
 def sweep_table(runs: dict[str, dict]) -> pd.DataFrame:
