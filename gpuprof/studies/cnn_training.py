@@ -39,9 +39,10 @@ from ..errors import GpuprofError
 from ..nsys import sqlite as ns
 from ..runner import portable_command, python_target
 
-__all__ = ["SCRIPT", "Config", "LADDER", "LEVERS", "NCHW_CHECK", "ROUNDS", "run_plan", "preload", "SWEEP", "SWEEP_BATCHES", "COMPILE", "all_configs", "run_args",
+__all__ = ["SCRIPT", "Config", "LADDER", "LEVERS", "NCHW_CHECK", "ROUNDS", "run_plan", "preload", "SWEEP", "SWEEP_BATCHES", "COMPILE", "COMPILE_STEP", "all_configs", "run_args",
            "run_configs", "results_table", "ladder_table", "spread_table", "sweep_table", "phase_table", "gpu_activity",
-           "sync_wait_ms", "PHASES", "capture_config", "evidence", "largest_phase", "ladder_figure", "sweep_figure"]
+           "sync_wait_ms", "PHASES", "capture_config", "evidence", "graph_launches_per_step",
+           "largest_phase", "ladder_figure", "sweep_figure"]
 
 SCRIPT = REPO_ROOT / "examples" / "nsys" / "cnn_training.py"
 NAIVE_BATCH = 32
@@ -77,8 +78,8 @@ LADDER: list[Config] = [
     Config("3 pinned, non-blocking copies", (*WORKERS, "--pin-memory", "--non-blocking", *SYNC),
            change="pinned batches, copied with non_blocking=True"),
     Config("4 CUDA graph of the step", (*WORKERS, "--pin-memory", "--non-blocking", *SYNC, *GRAPH),
-           change="two together: forward, backward and Adam replayed as one CUDA graph, which needs Adam fused and "
-                  "capturable"),
+           change="two together: forward, backward and Adam replayed as one CUDA graph (which needs Adam capturable, "
+                  "as the foreach and the fused Adam both can be), and Adam fused, bundled by choice"),
     Config("5 data on the GPU", (*GPU_DATA, *SYNC, *GRAPH),
            change="the image set on the GPU, augmented there; the DataLoader, pinning and non_blocking go"),
     Config("6 bf16, channels_last, cuDNN autotuning", BEST,
@@ -117,13 +118,25 @@ COMPILE: list[Config] = [
 ]
 
 
+# torch.compile of the step the hand-made graph holds (the model with its loss, and Adam's step: the script's
+# --compile-scope step), beside the eager loop on the same data path, at both batch sizes: the comparison above sets a
+# graph of the whole step against a compile of the model alone, with no eager row (review 2, item 9).
+COMPILED_STEP = (*GPU_DATA, *SYNC, "--compile", "reduce-overhead", "--compile-scope", "step")
+COMPILE_STEP: list[Config] = [
+    Config("compile the step, batch 32: eager", (*GPU_DATA, *SYNC, "--fused-adam")),
+    Config("compile the step, batch 32: reduce-overhead", COMPILED_STEP),
+    Config("compile the step, batch 1024: eager", (*GPU_DATA, *SYNC, "--fused-adam", *FAST_MATH), 1024),
+    Config("compile the step, batch 1024: reduce-overhead", (*COMPILED_STEP, *FAST_MATH), 1024),
+]
+
+
 def _sweep_configs() -> list[Config]:
     return [Config(f"sweep: {name}, batch {b}", levers, b) for name, (levers, batches) in SWEEP.items() for b in batches]
 
 
 def all_configs() -> list[Config]:
     """Every configuration the chapter times, each once: runs with the same levers and batch are shared."""
-    return [*LADDER, *LEVERS, *NCHW_CHECK, *_sweep_configs(), *COMPILE]
+    return [*LADDER, *LEVERS, *NCHW_CHECK, *_sweep_configs(), *COMPILE, *COMPILE_STEP]
 
 
 def _key(cfg: Config) -> tuple[tuple[str, ...], int]:
@@ -445,6 +458,18 @@ def evidence(path: str | Path) -> pd.Series:
                kernels_per_step=act["kernels_per_step"], median_kernel_us=act["median_kernel_us"],
                sync_wait_ms=float(waits.mean()), sync_wait_max_ms=float(waits.max()))
     return pd.Series(out)
+
+
+def graph_launches_per_step(path: str | Path) -> float:
+    """Per profiled step, the ``cudaGraphLaunch`` calls made inside the steps' NVTX ranges: 1 for the hand-made graph
+    of the whole step; for torch.compile's reduce-overhead, one per region it replayed as a graph (a region it could
+    not graph launches its kernels one by one instead, and adds none)."""
+    ranges = ns.nvtx_ranges(path)
+    steps = _steps(ranges)
+    runtime = ns.runtime_calls(path)
+    launches = runtime[runtime["name"].str.startswith("cudaGraphLaunch")]
+    total = sum(len(ta.inside(launches, (int(s.start), int(s.end)))) for s in steps.itertuples())
+    return total / len(steps)
 
 
 def largest_phase(ev: pd.Series) -> str:
