@@ -274,6 +274,18 @@ def test_spread_table_on_the_reference_run():
     assert np.isclose(naive["within"], max(max(w) / min(w) - 1 for w in windows))
 
 
+def test_distinct_runs_table_names_each_run_once_and_splits_its_range_by_meaning():
+    runs = json.loads((REF / "timings.json").read_text())["runs"]
+    configs = ct.all_configs()
+    t = ct.distinct_runs_table(runs, configs)
+    assert len(t) == len({ct._key(c) for c in configs if c.label in runs})
+    assert "alone: workers 8" in t.loc[ct.LADDER[1].label, "also"] and "alone: workers 8" not in t.index
+    several = t["processes"] > 1
+    assert t.loc[several, ["window low", "window high"]].isna().all().all()
+    assert t.loc[~several, ["process low", "process high"]].isna().all().all()
+    assert t.loc[~several, "window low"].notna().all() and t.loc[several, "process low"].notna().all()
+
+
 def test_graph_launches_per_step_on_the_reference_captures():
     """The hand-made graph launches once per step; the eager loop never."""
     counts = {name: ct.graph_launches_per_step(REF / f"{name}.sqlite") for name in ("rung0", "rung4", "rung8")}

@@ -40,7 +40,7 @@ from ..nsys import sqlite as ns
 from ..runner import portable_command, python_target
 
 __all__ = ["SCRIPT", "Config", "LADDER", "LEVERS", "NCHW_CHECK", "ROUNDS", "run_plan", "preload", "SWEEP", "SWEEP_BATCHES", "COMPILE", "COMPILE_STEP", "all_configs", "run_args",
-           "run_configs", "results_table", "ladder_table", "spread_table", "sweep_table", "phase_table", "gpu_activity",
+           "run_configs", "results_table", "distinct_runs_table", "ladder_table", "spread_table", "sweep_table", "phase_table", "gpu_activity",
            "sync_wait_ms", "PHASES", "capture_config", "evidence", "graph_launches_per_step",
            "largest_phase", "ladder_figure", "sweep_figure"]
 
@@ -295,6 +295,28 @@ def results_table(runs: dict[str, dict]) -> pd.DataFrame:
                      "loss_fall": r["loss_check"]["fall"] if ok else np.nan,
                      "peak_MiB": (r.get("peak_memory_bytes") or 0) / 2**20 if ok else np.nan})
     return pd.DataFrame(rows).set_index("configuration")
+
+
+def distinct_runs_table(runs: dict[str, dict], configs: Sequence[Config]) -> pd.DataFrame:
+    """:func:`results_table` with one row per distinct run (named by its first label; ``also``: the other labels the
+    chapter gives the same run), and its range split by meaning: ``process low``/``high`` for a run timed in
+    several processes, ``window low``/``high`` (one process's two windows) for a run timed once."""
+    table = results_table({c.label: runs[c.label] for c in configs if c.label in runs})
+    first: dict[tuple[tuple[str, ...], int], str] = {}
+    also: dict[str, list[str]] = {}
+    for cfg in configs:
+        if cfg.label not in table.index:
+            continue
+        name = first.setdefault(_key(cfg), cfg.label)
+        also.setdefault(name, [])
+        if name != cfg.label:
+            also[name].append(cfg.label)
+    out = table.loc[list(also)].copy()
+    several = out["processes"] > 1
+    out["process low"], out["process high"] = out["low"].where(several), out["high"].where(several)
+    out["window low"], out["window high"] = out["low"].where(~several), out["high"].where(~several)
+    out["also"] = ["; ".join(also[name]) for name in out.index]
+    return out.drop(columns=["low", "high"])
 
 
 def ladder_table(runs: dict[str, dict], ladder: Sequence[Config] = tuple(LADDER)) -> pd.DataFrame:
