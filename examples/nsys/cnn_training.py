@@ -18,7 +18,10 @@ loop: a DataLoader in the main process making every image with PIL, pageable cop
   --cudnn-benchmark   torch.backends.cudnn.benchmark = True (time the algorithms, keep the fastest)
   --fused-adam        Adam(fused=True): one kernel for the whole update
   --compile MODE      torch.compile(model, mode=MODE): default or reduce-overhead
-  --cuda-graphs       capture the whole step (forward, backward, Adam) in one CUDA graph, replay it
+  --compile-scope S   what --compile compiles: model (the model alone; default) or step (the model with its
+                      loss, and Adam's step, as the CUDA graph of --cuda-graphs holds them)
+  --cuda-graphs       capture the whole step (forward, backward, Adam) in one CUDA graph, replay it; Adam is
+                      made capturable (capturable=True, which the foreach and the fused Adam both support)
 
 Each step is in NVTX ranges (warmup, step_N; inside them data_wait, h2d, forward, backward,
 optimizer, loss_read) for Nsight Systems. Warm-up steps are timed one by one (they hold
@@ -59,6 +62,7 @@ from gpuprof.errors import GpuprofError  # noqa: E402
 from gpuprof.ranges import annotate  # noqa: E402
 
 COMPILE_MODES = ("off", "default", "reduce-overhead")
+COMPILE_SCOPES = ("model", "step")
 # Levers that only act on a GPU: on the CPU they are accepted and reported as idle.
 GPU_ONLY = ("pin_memory", "non_blocking", "cudnn_benchmark", "cuda_graphs")
 
@@ -77,6 +81,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     lev.add_argument("--cudnn-benchmark", action="store_true", help="torch.backends.cudnn.benchmark = True")
     lev.add_argument("--fused-adam", action="store_true", help="Adam(fused=True)")
     lev.add_argument("--compile", choices=COMPILE_MODES, default="off", help="torch.compile mode (default: off)")
+    lev.add_argument("--compile-scope", choices=COMPILE_SCOPES, default="model",
+                     help="what --compile compiles: the model alone, or the step (model and loss in one region, and "
+                          "Adam's step) (default: model)")
     lev.add_argument("--cuda-graphs", action="store_true", help="capture the whole training step in a CUDA graph")
     run = p.add_argument_group("the run")
     run.add_argument("--batch-size", type=positive_int, default=32, help="images per step (default: 32)")
@@ -100,6 +107,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 "use of CUDA graphs")
     if args.data_on_gpu and (args.workers or args.pin_memory):
         p.error("--data-on-gpu replaces the DataLoader: --workers and --pin-memory have nothing to act on")
+    if args.compile_scope != "model" and args.compile == "off":
+        p.error("--compile-scope needs --compile default or --compile reduce-overhead")
     if args.min_window_s < 0:
         p.error(f"--min-window-s must not be negative, not {args.min_window_s}")
     if not args.lr > 0:
@@ -114,7 +123,8 @@ def levers(args: argparse.Namespace) -> dict[str, Any]:
     return {"workers": args.workers, "pin_memory": args.pin_memory, "non_blocking": args.non_blocking,
             "data_on_gpu": args.data_on_gpu, "loss_every": args.loss_every, "bf16": args.bf16,
             "channels_last": args.channels_last, "cudnn_benchmark": args.cudnn_benchmark,
-            "fused_adam": args.fused_adam, "compile": args.compile, "cuda_graphs": args.cuda_graphs,
+            "fused_adam": args.fused_adam, "compile": args.compile, "compile_scope": args.compile_scope,
+            "cuda_graphs": args.cuda_graphs,
             "batch_size": args.batch_size}
 
 
@@ -168,11 +178,21 @@ class Trainer:
         if args.fused_adam:
             opt_kw["fused"] = True
         if args.cuda_graphs:
-            opt_kw["capturable"] = True  # the step count lives on the GPU, so a replay can advance it
+            # What a CUDA graph needs of Adam: its step count on the GPU, so that a replay advances it. The foreach
+            # (default) and the fused implementation both have this path; --fused-adam is a lever of its own.
+            opt_kw["capturable"] = True
         self.opt = torch.optim.Adam(self.model.parameters(), **opt_kw)
         self.forward_model: Callable[[Any], Any] = self.model
-        if args.compile != "off":
+        self.loss_of: Callable[[Any, Any], Any] = self.model_loss
+        self.opt_step: Callable[[], Any] = self.opt.step
+        if args.compile != "off" and args.compile_scope == "model":
             self.forward_model = torch.compile(self.model, mode=args.compile)
+        elif args.compile != "off":
+            # The step the CUDA graph of --cuda-graphs holds: the model and its loss as one compiled region (its
+            # backward compiled with it), and Adam's step compiled as PyTorch's recipe "Compiling the optimizer with
+            # torch.compile" does it (its default mode: the optimizer's in-place updates of the parameters).
+            self.loss_of = torch.compile(self.model_loss, mode=args.compile)
+            self.opt_step = torch.compile(self.opt.step)
         self.graph: Any = None
         self.static: tuple[Any, Any, Any] | None = None
 
@@ -180,6 +200,13 @@ class Trainer:
         if not self.args.bf16:
             return contextlib.nullcontext()
         return self.torch.autocast(self.device, dtype=self.torch.bfloat16)
+
+    def model_loss(self, x: Any, y: Any) -> Any:
+        """The forward pass and its loss, under autocast with --bf16 (one region, for --compile-scope step)."""
+        import torch.nn.functional as F
+
+        with self.autocast():
+            return F.cross_entropy(self.forward_model(x), y)
 
     def to_device(self, x: Any, y: Any) -> tuple[Any, Any]:
         non_blocking = self.args.non_blocking
@@ -197,16 +224,14 @@ class Trainer:
 
     def eager_step(self, x: Any, y: Any) -> Any:
         """Forward, backward, Adam; returns the loss tensor (not read back)."""
-        import torch.nn.functional as F
-
         if self.args.compile == "reduce-overhead":
             self.torch.compiler.cudagraph_mark_step_begin()  # the previous step's graph outputs may be reused
-        with annotate("forward"), self.autocast():
-            loss = F.cross_entropy(self.forward_model(x), y)
+        with annotate("forward"):
+            loss = self.loss_of(x, y)
         with annotate("backward"):
             loss.backward()
         with annotate("optimizer"):
-            self.opt.step()
+            self.opt_step()
             self.opt.zero_grad(set_to_none=True)
         return loss.detach()
 
@@ -333,10 +358,28 @@ def run(args: argparse.Namespace, device: str) -> dict[str, Any]:
 
 def precision(torch: Any) -> dict[str, Any]:
     """The FP32 arithmetic PyTorch allowed in this run: its defaults let cuDNN run FP32 convolutions on TF32 tensor
-    cores (``cudnn.allow_tf32``) but keep FP32 matrix products in FP32 (``cuda.matmul.allow_tf32``)."""
-    return {"cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
-            "matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
-            "float32_matmul_precision": torch.get_float32_matmul_precision()}
+    cores (``cudnn.allow_tf32``) but keep FP32 matrix products in FP32 (``cuda.matmul.allow_tf32``).
+
+    Each switch is read through whichever API can read it: PyTorch (2.7 on) also has
+    ``fp32_precision`` names for them, and once a program has set the two APIs differently,
+    reading the legacy flags raises ("a mix of the legacy and new APIs"); a record that crashed
+    the run would be worse than one that says which API answered.
+    """
+    def read(legacy: Callable[[], Any], new: Callable[[], Any]) -> Any:
+        try:
+            return legacy()
+        except RuntimeError:
+            try:
+                return f"fp32_precision={new()}"
+            except (RuntimeError, AttributeError):
+                return "unreadable"
+
+    backends = torch.backends
+    return {"cudnn_allow_tf32": read(lambda: bool(backends.cudnn.allow_tf32), lambda: backends.cudnn.conv.fp32_precision),
+            "matmul_allow_tf32": read(lambda: bool(backends.cuda.matmul.allow_tf32),
+                                      lambda: backends.cuda.matmul.fp32_precision),
+            "float32_matmul_precision": read(torch.get_float32_matmul_precision,
+                                             lambda: backends.cuda.matmul.fp32_precision)}
 
 
 def compile_counters(args: argparse.Namespace) -> dict[str, int] | None:

@@ -39,9 +39,10 @@ from ..errors import GpuprofError
 from ..nsys import sqlite as ns
 from ..runner import portable_command, python_target
 
-__all__ = ["SCRIPT", "Config", "LADDER", "LEVERS", "NCHW_CHECK", "ROUNDS", "run_plan", "preload", "SWEEP", "SWEEP_BATCHES", "COMPILE", "all_configs", "run_args",
-           "run_configs", "results_table", "ladder_table", "sweep_table", "phase_table", "gpu_activity",
-           "sync_wait_ms", "PHASES", "capture_config", "evidence", "largest_phase", "ladder_figure", "sweep_figure"]
+__all__ = ["SCRIPT", "Config", "LADDER", "LEVERS", "NCHW_CHECK", "ROUNDS", "run_plan", "preload", "SWEEP", "SWEEP_BATCHES", "COMPILE", "COMPILE_STEP", "all_configs", "run_args",
+           "run_configs", "results_table", "distinct_runs_table", "ladder_table", "spread_table", "sweep_table", "phase_table", "gpu_activity",
+           "sync_wait_ms", "PHASES", "capture_config", "evidence", "graph_launches_per_step",
+           "largest_phase", "ladder_figure", "sweep_figure"]
 
 SCRIPT = REPO_ROOT / "examples" / "nsys" / "cnn_training.py"
 NAIVE_BATCH = 32
@@ -77,8 +78,8 @@ LADDER: list[Config] = [
     Config("3 pinned, non-blocking copies", (*WORKERS, "--pin-memory", "--non-blocking", *SYNC),
            change="pinned batches, copied with non_blocking=True"),
     Config("4 CUDA graph of the step", (*WORKERS, "--pin-memory", "--non-blocking", *SYNC, *GRAPH),
-           change="two together: forward, backward and Adam replayed as one CUDA graph, which needs Adam fused and "
-                  "capturable"),
+           change="two together: forward, backward and Adam replayed as one CUDA graph (which needs Adam capturable, "
+                  "as the foreach and the fused Adam both can be), and Adam fused, bundled by choice"),
     Config("5 data on the GPU", (*GPU_DATA, *SYNC, *GRAPH),
            change="the image set on the GPU, augmented there; the DataLoader, pinning and non_blocking go"),
     Config("6 bf16, channels_last, cuDNN autotuning", BEST,
@@ -117,13 +118,25 @@ COMPILE: list[Config] = [
 ]
 
 
+# torch.compile of the step the hand-made graph holds (the model with its loss, and Adam's step: the script's
+# --compile-scope step), beside the eager loop on the same data path, at both batch sizes: the comparison above sets a
+# graph of the whole step against a compile of the model alone, with no eager row (review 2, item 9).
+COMPILED_STEP = (*GPU_DATA, *SYNC, "--compile", "reduce-overhead", "--compile-scope", "step")
+COMPILE_STEP: list[Config] = [
+    Config("compile the step, batch 32: eager", (*GPU_DATA, *SYNC, "--fused-adam")),
+    Config("compile the step, batch 32: reduce-overhead", COMPILED_STEP),
+    Config("compile the step, batch 1024: eager", (*GPU_DATA, *SYNC, "--fused-adam", *FAST_MATH), 1024),
+    Config("compile the step, batch 1024: reduce-overhead", (*COMPILED_STEP, *FAST_MATH), 1024),
+]
+
+
 def _sweep_configs() -> list[Config]:
     return [Config(f"sweep: {name}, batch {b}", levers, b) for name, (levers, batches) in SWEEP.items() for b in batches]
 
 
 def all_configs() -> list[Config]:
     """Every configuration the chapter times, each once: runs with the same levers and batch are shared."""
-    return [*LADDER, *LEVERS, *NCHW_CHECK, *_sweep_configs(), *COMPILE]
+    return [*LADDER, *LEVERS, *NCHW_CHECK, *_sweep_configs(), *COMPILE, *COMPILE_STEP]
 
 
 def _key(cfg: Config) -> tuple[tuple[str, ...], int]:
@@ -284,6 +297,28 @@ def results_table(runs: dict[str, dict]) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("configuration")
 
 
+def distinct_runs_table(runs: dict[str, dict], configs: Sequence[Config]) -> pd.DataFrame:
+    """:func:`results_table` with one row per distinct run (named by its first label; ``also``: the other labels the
+    chapter gives the same run), and its range split by meaning: ``process low``/``high`` for a run timed in
+    several processes, ``window low``/``high`` (one process's two windows) for a run timed once."""
+    table = results_table({c.label: runs[c.label] for c in configs if c.label in runs})
+    first: dict[tuple[tuple[str, ...], int], str] = {}
+    also: dict[str, list[str]] = {}
+    for cfg in configs:
+        if cfg.label not in table.index:
+            continue
+        name = first.setdefault(_key(cfg), cfg.label)
+        also.setdefault(name, [])
+        if name != cfg.label:
+            also[name].append(cfg.label)
+    out = table.loc[list(also)].copy()
+    several = out["processes"] > 1
+    out["process low"], out["process high"] = out["low"].where(several), out["high"].where(several)
+    out["window low"], out["window high"] = out["low"].where(~several), out["high"].where(~several)
+    out["also"] = ["; ".join(also[name]) for name in out.index]
+    return out.drop(columns=["low", "high"])
+
+
 def ladder_table(runs: dict[str, dict], ladder: Sequence[Config] = tuple(LADDER)) -> pd.DataFrame:
     """The ladder: each rung's images/s, its gain over the rung before and over the naive loop, each gain with the
     range the processes allow (``x previous low``: this rung's slowest process over the previous rung's fastest;
@@ -299,6 +334,32 @@ def ladder_table(runs: dict[str, dict], ladder: Sequence[Config] = tuple(LADDER)
     out["x naive low"] = out["low"] / out["high"].iloc[0]
     out["x naive high"] = out["high"] / out["low"].iloc[0]
     return out
+
+
+def spread_table(runs: dict[str, dict], configs: Sequence[Config]) -> pd.DataFrame:
+    """For each configuration timed in several processes: its processes' rates, how far they spread, and how far
+    the windows of one process did (a configuration sharing its run with an earlier one is left out).
+
+    ``between``: the fastest process over the slowest, minus one (each process's rate is its
+    median window). ``within``: over the processes, the largest ratio of one process's fastest
+    window to its slowest, minus one. The chapter once said that processes vary more than the
+    windows of one process; this table is the check, and it holds for some loops, not all.
+    """
+    rows, seen = [], set()
+    for cfg in configs:
+        if _key(cfg) in seen or cfg.label not in runs:
+            continue
+        seen.add(_key(cfg))
+        procs = [p for p in runs[cfg.label].get("processes", []) if p.get("status") == "ok"]
+        if len(procs) < 2:
+            continue
+        rates = sorted(p["images_per_s"] for p in procs)
+        within = [max(w["images_per_s"] for w in p["windows"]) / min(w["images_per_s"] for w in p["windows"]) - 1
+                  for p in procs if p.get("windows")]
+        rows.append({"configuration": cfg.label, "slowest": rates[0], "middle": float(np.median(rates)),
+                     "fastest": rates[-1], "between": rates[-1] / rates[0] - 1,
+                     "within": max(within) if within else np.nan})
+    return pd.DataFrame(rows).set_index("configuration")
 
 
 def sweep_table(runs: dict[str, dict]) -> pd.DataFrame:
@@ -419,6 +480,18 @@ def evidence(path: str | Path) -> pd.Series:
                kernels_per_step=act["kernels_per_step"], median_kernel_us=act["median_kernel_us"],
                sync_wait_ms=float(waits.mean()), sync_wait_max_ms=float(waits.max()))
     return pd.Series(out)
+
+
+def graph_launches_per_step(path: str | Path) -> float:
+    """Per profiled step, the ``cudaGraphLaunch`` calls made inside the steps' NVTX ranges: 1 for the hand-made graph
+    of the whole step; for torch.compile's reduce-overhead, one per region it replayed as a graph (a region it could
+    not graph launches its kernels one by one instead, and adds none)."""
+    ranges = ns.nvtx_ranges(path)
+    steps = _steps(ranges)
+    runtime = ns.runtime_calls(path)
+    launches = runtime[runtime["name"].str.startswith("cudaGraphLaunch")]
+    total = sum(len(ta.inside(launches, (int(s.start), int(s.end)))) for s in steps.itertuples())
+    return total / len(steps)
 
 
 def largest_phase(ev: pd.Series) -> str:
