@@ -182,6 +182,10 @@ def test_capture_readers_on_the_reference_captures():
     assert ph.loc[("bf16", "forward"), "cpu_ms"] > 2 * ph.loc[("bf16", "forward"), "gpu_ms"]  # host-bound at batch 32
     assert ph.loc[("fp32", "forward"), "casts"] == 0 and ph.loc[("bf16", "forward"), "casts"] > 0
     assert s.loc["bf16", "casts_per_step"] > 0 and s.loc["bf16", "gpu_ms_per_step"] < 0.5 * s.loc["fp32", "gpu_ms_per_step"]
+    casts = mp.cast_kernels(paths)  # the cast pattern's kernels, by family: together exactly the phase table's casts
+    assert (casts.sum(axis=1) - ph.loc[casts.index, "casts"]).abs().max() == 0
+    assert ph.loc[ph["casts"] > 0].index.isin(casts.index).all()
+    assert casts.loc[("bf16", "backward"), "LoadWithCast"] == 0 < casts.loc[("bf16", "forward"), "LoadWithCast"]
     w = mp.scaler_work(paths)
     assert w["scaler_kernels_per_step"].gt(0).tolist() == [m == "fp16" for m in w.index]
     assert "cudaStreamSynchronize" in w.loc["fp16", "calls"]

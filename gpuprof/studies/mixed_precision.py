@@ -363,6 +363,40 @@ PHASES = ("forward", "backward", "optimizer_step")
 OPTIMIZER = r"multi_tensor_apply"
 
 
+def _phase_hits(path: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, int]:
+    """(kernels attributed to the phase ranges, the phase ranges, the number of steps). Rule "window": autograd
+    launches the backward pass's kernels from a thread of its own."""
+    ranges = ns.nvtx_ranges(path)
+    n = len(ta.step_ranges(ranges))
+    phases = ranges[ranges["text"].isin(PHASES)]
+    return ta.attribute_kernels(ns.kernels(path), ns.runtime_calls(path), phases, rule="window"), phases, n
+
+
+#: What the kernels the cast pattern (:data:`CAST`) matches are, by name: float-to-half copies (autocast's, in forward),
+#: ``direct_copy`` (a dtype conversion by ``copy_``/``.to``, e.g. a half-precision gradient into an FP32 one), and
+#: elementwise kernels whose operands differ in type and convert as they load or store.
+CAST_FAMILIES = {"to_half": r"float16_copy_kernel|bfloat16_copy_kernel", "direct_copy": r"direct_copy",
+                 "LoadWithCast": r"LoadWithCast", "StoreWithCast": r"StoreWithCast"}
+
+
+def cast_kernels(paths: dict[str, str | Path]) -> pd.DataFrame:
+    """Per mode and phase, per step: the kernels :data:`CAST` matches, split by :data:`CAST_FAMILIES` (a kernel
+    counts in the first family its name matches). The pattern counts more than autocast's casts; this says what."""
+    rows = []
+    for mode, path in paths.items():
+        hits, _, n = _phase_hits(path)
+        full = hits["demangled"].fillna(hits["name"])
+        left = full.str.contains(CAST, regex=True)
+        for family, pattern in CAST_FAMILIES.items():
+            hit = left & full.str.contains(pattern, regex=True)
+            left &= ~hit
+            for phase, count in hits.loc[hit, "range_text"].value_counts().items():
+                rows.append({"mode": mode, "phase": phase, "family": family, "per_step": count / n})
+    out = pd.DataFrame(rows, columns=["mode", "phase", "family", "per_step"])
+    return out.pivot_table(index=["mode", "phase"], columns="family", values="per_step", fill_value=0,
+                           aggfunc="sum").reindex(columns=list(CAST_FAMILIES), fill_value=0)
+
+
 def phase_work(paths: dict[str, str | Path]) -> pd.DataFrame:
     """Per mode and phase (the script's ``forward``, ``backward`` and ``optimizer_step`` ranges), per step: how
     long the range lasted on the CPU (``cpu_ms``), and the kernels launched while it was open (rule "window":
@@ -371,10 +405,7 @@ def phase_work(paths: dict[str, str | Path]) -> pd.DataFrame:
     times its ``gpu_ms`` is bound by the host: the GPU ran its kernels faster than the CPU issued them."""
     rows = []
     for mode, path in paths.items():
-        ranges = ns.nvtx_ranges(path)
-        n = len(ta.step_ranges(ranges))
-        phases = ranges[ranges["text"].isin(PHASES)]
-        hits = ta.attribute_kernels(ns.kernels(path), ns.runtime_calls(path), phases, rule="window")
+        hits, phases, n = _phase_hits(path)
         full = hits["demangled"].fillna(hits["name"])
         for phase in PHASES:
             r = phases[phases["text"] == phase]
