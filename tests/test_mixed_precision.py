@@ -39,6 +39,14 @@ def test_every_mode_runs_from_the_same_weights_and_batch(mode, mode_runs):
     assert (r["steps"][0]["scale"] is not None) == (mode == "fp16")  # only the scaled mode has a scale
     # memory is measured on a GPU only: no peak on the CPU, rather than a number that means something else
     assert all(s["peak_bytes"] is None for s in r["steps"]) and "step_peak_memory_bytes" not in r
+    # the first step's gradient against the FP32 reference (unscaled for fp16): the same computation in FP32 and
+    # in TF32 (no TF32 on the CPU), a small but non-zero difference in half precision
+    agree = r["first_step_gradient_vs_fp32"]
+    assert set(agree) == {"all", "embeddings", "layernorm", "linear"}
+    if mode in ("fp32", "tf32"):
+        assert agree["all"]["relative_error"] <= 1e-6
+    else:
+        assert 0 < agree["all"]["relative_error"] < 0.1 and agree["all"]["cosine"] > 0.99
 
 
 @pytest.mark.slow

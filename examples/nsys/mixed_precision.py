@@ -131,6 +131,36 @@ def underflow_count(torch: Any, model: Any, reference: dict[str, Any]) -> tuple[
     return lost, total, where
 
 
+def parameter_group(name: str) -> str:
+    """The group a parameter's name puts it in: autocast computes the ``linear`` group's gradients (the matrix
+    products' weights and biases) in half precision, and leaves ``embeddings`` and ``layernorm`` in FP32."""
+    if name.startswith(("tokens.", "positions.")):
+        return "embeddings"
+    return "layernorm" if ".norm" in f".{name}" else "linear"
+
+
+def gradient_agreement(torch: Any, model: Any, reference: dict[str, Any], scale: float | None) -> dict[str, dict[str, float]]:
+    """The first step's gradient against the FP32 reference of the same batch and weights, over all parameters and
+    per :func:`parameter_group`: the relative error ||g - g_ref|| / ||g_ref|| and the cosine of the angle between
+    them. A precision's cost read directly, where the loss curve cannot separate it from rounding. ``scale``: the
+    GradScaler's scale the gradients were multiplied by (None: not scaled)."""
+    sums: dict[str, list[float]] = {}
+    for name, p in model.named_parameters():
+        if p.grad is None or name not in reference:
+            continue
+        g = p.grad.detach().double() / (scale or 1.0)
+        ref = reference[name].double()
+        for group in ("all", parameter_group(name)):
+            acc = sums.setdefault(group, [0.0, 0.0, 0.0, 0.0])  # |g - ref|^2, |ref|^2, <g, ref>, |g|^2
+            acc[0] += float(((g - ref) ** 2).sum())
+            acc[1] += float((ref ** 2).sum())
+            acc[2] += float((g * ref).sum())
+            acc[3] += float((g ** 2).sum())
+    return {group: {"relative_error": math.sqrt(d / r) if r else float("nan"),
+                    "cosine": dot / math.sqrt(r * gg) if r and gg else float("nan")}
+            for group, (d, r, dot, gg) in sums.items()}
+
+
 def fp16_range_census(torch: Any, reference: dict[str, Any]) -> dict[str, int]:
     """Where the FP32 reference gradient's elements would fall in FP16: the elements FP16 cannot hold at all
     (0 < |g| < 2^-25: they round to zero), those it holds only as subnormals (2^-25 <= |g| < 2^-14: fewer
@@ -257,6 +287,7 @@ def run(args: argparse.Namespace, device: str) -> dict[str, Any]:
 
     steps: list[dict[str, Any]] = []
     first_underflow: tuple[int, int, dict[str, int]] | None = None
+    agreement: dict[str, dict[str, float]] = {}
     measured_range = contextlib.ExitStack()  # "measured_steps" holds the measured steps: nsys --capture-range=nvtx
     total = args.warmup + args.steps
     # The scale is read after each step's synchronize, never inside the step: get_scale() copies it to the
@@ -278,6 +309,7 @@ def run(args: argparse.Namespace, device: str) -> dict[str, Any]:
             stamp(marks[2])
             if first_underflow is None:
                 first_underflow = underflow_count(torch, model, reference)
+                agreement = gradient_agreement(torch, model, reference, scale)
                 reference = {}  # the clone is freed: the steps after the first do not carry it
             with annotate("optimizer_step"):
                 if scaler:
@@ -311,7 +343,7 @@ def run(args: argparse.Namespace, device: str) -> dict[str, Any]:
     out: dict[str, Any] = {"mode": args.mode, "device": device, "steps": steps, "underflowed_grad_elements": lost,
                            "underflow_by_parameter": top, "reference_fp16_census": census,
                            "reference_loss": reference_loss,
-                           "grad_elements": compared, "parameters": sum(p.numel() for p in model.parameters())}
+                           "grad_elements": compared, "first_step_gradient_vs_fp32": agreement, "parameters": sum(p.numel() for p in model.parameters())}
     if gpu:
         later = [s["peak_bytes"] for s in steps[1:]]  # step 0 also holds the reference gradients' clone
         out["step_peak_memory_bytes"] = max(later) if later else None
@@ -358,6 +390,10 @@ def main(argv: list[str] | None = None) -> int:
     share = result["underflowed_grad_elements"] / max(result["grad_elements"], 1)
     print(f"first step: {result['underflowed_grad_elements']:,} of {result['grad_elements']:,} gradient elements "
           f"({share:.2%}) are zero here but not in the FP32 reference (in FP16 mostly underflow)")
+    agree = result["first_step_gradient_vs_fp32"].get("all", {})
+    if agree:
+        print(f"first step's gradient against the FP32 reference: relative error {agree['relative_error']:.2e}, "
+              f"cosine {agree['cosine']:.6f}")
     print(f"result checked: every loss finite; the first step's loss {first:.4f} within 5% of the FP32 reference's {ref:.4f}")
     if args.json:
         from gpuprof.kernels import write_json
