@@ -37,6 +37,16 @@ def test_every_mode_runs_from_the_same_weights_and_batch(mode, mode_runs):
     assert all(s["loss"] > 0 for s in r["steps"])
     assert r["grad_elements"] > 0 and 0 <= r["underflowed_grad_elements"] <= r["grad_elements"]
     assert (r["steps"][0]["scale"] is not None) == (mode == "fp16")  # only the scaled mode has a scale
+    # memory is measured on a GPU only: no peak on the CPU, rather than a number that means something else
+    assert all(s["peak_bytes"] is None for s in r["steps"]) and "step_peak_memory_bytes" not in r
+    # the first step's gradient against the FP32 reference (unscaled for fp16): the same computation in FP32 and
+    # in TF32 (no TF32 on the CPU), a small but non-zero difference in half precision
+    agree = r["first_step_gradient_vs_fp32"]
+    assert set(agree) == {"all", "embeddings", "layernorm", "linear"}
+    if mode in ("fp32", "tf32"):
+        assert agree["all"]["relative_error"] <= 1e-6
+    else:
+        assert 0 < agree["all"]["relative_error"] < 0.1 and agree["all"]["cosine"] > 0.99
 
 
 @pytest.mark.slow
@@ -107,6 +117,27 @@ def test_timing_table_medians_and_ranges_come_from_the_processes(data):
     assert (t[t["mode"] == "fp32"]["speedup"] == 1).all()
 
 
+def test_the_step_peak_column_appears_only_for_data_that_records_the_steps_own_peak(data):
+    # the committed runs recorded a peak that also held the FP32 reference pass: the table must not show it
+    assert not any(c.endswith("GiB") for c in mp.timing_table(data).columns)
+    ref = [{"loss": 1.0, "step_ms": 10.0, "forward_ms": 1.0, "backward_ms": 2.0, "optimizer_ms": 3.0,
+            "skipped": False, "measured": True}]
+    fake = {"runs": [{"kind": "time", "mode": m, "batch": 32, "steps": ref, "step_peak_memory_bytes": gib * 2**30}
+                     for m, gib in (("fp32", 4), ("tf32", 4), ("fp16", 3), ("bf16", 3))]}
+    t = mp.timing_table(fake).set_index("mode")
+    assert t.loc["fp32", "step_peak_GiB"] == 4 and t.loc["bf16", "step_peak_GiB"] == 3
+
+
+def test_probe_peaks_are_the_probes_own_numbers(data):
+    p = mp.probe_peaks(data)
+    fit = {r["mode"]: r for r in data["runs"] if r["kind"] == "fit"}
+    for mode, row in p.iterrows():
+        got = {q["batch"]: q["peak_bytes"] for q in fit[mode]["probes"] if q["fits"]}
+        assert row["batch_32_GiB"] == got[32] / 2**30
+    assert p.loc["bf16", "batch_32_GiB"] < p.loc["fp32", "batch_32_GiB"]
+    assert p["batch_128_GiB"].isna().tolist() == [m == "fp32" for m in p.index]  # FP32 at 128 did not fit in 8 GiB
+
+
 def test_loss_curves_count_updates_so_a_skipped_step_does_not_shift_fp16():
     steps = [{"loss": 1.0, "skipped": False, "measured": False}, {"loss": 2.0, "skipped": True, "measured": True},
              {"loss": 2.0, "skipped": False, "measured": True}, {"loss": 3.0, "skipped": False, "measured": True}]
@@ -159,9 +190,15 @@ def test_capture_readers_on_the_reference_captures():
     assert ph.loc[("bf16", "forward"), "cpu_ms"] > 2 * ph.loc[("bf16", "forward"), "gpu_ms"]  # host-bound at batch 32
     assert ph.loc[("fp32", "forward"), "casts"] == 0 and ph.loc[("bf16", "forward"), "casts"] > 0
     assert s.loc["bf16", "casts_per_step"] > 0 and s.loc["bf16", "gpu_ms_per_step"] < 0.5 * s.loc["fp32", "gpu_ms_per_step"]
+    casts = mp.cast_kernels(paths)  # the cast pattern's kernels, by family: together exactly the phase table's casts
+    assert (casts.sum(axis=1) - ph.loc[casts.index, "casts"]).abs().max() == 0
+    assert ph.loc[ph["casts"] > 0].index.isin(casts.index).all()
+    assert casts.loc[("bf16", "backward"), "LoadWithCast"] == 0 < casts.loc[("bf16", "forward"), "LoadWithCast"]
     w = mp.scaler_work(paths)
     assert w["scaler_kernels_per_step"].gt(0).tolist() == [m == "fp16" for m in w.index]
     assert "cudaStreamSynchronize" in w.loc["fp16", "calls"]
+    # one device-to-host copy and one stream sync wait; the scaler's two 4-byte device-to-device copies do not
+    assert w.loc["fp16", "waiting_calls_per_step"] == 2
     g = mp.gemm_kernels(paths)
     assert set(g["mode"]) == set(mp.MODES) and (g.groupby("mode").size() <= 3).all()
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fine-tune a BERT-base-sized encoder in four precisions: what autocast and the loss scaler change, step by step.
+"""Train a BERT-base-sized encoder in four precisions: what autocast and the loss scaler change, step by step.
 
 The model is written here from torch.nn parts (no download): token and position embeddings,
 --layers post-LayerNorm encoder layers (BERT-base: 12 layers, d_model 768, 12 heads, d_ff 3072,
@@ -15,9 +15,13 @@ over one another. The modes:
 
 Per step it records the loss, the phases' times with CUDA events (forward, backward, optimizer:
 for fp16 the scaler's unscale, inf check and update are inside it), the scaler's scale and
-whether it skipped the step. At the first step it also counts the gradient elements that are
+whether it skipped the step, and on a GPU each step's peak memory (the peak statistics reset
+before each step; the reported peak is over the steps after the first, which alone also holds
+the FP32 reference gradients). At the first step it also counts the gradient elements that are
 exactly zero in this mode but not in an FP32 reference backward of the same batch from the same
-weights: gradients that underflowed. NVTX ranges for Nsight Systems: warmup, then step_N with
+weights (zero here, non-zero in the reference: in FP16 mostly underflow, in the other modes
+sums that cancel under different rounding). The model trains from random initialisation, at a
+fine-tuning learning rate (--lr). NVTX ranges for Nsight Systems: warmup, then step_N with
 forward, backward and optimizer_step inside. Without a GPU it runs on the CPU (autocast on the
 CPU), for checking the script, not for timing.
 
@@ -125,6 +129,36 @@ def underflow_count(torch: Any, model: Any, reference: dict[str, Any]) -> tuple[
         if n:
             where[name] = n
     return lost, total, where
+
+
+def parameter_group(name: str) -> str:
+    """The group a parameter's name puts it in: autocast computes the ``linear`` group's gradients (the matrix
+    products' weights and biases) in half precision, and leaves ``embeddings`` and ``layernorm`` in FP32."""
+    if name.startswith(("tokens.", "positions.")):
+        return "embeddings"
+    return "layernorm" if ".norm" in f".{name}" else "linear"
+
+
+def gradient_agreement(torch: Any, model: Any, reference: dict[str, Any], scale: float | None) -> dict[str, dict[str, float]]:
+    """The first step's gradient against the FP32 reference of the same batch and weights, over all parameters and
+    per :func:`parameter_group`: the relative error ||g - g_ref|| / ||g_ref|| and the cosine of the angle between
+    them. A precision's cost read directly, where the loss curve cannot separate it from rounding. ``scale``: the
+    GradScaler's scale the gradients were multiplied by (None: not scaled)."""
+    sums: dict[str, list[float]] = {}
+    for name, p in model.named_parameters():
+        if p.grad is None or name not in reference:
+            continue
+        g = p.grad.detach().double() / (scale or 1.0)
+        ref = reference[name].double()
+        for group in ("all", parameter_group(name)):
+            acc = sums.setdefault(group, [0.0, 0.0, 0.0, 0.0])  # |g - ref|^2, |ref|^2, <g, ref>, |g|^2
+            acc[0] += float(((g - ref) ** 2).sum())
+            acc[1] += float((ref ** 2).sum())
+            acc[2] += float((g * ref).sum())
+            acc[3] += float((g ** 2).sum())
+    return {group: {"relative_error": math.sqrt(d / r) if r else float("nan"),
+                    "cosine": dot / math.sqrt(r * gg) if r and gg else float("nan")}
+            for group, (d, r, dot, gg) in sums.items()}
 
 
 def fp16_range_census(torch: Any, reference: dict[str, Any]) -> dict[str, int]:
@@ -235,6 +269,9 @@ def run(args: argparse.Namespace, device: str) -> dict[str, Any]:
     reference = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
     census = fp16_range_census(torch, reference)
     model.zero_grad(set_to_none=True)
+    reference_loss = float(reference_loss.detach())
+    if gpu:  # the FP32 reference pass's peak (FP32 activations, no optimizer state yet) is not the step's
+        torch.cuda.reset_peak_memory_stats()
 
     set_tf32(torch, args.mode == "tf32")
     dtype = {"fp16": torch.float16, "fp16-noscaler": torch.float16, "bf16": torch.bfloat16}.get(args.mode)
@@ -250,6 +287,7 @@ def run(args: argparse.Namespace, device: str) -> dict[str, Any]:
 
     steps: list[dict[str, Any]] = []
     first_underflow: tuple[int, int, dict[str, int]] | None = None
+    agreement: dict[str, dict[str, float]] = {}
     measured_range = contextlib.ExitStack()  # "measured_steps" holds the measured steps: nsys --capture-range=nvtx
     total = args.warmup + args.steps
     # The scale is read after each step's synchronize, never inside the step: get_scale() copies it to the
@@ -271,6 +309,8 @@ def run(args: argparse.Namespace, device: str) -> dict[str, Any]:
             stamp(marks[2])
             if first_underflow is None:
                 first_underflow = underflow_count(torch, model, reference)
+                agreement = gradient_agreement(torch, model, reference, scale)
+                reference = {}  # the clone is freed: the steps after the first do not carry it
             with annotate("optimizer_step"):
                 if scaler:
                     scaler.step(opt)  # unscale, check for inf/NaN (a host sync), step only if none
@@ -279,13 +319,18 @@ def run(args: argparse.Namespace, device: str) -> dict[str, Any]:
                     opt.step()
                 opt.zero_grad(set_to_none=True)
             stamp(marks[3])
+        peak = None
         if gpu:
             torch.cuda.synchronize()
+            # this step's own peak (reset just before it); read after its sync, outside the timed events
+            peak = int(torch.cuda.max_memory_allocated())
+            torch.cuda.reset_peak_memory_stats()
         skipped = False
         if scaler:
             before, scale = scale, scaler.get_scale()
             skipped = scale < before  # the scaler halves its scale when it skips a step
-        row = {"step": i, "measured": measured, "loss": float(loss.detach().float()), "scale": scale, "skipped": skipped}
+        row = {"step": i, "measured": measured, "loss": float(loss.detach().float()), "scale": scale, "skipped": skipped,
+               "peak_bytes": peak}
         if gpu:
             row.update(forward_ms=marks[0].elapsed_time(marks[1]), backward_ms=marks[1].elapsed_time(marks[2]),
                        optimizer_ms=marks[2].elapsed_time(marks[3]), step_ms=marks[0].elapsed_time(marks[3]))
@@ -297,10 +342,11 @@ def run(args: argparse.Namespace, device: str) -> dict[str, Any]:
     top = dict(sorted(where.items(), key=lambda kv: -kv[1])[:5])
     out: dict[str, Any] = {"mode": args.mode, "device": device, "steps": steps, "underflowed_grad_elements": lost,
                            "underflow_by_parameter": top, "reference_fp16_census": census,
-                           "reference_loss": float(reference_loss.detach()),
-                           "grad_elements": compared, "parameters": sum(p.numel() for p in model.parameters())}
+                           "reference_loss": reference_loss,
+                           "grad_elements": compared, "first_step_gradient_vs_fp32": agreement, "parameters": sum(p.numel() for p in model.parameters())}
     if gpu:
-        out["peak_memory_bytes"] = int(torch.cuda.max_memory_allocated())
+        later = [s["peak_bytes"] for s in steps[1:]]  # step 0 also holds the reference gradients' clone
+        out["step_peak_memory_bytes"] = max(later) if later else None
         out["step_ms_median"] = statistics.median(s["step_ms"] for s in steps if s["measured"])
     return out
 
@@ -343,7 +389,11 @@ def main(argv: list[str] | None = None) -> int:
                            f"{ref:.4f} from the same weights and batch.")
     share = result["underflowed_grad_elements"] / max(result["grad_elements"], 1)
     print(f"first step: {result['underflowed_grad_elements']:,} of {result['grad_elements']:,} gradient elements "
-          f"({share:.2%}) are zero here but not in the FP32 reference (underflow)")
+          f"({share:.2%}) are zero here but not in the FP32 reference (in FP16 mostly underflow)")
+    agree = result["first_step_gradient_vs_fp32"].get("all", {})
+    if agree:
+        print(f"first step's gradient against the FP32 reference: relative error {agree['relative_error']:.2e}, "
+              f"cosine {agree['cosine']:.6f}")
     print(f"result checked: every loss finite; the first step's loss {first:.4f} within 5% of the FP32 reference's {ref:.4f}")
     if args.json:
         from gpuprof.kernels import write_json

@@ -1,4 +1,4 @@
-"""The mixed-precision case study's measurements: four precisions of one fine-tuning step, timed, profiled, checked.
+"""The mixed-precision case study's measurements: four precisions of one training step, timed, profiled, checked.
 
 Chapter 10 trains ``examples/nsys/mixed_precision.py`` (a BERT-base-sized encoder written
 from torch.nn parts) in FP32, TF32, FP16 with a GradScaler and BF16, from the same weights
@@ -125,7 +125,10 @@ def _measured(run: dict[str, Any], key: str) -> float:
 def timing_table(data: dict[str, Any]) -> pd.DataFrame:
     """Per batch and mode: the step time (median over processes of each process's median step; low-high: the
     processes' range), its phases, the speed-up over FP32 at that batch with its range (FP32's fastest process
-    over this mode's slowest, and the other way round), peak memory."""
+    over this mode's slowest, and the other way round), and, where the data records it, the training step's own
+    peak memory (``step_peak_GiB``: the script resets the peak statistics before each step and reports the steps
+    after the first). Data from an earlier version of the script, whose ``peak_memory_bytes`` also held the FP32
+    reference pass and a clone of its gradients, gets no peak column: that number is not the step's."""
     rows = []
     for (batch, mode), runs in pd.DataFrame(_timed(data)).groupby(["batch", "mode"], sort=False):
         if mode == FAILURE:
@@ -136,7 +139,8 @@ def timing_table(data: dict[str, Any]) -> pd.DataFrame:
                      "high_ms": max(step), "processes": len(step),
                      **{f"{p}_ms": float(np.median([_measured(r, f"{p}_ms") for r in recs]))
                         for p in ("forward", "backward", "optimizer")},
-                     "peak_GiB": max(r["peak_memory_bytes"] for r in recs) / 2**30})
+                     **({"step_peak_GiB": max(r["step_peak_memory_bytes"] for r in recs) / 2**30}
+                        if all(r.get("step_peak_memory_bytes") for r in recs) else {})})
     out = pd.DataFrame(rows)
     out["mode"] = pd.Categorical(out["mode"], MODES, ordered=True)
     out = out.sort_values(["batch", "mode"], ignore_index=True)
@@ -241,11 +245,27 @@ def underflow_top(data: dict[str, Any], mode: str = FAILURE, batch: int = SMALL_
     return out
 
 
+def probe_peaks(data: dict[str, Any], batches: Sequence[int] = (SMALL_BATCH, LARGE_BATCH)) -> pd.DataFrame:
+    """Per mode probed for the largest batch: the peak of one whole training step (the probe resets the peak
+    statistics before it), in GiB, at each of ``batches``; NaN where that batch did not fit or was not probed.
+    These are the step's own peaks; the timed runs of old data recorded none (see :func:`timing_table`)."""
+    rows = {}
+    for r in data["runs"]:
+        if r["kind"] != "fit":
+            continue
+        got = {p["batch"]: p["peak_bytes"] / 2**30 for p in r["probes"] if p["fits"]}
+        rows[r["mode"]] = {f"batch_{b}_GiB": got.get(b, float("nan")) for b in batches}
+    return pd.DataFrame.from_dict(rows, orient="index").rename_axis("mode")
+
+
 def memory_per_sequence(data: dict[str, Any], from_batch: int = SMALL_BATCH) -> pd.DataFrame:
     """Per mode probed for the largest batch: a straight line through the probes' peaks (least squares over the
     probes that fitted, from ``from_batch`` up; smaller batches sit on the allocator's floor), as GiB per
     sequence (``slope_GiB``: activations and what else grows with the batch) and GiB at batch 0
-    (``intercept_GiB``: weights, gradients, optimizer state and autocast's weight copies), with each slope as a
+    (``intercept_GiB``: what does not grow with the batch at the step's peak; the peak is likely early in backward,
+    where the saved activations are largest and, with ``zero_grad(set_to_none=True)``, not every gradient exists
+    yet, so the intercept can be below weights, gradients and optimizer state together (not measured per
+    tensor); in FP16 and BF16 it also holds autocast's weight copies), with each slope as a
     share of FP32's and the largest batch the line predicts in the budget. The ratio of two modes' largest
     batches is set by their slopes and intercepts; a fixed part common to both modes cannot change it."""
     rows = []
@@ -343,6 +363,40 @@ PHASES = ("forward", "backward", "optimizer_step")
 OPTIMIZER = r"multi_tensor_apply"
 
 
+def _phase_hits(path: str | Path) -> tuple[pd.DataFrame, pd.DataFrame, int]:
+    """(kernels attributed to the phase ranges, the phase ranges, the number of steps). Rule "window": autograd
+    launches the backward pass's kernels from a thread of its own."""
+    ranges = ns.nvtx_ranges(path)
+    n = len(ta.step_ranges(ranges))
+    phases = ranges[ranges["text"].isin(PHASES)]
+    return ta.attribute_kernels(ns.kernels(path), ns.runtime_calls(path), phases, rule="window"), phases, n
+
+
+#: What the kernels the cast pattern (:data:`CAST`) matches are, by name: float-to-half copies (autocast's, in forward),
+#: ``direct_copy`` (a dtype conversion by ``copy_``/``.to``, e.g. a half-precision gradient into an FP32 one), and
+#: elementwise kernels whose operands differ in type and convert as they load or store.
+CAST_FAMILIES = {"to_half": r"float16_copy_kernel|bfloat16_copy_kernel", "direct_copy": r"direct_copy",
+                 "LoadWithCast": r"LoadWithCast", "StoreWithCast": r"StoreWithCast"}
+
+
+def cast_kernels(paths: dict[str, str | Path]) -> pd.DataFrame:
+    """Per mode and phase, per step: the kernels :data:`CAST` matches, split by :data:`CAST_FAMILIES` (a kernel
+    counts in the first family its name matches). The pattern counts more than autocast's casts; this says what."""
+    rows = []
+    for mode, path in paths.items():
+        hits, _, n = _phase_hits(path)
+        full = hits["demangled"].fillna(hits["name"])
+        left = full.str.contains(CAST, regex=True)
+        for family, pattern in CAST_FAMILIES.items():
+            hit = left & full.str.contains(pattern, regex=True)
+            left &= ~hit
+            for phase, count in hits.loc[hit, "range_text"].value_counts().items():
+                rows.append({"mode": mode, "phase": phase, "family": family, "per_step": count / n})
+    out = pd.DataFrame(rows, columns=["mode", "phase", "family", "per_step"])
+    return out.pivot_table(index=["mode", "phase"], columns="family", values="per_step", fill_value=0,
+                           aggfunc="sum").reindex(columns=list(CAST_FAMILIES), fill_value=0)
+
+
 def phase_work(paths: dict[str, str | Path]) -> pd.DataFrame:
     """Per mode and phase (the script's ``forward``, ``backward`` and ``optimizer_step`` ranges), per step: how
     long the range lasted on the CPU (``cpu_ms``), and the kernels launched while it was open (rule "window":
@@ -351,10 +405,7 @@ def phase_work(paths: dict[str, str | Path]) -> pd.DataFrame:
     times its ``gpu_ms`` is bound by the host: the GPU ran its kernels faster than the CPU issued them."""
     rows = []
     for mode, path in paths.items():
-        ranges = ns.nvtx_ranges(path)
-        n = len(ta.step_ranges(ranges))
-        phases = ranges[ranges["text"].isin(PHASES)]
-        hits = ta.attribute_kernels(ns.kernels(path), ns.runtime_calls(path), phases, rule="window")
+        hits, phases, n = _phase_hits(path)
         full = hits["demangled"].fillna(hits["name"])
         for phase in PHASES:
             r = phases[phases["text"] == phase]
@@ -370,13 +421,19 @@ def phase_work(paths: dict[str, str | Path]) -> pd.DataFrame:
 
 def scaler_work(paths: dict[str, str | Path]) -> pd.DataFrame:
     """Per mode, per step: the GradScaler's kernels (unscale + inf check, scale update) and the CUDA calls in the
-    optimizer_step range that wait for the GPU (synchronisations and device-to-host copies), with their time."""
+    optimizer_step range that wait for the GPU (synchronisations and device-to-host copies), with their time.
+    A ``cudaMemcpy*`` call counts only if its copy went device to host (joined on ``correlationId`` with the
+    capture's memcpy records): the scaler also makes 4-byte device-to-device copies, which do not wait."""
     rows = []
     for mode, path in paths.items():
         hits, ranges, runtime, n = _step_work(path)
         full = hits["demangled"].fillna(hits["name"])
         amp = hits[full.str.contains(SCALER, regex=True)]
-        waits = ta.calls_by_range(runtime, ranges, r"Synchronize|Memcpy", ["optimizer_step"])
+        copies = ns.memcpy(path)
+        to_host = set(copies.loc[copies["kind"] == "Device-to-Host", "correlationId"]) if len(copies) else set()
+        memcpy_call = runtime["name"].astype(str).str.contains("Memcpy")
+        waiting = runtime[~memcpy_call | runtime["correlationId"].isin(to_host)]
+        waits = ta.calls_by_range(waiting, ranges, r"Synchronize|Memcpy", ["optimizer_step"])
         rows.append({"mode": mode, "scaler_kernels_per_step": len(amp) / n,
                      "scaler_us_per_step": amp["duration_ns"].sum() / 1e3 / n,
                      "waiting_calls_per_step": waits["count"].sum() / n if len(waits) else 0.0,
