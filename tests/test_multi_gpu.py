@@ -662,3 +662,12 @@ def test_share_beside_counts_overlapping_kernels_once():
     assert mg._share_beside(compute, 10, 110) == pytest.approx(0.7)
     assert mg._share_beside(compute, 100, 150) == 0.0
     assert mg._share_beside(compute.iloc[:0], 0, 10) == 0.0
+
+
+def test_kernels_beside_wait_on_the_reference_straggler():
+    data = ranks.rank_data(REF / "straggler.sqlite")
+    t = mg.kernels_beside_wait(data[0], data[1])
+    gemm = t.iloc[0]  # the kernel with the most time inside the wait: backward's matrix product
+    assert gemm["inside_n"] > 100 and gemm["outside_n"] > 0
+    # beside the spinning all-reduce it runs longer than outside it and than on the rank that did not wait
+    assert gemm["inside_us"] > 1.5 * gemm["outside_us"] and gemm["inside_us"] > 1.5 * gemm["other_rank_us"]

@@ -46,7 +46,7 @@ from ..tools import LiveTool, live_tool
 from ..torch_profiler.trace import read_trace
 
 __all__ = ["DDP", "KNOBS", "ALLREDUCE", "knob_table", "NPROC", "gpus_here", "enough_gpus", "capture_ranks", "capture_launcher",
-           "run_json", "knob_jobs", "channel_jobs", "channel_table", "untraced_steps", "by_bucket", "latency_bandwidth_fit", "bucket_model", "bucket_bandwidth", "step_windows", "overlap_table", "straggler_table", "longest_wait_per_step",
+           "run_json", "knob_jobs", "channel_jobs", "channel_table", "untraced_steps", "by_bucket", "latency_bandwidth_fit", "bucket_model", "bucket_bandwidth", "step_windows", "overlap_table", "straggler_table", "longest_wait_per_step", "kernels_beside_wait",
            "bandwidth_table", "bandwidth_figure", "overlap_figure", "rank_timeline", "torch_trace_table", "trace_arrivals",
            "run_script", "ncu_on_collective", "BUCKET_LAYOUT", "bucket_layouts", "layout_table", "parse_nccl_choices", "nccl_choices", "nccl_choice_table"]
 
@@ -531,6 +531,36 @@ def longest_wait_per_step(d: RankData) -> pd.DataFrame:
                      "compute_beside_ms": float(overlap.sum()) / 1e6,
                      "compute_ms": float(compute["duration_ns"].sum()) / 1e6})
     return pd.DataFrame(rows)
+
+def kernels_beside_wait(waiting: RankData, other: RankData) -> pd.DataFrame:
+    """The same compute kernels inside and outside the waiting rank's longest NCCL kernel, and on the other rank.
+
+    Per timed step of ``waiting``, a compute kernel that starts inside the span of that step's
+    longest NCCL kernel (the all-reduce spinning while its peer is late) is *inside*; the step's
+    other compute kernels are *outside*. For each kernel name (``name``, the short one), the median
+    duration (us) inside, outside, and over the timed steps of ``other``, with the counts: the same
+    kernel on the same GPU with and without the spinning all-reduce beside it, which is what says
+    whether that all-reduce slows backward. Sorted by the time spent inside, largest first.
+    """
+    inside, outside = [], []
+    for _, s in step_windows(waiting.ranges).iterrows():
+        window = (int(s["start"]), int(s["end"]))
+        nccl, compute = ta.inside(waiting.nccl, window), ta.inside(waiting.compute, window)
+        if nccl.empty:
+            continue
+        k = nccl.loc[nccl["duration_ns"].idxmax()]
+        beside = (compute["start"] >= k["start"]) & (compute["start"] < k["end"])
+        inside.append(compute[beside])
+        outside.append(compute[~beside])
+    theirs = pd.concat([ta.inside(other.compute, (int(s["start"]), int(s["end"])))
+                        for _, s in step_windows(other.ranges).iterrows()])
+    def per_name(df: pd.DataFrame, tag: str) -> pd.DataFrame:
+        g = df.groupby(df["name"].astype(str))["duration_ns"]
+        return pd.DataFrame({f"{tag}_n": g.size(), f"{tag}_us": g.median() / 1e3, f"{tag}_total_ms": g.sum() / 1e6})
+    out = per_name(pd.concat(inside), "inside").join(per_name(pd.concat(outside), "outside"), how="left")
+    out = out.join(per_name(theirs, "other_rank"), how="left")
+    return out.sort_values("inside_total_ms", ascending=False).drop(columns=["outside_total_ms", "other_rank_total_ms"])
+
 
 # --- bandwidth -------------------------------------------------------------------------------------
 
