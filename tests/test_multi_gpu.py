@@ -610,6 +610,8 @@ def test_bucket_bandwidth_reads_each_bucket_of_the_reference_capture():
     assert len(b) == 5 and (b["least_ms"] <= b[["rank_0_ms", "rank_1_ms"]].max(axis=1)).all()
     assert b.loc[4, "least_ms"] < b.loc[0, "least_ms"]  # the last, smaller bucket takes less time
     assert b["busbw_gbps"].between(50, 500).all()
+    # the first four all-reduces run beside backward's kernels; the last runs after backward, alone
+    assert (b.loc[:3, "beside"] > 0.5).all() and b.loc[4, "beside"] == 0 and b["beside"].between(0, 1).all()
     with pytest.raises(GpuprofError, match="all-reduce kernels for"):
         mg.bucket_bandwidth(data, layout[:4], 100.0, sweep)
 
@@ -652,3 +654,20 @@ def test_join_group_builds_nccl_options_only_when_asked(monkeypatch):
     assert seen["backend"] == "nccl" and seen["pg_options"].config.max_ctas == 4 and seen["pg_options"].is_high_priority_stream
     distributed.join_group(torch, 0, 2, "cuda:0")
     assert seen["pg_options"] is None
+
+
+def test_share_beside_counts_overlapping_kernels_once():
+    compute = pd.DataFrame({"start": [0, 50, 60, 200], "end": [40, 80, 90, 300]})
+    # [10, 110): covered by [10, 40) and [50, 90) = 30 + 40 of 100
+    assert mg._share_beside(compute, 10, 110) == pytest.approx(0.7)
+    assert mg._share_beside(compute, 100, 150) == 0.0
+    assert mg._share_beside(compute.iloc[:0], 0, 10) == 0.0
+
+
+def test_kernels_beside_wait_on_the_reference_straggler():
+    data = ranks.rank_data(REF / "straggler.sqlite")
+    t = mg.kernels_beside_wait(data[0], data[1])
+    gemm = t.iloc[0]  # the kernel with the most time inside the wait: backward's matrix product
+    assert gemm["inside_n"] > 100 and gemm["outside_n"] > 0
+    # beside the spinning all-reduce it runs longer than outside it and than on the rank that did not wait
+    assert gemm["inside_us"] > 1.5 * gemm["outside_us"] and gemm["inside_us"] > 1.5 * gemm["other_rank_us"]

@@ -53,7 +53,8 @@ def test_a_cpu_only_trace_of_another_program():
 # ---- Holistic Trace Analysis 0.5 on the same files: the same idle time and kernel breakdown ----------------
 
 HTA_EXACT = [REPO / "artifacts" / "ch05" / "train_steps.json.gz", REPO / "artifacts" / "ch05" / "small_steps.json.gz",
-             REPO / "artifacts" / "ch08" / "ddp_trace_rank0.json.gz", DATA / "hta_minitoy_mi250.json.gz"]
+             REPO / "artifacts" / "ch08" / "ddp_trace_rank0.json.gz", REPO / "artifacts" / "ch08" / "ddp_trace_rank1.json.gz",
+             DATA / "hta_minitoy_mi250.json.gz"]
 
 
 def _hta(path, tmp_path):

@@ -46,7 +46,7 @@ from ..tools import LiveTool, live_tool
 from ..torch_profiler.trace import read_trace
 
 __all__ = ["DDP", "KNOBS", "ALLREDUCE", "knob_table", "NPROC", "gpus_here", "enough_gpus", "capture_ranks", "capture_launcher",
-           "run_json", "knob_jobs", "channel_jobs", "channel_table", "untraced_steps", "by_bucket", "latency_bandwidth_fit", "bucket_model", "bucket_bandwidth", "step_windows", "overlap_table", "straggler_table", "longest_wait_per_step",
+           "run_json", "knob_jobs", "channel_jobs", "channel_table", "untraced_steps", "by_bucket", "latency_bandwidth_fit", "bucket_model", "bucket_bandwidth", "step_windows", "overlap_table", "straggler_table", "longest_wait_per_step", "kernels_beside_wait",
            "bandwidth_table", "bandwidth_figure", "overlap_figure", "rank_timeline", "torch_trace_table", "trace_arrivals",
            "run_script", "ncu_on_collective", "BUCKET_LAYOUT", "bucket_layouts", "layout_table", "parse_nccl_choices", "nccl_choices", "nccl_choice_table"]
 
@@ -403,26 +403,50 @@ def bucket_bandwidth(data: dict[int, RankData], layout: Sequence[int], bucket_mb
     so the n-th all-reduce kernel of a timed step carries the n-th bucket. A kernel's time includes
     any wait for the peer, so per bucket the rank that waited less (the smaller median over the
     timed steps) is the one that measures the transfer. Returns one row per bucket: position,
-    bytes, each rank's median ms (``rank_R_ms``), least_ms, busbw_gbps (two ranks: the bus factor
-    is 1) and sweep_ms (the time :func:`latency_bandwidth_fit` gives that size). Refuses a step
-    whose all-reduce count is not the layout's.
+    bytes, each rank's median ms (``rank_R_ms``) and median share of the kernel's span during which
+    compute kernels ran beside it (``rank_R_beside``: 0 for an all-reduce that ran after backward's
+    last kernel), least_ms, beside (the share on the rank that gave least_ms), busbw_gbps (two
+    ranks: the bus factor is 1) and sweep_ms (the time :func:`latency_bandwidth_fit` gives that
+    size). Refuses a step whose all-reduce count is not the layout's.
     """
     latency_ms, gbps = latency_bandwidth_fit(sweep)
     out = pd.DataFrame({"position": np.arange(len(layout)), "bytes": list(layout)})
-    for rank, d in sorted(data.items()):
-        times = []
+    ranks = sorted(data)
+    for rank in ranks:
+        d = data[rank]
+        times, beside = [], []
         for _, s in step_windows(d.ranges).query("bucket_mb == @bucket_mb").iterrows():
-            k = ta.inside(d.nccl, (int(s["start"]), int(s["end"])))
+            window = (int(s["start"]), int(s["end"]))
+            k = ta.inside(d.nccl, window)
             k = k[k["name"].astype(str).str.contains("AllReduce")].sort_values("start", kind="stable")
             if len(k) != len(layout):
                 raise GpuprofError(f"rank {rank}, {s['step']} at {bucket_mb:g} MB: {len(k)} all-reduce kernels for "
                                    f"{len(layout)} buckets.", "Give the layout recorded for the same bucket_cap_mb.")
             times.append(k["duration_ns"].to_numpy() / 1e6)
+            compute = ta.inside(d.compute, window)
+            beside.append([_share_beside(compute, int(a), int(b)) for a, b in zip(k["start"], k["end"])])
         out[f"rank_{rank}_ms"] = np.median(np.vstack(times), axis=0)
-    out["least_ms"] = out[[c for c in out.columns if c.startswith("rank_")]].min(axis=1)
+        out[f"rank_{rank}_beside"] = np.median(np.vstack(beside), axis=0)
+    ms = out[[f"rank_{r}_ms" for r in ranks]].to_numpy()
+    least = ms.argmin(axis=1)
+    out["least_ms"] = ms.min(axis=1)
+    out["beside"] = out[[f"rank_{r}_beside" for r in ranks]].to_numpy()[np.arange(len(out)), least]
     out["busbw_gbps"] = out["bytes"] / out["least_ms"] / 1e6
     out["sweep_ms"] = latency_ms + out["bytes"] / (gbps * 1e6)
     return out
+
+def _share_beside(compute: pd.DataFrame, start: int, end: int) -> float:
+    """The share of [start, end) during which some compute kernel ran (overlapping kernels counted once)."""
+    if end <= start or compute.empty:
+        return 0.0
+    iv = sorted((max(int(a), start), min(int(b), end)) for a, b in zip(compute["start"], compute["end"]) if a < end and b > start)
+    covered, reach = 0, start
+    for a, b in iv:
+        if b > reach:
+            covered += b - max(a, reach)
+            reach = b
+    return covered / (end - start)
+
 
 def knob_table(jobs: Sequence[dict[str, Any]]) -> pd.DataFrame:
     """Per variant of ``ddp_knobs.py``: its step time over the jobs given, against fp32's and against its no-sync step.
@@ -507,6 +531,36 @@ def longest_wait_per_step(d: RankData) -> pd.DataFrame:
                      "compute_beside_ms": float(overlap.sum()) / 1e6,
                      "compute_ms": float(compute["duration_ns"].sum()) / 1e6})
     return pd.DataFrame(rows)
+
+def kernels_beside_wait(waiting: RankData, other: RankData) -> pd.DataFrame:
+    """The same compute kernels inside and outside the waiting rank's longest NCCL kernel, and on the other rank.
+
+    Per timed step of ``waiting``, a compute kernel that starts inside the span of that step's
+    longest NCCL kernel (the all-reduce spinning while its peer is late) is *inside*; the step's
+    other compute kernels are *outside*. For each kernel name (``name``, the short one), the median
+    duration (us) inside, outside, and over the timed steps of ``other``, with the counts: the same
+    kernel on the same GPU with and without the spinning all-reduce beside it, which is what says
+    whether that all-reduce slows backward. Sorted by the time spent inside, largest first.
+    """
+    inside, outside = [], []
+    for _, s in step_windows(waiting.ranges).iterrows():
+        window = (int(s["start"]), int(s["end"]))
+        nccl, compute = ta.inside(waiting.nccl, window), ta.inside(waiting.compute, window)
+        if nccl.empty:
+            continue
+        k = nccl.loc[nccl["duration_ns"].idxmax()]
+        beside = (compute["start"] >= k["start"]) & (compute["start"] < k["end"])
+        inside.append(compute[beside])
+        outside.append(compute[~beside])
+    theirs = pd.concat([ta.inside(other.compute, (int(s["start"]), int(s["end"])))
+                        for _, s in step_windows(other.ranges).iterrows()])
+    def per_name(df: pd.DataFrame, tag: str) -> pd.DataFrame:
+        g = df.groupby(df["name"].astype(str))["duration_ns"]
+        return pd.DataFrame({f"{tag}_n": g.size(), f"{tag}_us": g.median() / 1e3, f"{tag}_total_ms": g.sum() / 1e6})
+    out = per_name(pd.concat(inside), "inside").join(per_name(pd.concat(outside), "outside"), how="left")
+    out = out.join(per_name(theirs, "other_rank"), how="left")
+    return out.sort_values("inside_total_ms", ascending=False).drop(columns=["outside_total_ms", "other_rank_total_ms"])
+
 
 # --- bandwidth -------------------------------------------------------------------------------------
 
