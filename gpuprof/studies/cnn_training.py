@@ -152,8 +152,10 @@ def run_args(cfg: Config) -> list[str]:
 
     Large batches take fewer steps per window (a naive step at batch 4096 lasts about half a
     second); every window still lasts long enough to average over the DataLoader's hiccups.
-    The spread that matters is between processes (:data:`ROUNDS` of them per configuration),
-    so each process times two windows, not more.
+    Each process times two windows (:data:`ROUNDS` processes per configuration), to keep the chapter's run
+    within its time budget. That is not because the spread within a process is small: for the CPU-bound
+    loops it is larger than the spread between processes (chapter 6's ``spread_table`` prints both: the
+    naive loop's two windows differ by up to 53% in one process), so verdicts on those loops are weak.
     """
     steps = max(3, 3200 // cfg.batch)
     warmup = 10 if cfg.batch <= 256 else 5
@@ -200,9 +202,10 @@ def run_configs(chapter: str, filename: str, configs: Sequence[Config] | None = 
     """Time each configuration in fresh processes, into ``<chapter>/<filename>``; without a GPU, the references.
 
     The ``repeated`` configurations (default: the ladder and each lever alone) are timed in
-    ``rounds`` processes each, in interleaved rounds (:func:`run_plan`): the noise between
-    processes is larger than the noise within one, and a single process of the baseline
-    would make every ratio to it as noisy as that process. The others run once. Each run
+    ``rounds`` processes each, in interleaved rounds (:func:`run_plan`): a process's speed
+    drifts from one process to the next (up to 64% between rung 4's three), and a single
+    process of the baseline would make every ratio to it as noisy as that process. The others
+    run once. Each run
     is a process forked from a server that imported PyTorch once (:mod:`gpuprof.fork_runs`);
     runs with the same levers and batch are made once per round and shared by every label
     that names them. torch.compile runs get empty Inductor and Triton caches, so their
