@@ -406,8 +406,9 @@ _TABLE = re.compile(r"<table\b.*?</table>", re.S | re.I)
 _ROW = re.compile(r"<tr\b.*?</tr>", re.S | re.I)
 _CELL = re.compile(r"<(th|td)\b[^>]*>(.*?)</\1>", re.S | re.I)
 # Units a column or row header may name ("time_ms", "median_kernel_us", "peak_MiB", "GB/s"): one-letter
-# units other than "s" are left out ("B" and "W" name other things in headers).
-_HEADER_UNITS = sorted((u for u in UNITS if len(u) > 1 or u == "s"), key=len, reverse=True)
+# units other than "s" are left out ("B" and "W" name other things in headers), and so is "min": in a header
+# it is the statistic ("min", "min_us"), not minutes.
+_HEADER_UNITS = sorted((u for u in UNITS if (len(u) > 1 or u == "s") and u != "min"), key=len, reverse=True)
 _HEADER_UNIT = re.compile(r"(?<![A-Za-z])(" + "|".join(re.escape(u) for u in _HEADER_UNITS) + r")(?![A-Za-z])")
 _HEADER_RATE = re.compile(r"\b(images|tokens|samples|steps|iterations)[ _]?(?:/|per[ _]?)(?:s|sec|second)\b", re.I)
 

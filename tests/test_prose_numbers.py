@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from prose_numbers import Exemption, check, check_path, extract, mask_markdown, unmatched, word_quantities
+from prose_numbers import (Exemption, check, check_path, extract, header_dimension, mask_markdown, unmatched,
+                          word_quantities)
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -179,6 +180,12 @@ def notebook(prose: str, printed: str, code: str = "print(x)") -> dict:
 ])
 def test_a_quantity_is_tied_to_what_is_printed(prose, printed, tied):
     assert (unmatched(notebook(prose, printed), "x") == []) is tied
+
+
+def test_a_header_named_min_is_the_statistic_not_minutes():
+    assert header_dimension("min") is None and header_dimension("max") is None
+    assert header_dimension("min_us") == header_dimension("median_us") == ("time", 1e-6)
+    assert header_dimension("time_ms") == ("time", 1e-3)
 
 
 def test_a_parameter_the_code_sets_is_its_own_source():
