@@ -30,7 +30,6 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,7 @@ from gpuprof.backend import torch_device  # noqa: E402
 from gpuprof.cli import output_file, positive_int, require_memory  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
 from gpuprof.ranges import annotate  # noqa: E402
+from gpuprof.timing import time_call  # noqa: E402
 
 E4M3_MAX = 448.0  # the largest finite float8_e4m3fn (OCP FP8 specification)
 
@@ -78,25 +78,15 @@ def fp8_product(torch: Any, a8: Any, sa: Any, b8: Any, sb: Any) -> Any:
     return torch._scaled_mm(a8, b8.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
 
 
-def time_ms(torch: Any, fn: Any, repeats: int, name: str, trials: int = 5) -> float:
-    """Time of one call of ``fn``: the median over ``trials`` of the CUDA-event time of ``repeats`` back-to-back
-    calls, divided by ``repeats``, after 5 untimed calls, inside NVTX range ``name``. One event pair around many
-    calls, not around each: a single product here lasts tens of microseconds, and with an event pair around one
-    call the host's launch latency of that call (Python, dispatch, cuBLASLt's heuristics) would sit inside the
-    timed window and pull the FP8/BF16 ratio towards 1; back to back, the next launch overlaps the GPU's work."""
-    for _ in range(5):
-        fn()
-    times = []
+def time_ms(fn: Any, repeats: int, name: str, trials: int = 5) -> float:
+    """Time of one call of ``fn`` in ms: ``gpuprof.timing.time_call`` with ``repeats`` back-to-back calls per CUDA-event
+    pair (its ``inner``), the median of ``trials`` such samples, after 5 untimed calls, inside NVTX range ``name``. One
+    event pair around many calls, not around each: a single product here lasts tens of microseconds, and with an
+    event pair around one call the host's launch latency of that call (Python, dispatch, cuBLASLt's heuristics) would
+    sit inside the timed window and pull the FP8/BF16 ratio towards 1; back to back, the next launch overlaps the
+    GPU's work."""
     with annotate(name):
-        for _ in range(trials):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(repeats):
-                fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / repeats)
-    return statistics.median(times)
+        return time_call(fn, warmup=5, repeats=trials, inner=repeats).median * 1e3
 
 
 @exit_on_error
@@ -125,8 +115,8 @@ def main(argv: list[str] | None = None) -> int:
                            "FP8 should round more coarsely than BF16, and both stay within 10%.")
     if device == "cuda" and torch.cuda.get_device_capability() >= (8, 9):
         flop = 2 * args.m * args.k * args.n
-        out["bf16_ms"] = time_ms(torch, lambda: a16 @ b16.t(), args.repeats, "bf16_matmul")
-        out["fp8_ms"] = time_ms(torch, lambda: fp8_product(torch, a8, sa, b8, sb), args.repeats, "fp8_matmul")
+        out["bf16_ms"] = time_ms(lambda: a16 @ b16.t(), args.repeats, "bf16_matmul")
+        out["fp8_ms"] = time_ms(lambda: fp8_product(torch, a8, sa, b8, sb), args.repeats, "fp8_matmul")
         for p in ("bf16", "fp8"):
             out[f"{p}_tflops"] = flop / out[f"{p}_ms"] / 1e9
         out["fp8_speedup"] = out["bf16_ms"] / out["fp8_ms"]

@@ -510,6 +510,15 @@ def straggler_table(data: dict[int, RankData]) -> pd.DataFrame:
     return out
 
 
+def _longest_waits(d: RankData):  # type: ignore[no-untyped-def]
+    """Per timed step of one rank that ran an NCCL kernel: (the step's row, its compute kernels, its longest NCCL
+    kernel). The two readers below measure what ran beside that kernel."""
+    for _, s in step_windows(d.ranges).iterrows():
+        window = (int(s["start"]), int(s["end"]))
+        nccl, compute = ta.inside(d.nccl, window), ta.inside(d.compute, window)
+        if not nccl.empty:
+            yield s, compute, nccl.loc[nccl["duration_ns"].idxmax()]
+
 
 def longest_wait_per_step(d: RankData) -> pd.DataFrame:
     """Per timed step of one rank: its longest NCCL kernel (ms) and the compute kernels' time that ran
@@ -520,17 +529,13 @@ def longest_wait_per_step(d: RankData) -> pd.DataFrame:
     with it. This is the measurement behind "a straggler costs the waiting ranks SMs".
     """
     rows = []
-    for _, s in step_windows(d.ranges).iterrows():
-        window = (int(s["start"]), int(s["end"]))
-        nccl, compute = ta.inside(d.nccl, window), ta.inside(d.compute, window)
-        if nccl.empty:
-            continue
-        k = nccl.loc[nccl["duration_ns"].idxmax()]
+    for s, compute, k in _longest_waits(d):
         overlap = (np.minimum(compute["end"], k["end"]) - np.maximum(compute["start"], k["start"])).clip(lower=0)
         rows.append({"step": s["step"], "longest_nccl_ms": float(k["duration_ns"]) / 1e6,
                      "compute_beside_ms": float(overlap.sum()) / 1e6,
                      "compute_ms": float(compute["duration_ns"].sum()) / 1e6})
     return pd.DataFrame(rows)
+
 
 def kernels_beside_wait(waiting: RankData, other: RankData) -> pd.DataFrame:
     """The same compute kernels inside and outside the waiting rank's longest NCCL kernel, and on the other rank.
@@ -543,12 +548,7 @@ def kernels_beside_wait(waiting: RankData, other: RankData) -> pd.DataFrame:
     whether that all-reduce slows backward. Sorted by the time spent inside, largest first.
     """
     inside, outside = [], []
-    for _, s in step_windows(waiting.ranges).iterrows():
-        window = (int(s["start"]), int(s["end"]))
-        nccl, compute = ta.inside(waiting.nccl, window), ta.inside(waiting.compute, window)
-        if nccl.empty:
-            continue
-        k = nccl.loc[nccl["duration_ns"].idxmax()]
+    for _, compute, k in _longest_waits(waiting):
         beside = (compute["start"] >= k["start"]) & (compute["start"] < k["end"])
         inside.append(compute[beside])
         outside.append(compute[~beside])

@@ -66,7 +66,7 @@ def reconcile_runs(chapter: str, script: str | Path, batch: int, *, steps: int =
     common = ["--steps", str(steps), "--warmup", str(warmup), "--batch", str(batch)]
     events = run_for_json(chapter, f"reconcile_{batch}_events.json", script, ["--mode", "events", *common])
     profiler = run_for_json(chapter, f"reconcile_{batch}_profiler.json", script, ["--mode", "profiler", *common],
-                            files={"--trace": f"reconcile_{batch}_steps.json.gz"})
+                            files={"--trace": _trace_name(batch)})
     nvtx_name = f"reconcile_{batch}_nvtx.json"
     nvtx_json = chapter_output(chapter) / nvtx_name
     cap = nsys_capture(chapter, f"reconcile_{batch}_nsys", script, ["--mode", "nvtx", *common, "--json", str(nvtx_json)],
@@ -79,11 +79,21 @@ def reconcile_runs(chapter: str, script: str | Path, batch: int, *, steps: int =
     return ReconcileRuns(batch, events, profiler, cap, nvtx)
 
 
+def _trace_name(batch: int) -> str:
+    """The file ``reconcile.py --mode profiler`` writes its trace to, beside its JSON."""
+    return f"reconcile_{batch}_steps.json.gz"
+
+
+def _nsys_work(sqlite: str | Path) -> pd.DataFrame:
+    """Kernels, copies and memsets of an Nsight Systems export in one table, each with its ``kind``."""
+    return pd.concat([nsql.kernels(sqlite).assign(kind="kernel"), nsql.memcpy(sqlite).assign(kind="memcpy"),
+                      nsql.memset(sqlite).assign(kind="memset")], ignore_index=True)
+
+
 def nsys_steps(sqlite: str | Path) -> pd.DataFrame:
     """Per ``step_N`` NVTX range of an Nsight Systems export: GPU work launched in it, busy time, span."""
-    ranges = nsql.nvtx_ranges(sqlite)
-    ranges = activity.step_ranges(ranges)
-    work = pd.concat([nsql.kernels(sqlite), nsql.memcpy(sqlite), nsql.memset(sqlite)], ignore_index=True)
+    ranges = activity.step_ranges(nsql.nvtx_ranges(sqlite))
+    work = _nsys_work(sqlite)
     return activity.range_busy(work.dropna(subset=["correlationId"]), nsql.runtime_calls(sqlite), ranges, rule="window")
 
 
@@ -132,7 +142,7 @@ def span_ends(runs: ReconcileRuns) -> pd.DataFrame:
     it, and how often the last piece is a copy.
     """
     rows = []
-    trace_path = runs.profiler.path.parent / f"reconcile_{runs.batch}_steps.json.gz"
+    trace_path = runs.profiler.path.parent / _trace_name(runs.batch)
     found = []
     if trace_path.exists():
         from ..torch_profiler.summary import gpu_activity
@@ -143,9 +153,8 @@ def span_ends(runs: ReconcileRuns) -> pd.DataFrame:
         found.append(("torch.profiler", gpu_activity(trace), trace.runtime_calls(),
                       steps.assign(text=steps["step"].astype(str)), runs.profiler.json()))
     sql = runs.nsys.path
-    work = pd.concat([nsql.kernels(sql).assign(kind="kernel"), nsql.memcpy(sql).assign(kind="memcpy"),
-                      nsql.memset(sql).assign(kind="memset")], ignore_index=True)
-    found.append(("nsys", work, nsql.runtime_calls(sql), activity.step_ranges(nsql.nvtx_ranges(sql)), runs.nvtx.json()))
+    found.append(("nsys", _nsys_work(sql), nsql.runtime_calls(sql), activity.step_ranges(nsql.nvtx_ranges(sql)),
+                  runs.nvtx.json()))
     for name, work, runtime, ranges, js in found:
         ends = _step_ends(work.dropna(subset=["correlationId"]), runtime.dropna(subset=["correlationId"]), ranges)
         events = float(np.median(js["event_ms"]))
