@@ -353,8 +353,9 @@ def section_value(details: pd.DataFrame, kernel: str, metric: str, section: str 
 
     Why not ``details.set_index([...])[(kernel, metric)]``: the page repeats names (``Memory Throughput``
     is a percentage in *GPU Speed Of Light Throughput* and a rate in *Memory Workload Analysis*; every
-    rule adds a row with no metric name), and on such an index pandas 3.0 returns a one-row Series where
-    pandas 3.1 returns the number (the GPU machine's 3.0.6 stopped chapter 4 on it). This looks the row up by value and says what it found if that is not
+    rule adds a row with no metric name), and on such a non-unique index pandas 3.0.6 returned a one-row
+    Series where 3.1.1 returns the number (both tried on chapter 4's ladder report; the GPU machine's 3.0.6
+    stopped the chapter on it). This looks the row up by value and says what it found if that is not
     exactly one row (a kernel profiled twice, a name in two sections: pass ``section``).
     """
     rows = details[(details["Kernel Name"] == kernel) & (details["Metric Name"] == metric)]

@@ -58,8 +58,9 @@ def gpu_events(path: str | Path) -> pd.DataFrame:
     :func:`gpuprof.torch_profiler.trace.read_trace` builds every table of a trace, and holds
     every event while it does; the two questions here need a tenth of the events. Each event
     is decoded from the file's text and dropped unless it is GPU work, so the peak memory is
-    about the text itself (on a 100 MB trace, 0.41x HTA's peak memory in 0.22x its time on the
-    course's 2-core CPU machine: ``scripts/bench_torch_trace.py``). Times convert exactly as
+    about the text itself (on a 103 MB trace, 0.41x HTA's peak memory in 0.19x its time on the
+    course's 2-core CPU machine: ``scripts/bench_torch_trace.py``, five whole processes of each in
+    ``artifacts/tools/bench_torch_trace_processes.txt``). Times convert exactly as
     ``read_trace`` converts them, so the answers equal those from a :class:`Trace` (tested).
     """
     path = Path(path)
