@@ -198,10 +198,26 @@ def merge_runs(new: str, old: str | None, ran: set[str]) -> str:
 
 RUN_SEPARATOR = "\n---\n\n"
 
+ARCHIVE_SKIPS = (".nsys-rep", ".qdstrm", ".log")
+
+
+def artifacts_written_since(artifacts: Path, started: float) -> list[Path]:
+    """The reference files this run wrote or rewrote (modified at or after ``started``), for the archive.
+
+    The archive carries a run's results off a lent GPU machine, which returns files of limited
+    size (16 MiB each on the course's device tool): packing every reference of every chapter
+    (18 MiB on 2026-11-26, when chapter 8's capture was lost that way) would outgrow it for no
+    gain, since the files no notebook of this run touched are the ones already committed.
+    Raw reports (``.nsys-rep``) and logs stay out: the exports and provenance are what is committed.
+    """
+    return sorted(f for f in artifacts.rglob("*")
+                  if f.is_file() and f.suffix not in ARCHIVE_SKIPS and f.stat().st_mtime >= started)
+
 
 @exit_on_error
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    started = time.time()
     machine = describe_machine()
     if machine.device != "cuda":
         raise GpuprofError("capture_all.py needs a CUDA GPU: reference captures from a CPU would be worthless.",
@@ -258,15 +274,16 @@ def main(argv: list[str] | None = None) -> int:
     summary_path.write_text(merge_runs(summary, old, {name for name, _, _ in timings}))
     if args.archive:
         args.archive.parent.mkdir(parents=True, exist_ok=True)
+        written = artifacts_written_since(ROOT / "artifacts", started)
         with tarfile.open(args.archive, "w:gz") as tar:
             for nb in notebooks:
                 tar.add(nb, arcname=str(nb.relative_to(ROOT)))
-            for f in sorted((ROOT / "artifacts").rglob("*")):
-                if f.is_file() and f.suffix not in (".nsys-rep", ".qdstrm", ".log"):
-                    tar.add(f, arcname=str(f.relative_to(ROOT)))
+            for f in written:
+                tar.add(f, arcname=str(f.relative_to(ROOT)))
             for f in sorted(args.log_dir.glob("*.log")):
                 tar.add(f, arcname=f"capture-logs/{f.name}")
-        print(f"archive: {args.archive} ({args.archive.stat().st_size / 2**20:.1f} MiB)")
+        print(f"archive: {args.archive} ({args.archive.stat().st_size / 2**20:.1f} MiB; the notebooks, the "
+              f"{len(written)} artifact files this run wrote, the logs)")
     if over_budget:
         print(f"over budget: {', '.join(over_budget)}")
     return status

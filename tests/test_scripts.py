@@ -6,6 +6,7 @@ process, through its ``main(argv)`` (``helpers.run_script_in_process``: the same
 check that the script left this process as it found it), which saves a Python start-up and ``import torch`` each.
 """
 
+import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -480,3 +481,20 @@ def test_memory_allocation_refuses_an_allocator_the_environment_contradicts(monk
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "backend:native")
     proc = run_here(REPO_ROOT / "examples" / "nsys" / "memory_allocation.py", "--allocator", "cudaMallocAsync", capsys=capsys)
     assert proc.returncode == 2 and "already names another backend" in proc.stderr
+
+
+def test_the_capture_archive_holds_only_what_the_run_wrote(tmp_path):
+    """A lent GPU machine returns files of limited size: the archive must not carry every chapter's references."""
+    sys.path.insert(0, str(REPO_ROOT / "scripts"))
+    from capture_all import artifacts_written_since
+
+    old, new, raw, log = (tmp_path / "ch01" / "old.json", tmp_path / "ch08" / "ddp.sqlite.gz",
+                          tmp_path / "ch08" / "ddp.nsys-rep", tmp_path / "ch08" / "ddp.log")
+    for f in (old, new, raw, log):
+        f.parent.mkdir(exist_ok=True)
+        f.write_text("x")
+    started = 1_000_000.0
+    os.utime(old, (started - 60, started - 60))
+    for f in (new, raw, log):
+        os.utime(f, (started + 5, started + 5))
+    assert artifacts_written_since(tmp_path, started) == [new]
