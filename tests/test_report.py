@@ -604,3 +604,65 @@ def test_diff_of_an_nsys_export_and_a_trace_of_the_same_program_matches_every_ke
     assert per_step and len(changes) == 32
     assert (changes["count_before"] > 0).all() and (changes["count_after"] > 0).all()
     assert (changes["count_before"] == changes["count_after"]).all()
+
+
+# ---- a loop whose GPU lags its CPU by many steps (issue 38, item 1) --------------------------------------
+
+LAG_STEPS, LAUNCHES, STEPS = 10, 3, 20  # the GPU runs each step's kernels 10 steps after the CPU launched them
+US = 1_000  # ns
+
+
+def _lagging_loop():
+    """(step, launch call start, kernel start) per kernel, in us: the CPU opens a 100 us step every 100 us
+    and launches 3 kernels in it, at 10, 40 and 70 us; the GPU runs them 1,000 us later, 25 us each. So
+    a step's kernels run inside the CPU range of the step 10 later, and the last 10 steps' kernels run
+    after every step range has closed: an execution-time rule would count 0 kernels in the first 10
+    steps and 3 in the others, and miss 30 of the 60."""
+    return [(i, 100 * i + 10 + 30 * j, 1000 + 100 * i + 30 * j, i * LAUNCHES + j + 1)
+            for i in range(STEPS) for j in range(LAUNCHES)]
+
+
+def _check_lagging(view):
+    from gpuprof.report.activity_view import headline, step_table
+
+    f = headline(view)
+    assert f["steps"] == STEPS and f["kernels"] == STEPS * LAUNCHES and f["kernels_per_step"] == LAUNCHES
+    per = step_table(view)
+    assert per["launches"].tolist() == [LAUNCHES] * STEPS and per["kernels"].tolist() == [LAUNCHES] * STEPS
+    # each step's GPU work, from its first kernel's start to its last's end: 60 + 25 us
+    assert per["gpu_span_ms"].to_numpy() == pytest.approx(0.085)
+    assert f["gpu_step_ms"] == pytest.approx(0.1) and f["step_period_ms"] == pytest.approx(0.1)
+    last_kernel_end = (1000 + 100 * (STEPS - 1) + 30 * (LAUNCHES - 1) + 25) * US
+    assert view.window == (0, last_kernel_end)  # to the end of the last step's work, not the last range's end
+    assert f["kernel_ms"] == pytest.approx(STEPS * LAUNCHES * 0.025)
+
+
+def test_a_gpu_many_steps_behind_the_cpu_on_nsys_input():
+    from gpuprof.report.activity_view import ActivityView, find_view_steps
+
+    tid = (100 << 24) + 1  # an nsys globalTid: process 100, thread 1
+    rows = _lagging_loop()
+    k = pd.DataFrame({"start": [g * US for _, _, g, _ in rows], "end": [(g + 25) * US for _, _, g, _ in rows],
+                      "correlationId": [c for *_, c in rows]}).assign(name="k", demangled="k", streamId=7, deviceId=0)
+    k["duration_ns"] = k["end"] - k["start"]
+    rt = pd.DataFrame({"start": [c * US for _, c, _, _ in rows], "end": [(c + 5) * US for _, c, _, _ in rows],
+                       "name": "cudaLaunchKernel", "correlationId": [c for *_, c in rows]}).assign(globalTid=tid)
+    ranges = pd.DataFrame({"text": [f"step_{i}" for i in range(STEPS)], "start": [100 * i * US for i in range(STEPS)],
+                           "end": [(100 * i + 100) * US for i in range(STEPS)]}).assign(globalTid=tid)
+    empty = k.iloc[0:0]
+    view = find_view_steps(ActivityView(path=Path("synthetic"), tool="nsys", kernels=k, copies=empty.assign(bytes=0.0),
+                                        memsets=empty, runtime=rt, ranges=ranges))
+    _check_lagging(view)
+
+
+def test_a_gpu_many_steps_behind_the_cpu_on_a_pytorch_profiler_trace(tmp_path):
+    """The same loop as a Kineto trace file, read end to end: launches joined to kernels by `correlation`."""
+    from helpers import _x, write
+
+    events = [_x("user_annotation", f"ProfilerStep#{i}", 100.0 * i, 100.0, 100, 1) for i in range(STEPS)]
+    for _, cpu, gpu, corr in _lagging_loop():
+        events.append(_x("cuda_runtime", "cudaLaunchKernel", float(cpu), 5.0, 100, 1, correlation=corr))
+        events.append(_x("kernel", "k", float(gpu), 25.0, 0, 7, device=0, stream=7, correlation=corr))
+    view = load(write(tmp_path, events), "kineto")
+    assert view.step_rule.startswith("PyTorch's ProfilerStep")
+    _check_lagging(view)

@@ -29,7 +29,7 @@ from .. import activity
 from ..kernel_kinds import is_communication, kernel_kind
 from ..nsys.sqlite import pid_of
 
-__all__ = ["ActivityView", "load", "step_table", "headline", "idle_by_cause", "kernels_by_name", "kernel_labels",
+__all__ = ["ActivityView", "load", "find_view_steps", "step_table", "headline", "idle_by_cause", "kernels_by_name", "kernel_labels",
            "compact_name", "step_period_ns", "IDLE_MIN_GAP_NS", "LAUNCH_PACE_FACTOR", "CAUSES"]
 
 IDLE_MIN_GAP_NS = 10_000  # gaps shorter than 10 us get one row of their own in the idle table, unlabelled
@@ -169,6 +169,15 @@ def load(path: str | Path, kind: str, *, steps: str | None = None) -> ActivityVi
         view = _kineto(path)
     else:
         raise ValueError(f"not a timeline capture: {kind}")
+    return find_view_steps(view, steps)
+
+
+def find_view_steps(view: ActivityView, steps: str | None = None) -> ActivityView:
+    """Find a read capture's steps, their runs, and the GPU work each launched (in place; returns ``view``).
+
+    Apart from :func:`load` so that a timeline built in memory (a test's, with the GPU lagging the
+    CPU by many steps) goes through exactly the step rules a file does.
+    """
     view.steps, view.step_rule = activity.find_steps(view.ranges, steps)
     view.steps["pid"] = _pids(view, view.steps)
     view.steps["run"] = _runs(view.steps)
