@@ -669,7 +669,7 @@ def set_by_code(q: Quantity, code: Index) -> Printed | None:
 SOURCE_WORDS = re.compile(
     r"(?:\b(?:data ?sheets?|documentation|documented|docs|(?:user|programming|tuning|best practices|reference) guide|"
     r"guide|manual|specifications?|spec sheet|white ?paper|paper|release notes|according to|datasheet|"
-    r"help text|'s help)|--help)(?!\w)", re.I)
+    r"help text|'s help|'s source|source code)|--help)(?!\w)", re.I)
 _CHAPTER_REF = re.compile(r"\b[Cc]hapters?\s+(\d{1,2}(?:(?:,\s*|\s+and\s+|\s+or\s+|\s*,\s*and\s+)\d{1,2})*)")
 _DOC_REF = re.compile(r"\{doc\}`[^`]*?(\d{2})__\w+")
 

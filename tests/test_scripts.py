@@ -214,6 +214,7 @@ for name, cases in TOO_BIG_INPUT.items():
 for name, cases in TOO_MANY.items():
     BAD_INPUT[name] += cases
 BAD_INPUT["launch_bound_layer.py"].append((["--variants", "graph", "--cpu"], "needs a GPU (CUDA graphs)"))
+BAD_INPUT["launch_bound_layer.py"].append((["--variants", "compiled,reduce-overhead", "--warmup", "1"], "at least 2"))
 BAD_CASES = [(script, args, message) for script in EXAMPLES for args, message in BAD_INPUT[script.name]]
 # Each script's first bad input runs as a program: exit_on_error's status 2 seen from outside, from a fresh process.
 AS_A_PROGRAM = {(name, tuple(cases[0][0])) for name, cases in BAD_INPUT.items()}

@@ -545,3 +545,17 @@ def test_the_stored_sweep_s_activations_are_linear_in_tokens():
     fit = tr.activation_fit(sweep).drop(index="small")
     assert fit["intercept / bf16 copies"].between(0.95, 1.05).all()
     assert fit["bytes per token-layer-width"].between(30, 45).all() and (fit["worst residual"] < 0.02).all()
+
+
+def test_the_weights_as_parameters_leave_only_the_inputs_copy():
+    """The static-weights capture: one copy left per forward, of the 1.57 MB input (4 x 128 x 768 FP32), in a few
+    thread blocks (one per 65,536-element chunk: 393,216 elements give 6), against the plain tensors' hundreds."""
+    result = json.loads((REF / "layer_static.json").read_text())
+    copies = tr.graph_input_copies(result, REF / "layer_static.sqlite", blocks=True)
+    static, plain = copies.loc["reduce-overhead-static"], copies.loc["reduce-overhead"]
+    assert static["copy_kernels_per_forward"] == 1 and plain["copy_kernels_per_forward"] == 2
+    cfg = result["config"]
+    assert static["copy_blocks_per_forward"] == -(-cfg["batch_size"] * cfg["seq_len"] * cfg["d_model"] // 65_536) == 6
+    assert plain["copy_blocks_per_forward"] > 50 * static["copy_blocks_per_forward"]
+    assert "copy_blocks_per_forward" not in tr.graph_input_copies(result, REF / "layer_static.sqlite")
+    assert result["results"]["reduce-overhead-static"]["non_static_inputs"] == 1

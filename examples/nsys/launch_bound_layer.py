@@ -100,6 +100,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.d_model % args.heads:
         p.error(f"--d-model {args.d_model} is not divisible by --heads {args.heads}")
+    if args.warmup < 2 and any(v.startswith("reduce-overhead") for v in args.variants):
+        # CUDA-graph trees run a function's first call eagerly and record its graph on a later one: with one
+        # warm-up forward the recording (and the count of inputs it copies) would fall into the timed windows.
+        p.error("--warmup must be at least 2 for the reduce-overhead variants (CUDA-graph trees record their "
+                "graph on the second call, and the warm-up must hold the recording)")
     return args
 
 

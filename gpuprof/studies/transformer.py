@@ -304,7 +304,7 @@ def layer_table(result: dict[str, Any], path: str | Path) -> pd.DataFrame:
 GRAPH_INPUT_COPY = r"multi_tensor_apply_kernel<.*\bCopy<"
 
 
-def graph_input_copies(result: dict[str, Any], path: str | Path) -> pd.DataFrame:
+def graph_input_copies(result: dict[str, Any], path: str | Path, *, blocks: bool = False) -> pd.DataFrame:
     """Per variant of the layer script's capture: the multi-tensor copy kernels per forward and their GPU time.
 
     A model compiled with ``mode="reduce-overhead"`` replays CUDA graphs, and a graph reads
@@ -314,6 +314,9 @@ def graph_input_copies(result: dict[str, Any], path: str | Path) -> pd.DataFrame
     kernels, launched outside the graph). Weights held as plain tensors are such inputs, and
     copying them every forward is GPU time the compiled code without graphs does not spend.
     ``kernel_us_per_forward`` is all the variant's kernel time, ``without_copies_us`` the rest.
+    With ``blocks``, ``copy_blocks_per_forward`` counts the copy kernels' thread blocks: ``multi_tensor_apply`` gives
+    each block one chunk of 65,536 elements, so a small input's copy is a few blocks on a GPU of
+    100+ SMs, and its time is set by that, not by its bytes.
     """
     iters = result["config"]["profile_iterations"]
     kernels, runtime, ranges = ns.kernels(path), ns.runtime_calls(path), ns.nvtx_ranges(path)
@@ -327,8 +330,12 @@ def graph_input_copies(result: dict[str, Any], path: str | Path) -> pd.DataFrame
         s, e = ta.merge_intervals(hits["start"].to_numpy(), hits["end"].to_numpy())
         busy_us = float((e - s).sum()) / iters / 1e3
         copy_us = float(copies["duration_ns"].sum()) / iters / 1e3
-        rows.append({"variant": v, "copy_kernels_per_forward": len(copies) / iters, "copy_us_per_forward": copy_us,
-                     "kernel_us_per_forward": busy_us, "without_copies_us": busy_us - copy_us})
+        row = {"variant": v, "copy_kernels_per_forward": len(copies) / iters, "copy_us_per_forward": copy_us,
+               "kernel_us_per_forward": busy_us, "without_copies_us": busy_us - copy_us}
+        if blocks:
+            n = (copies["gridX"] * copies["gridY"] * copies["gridZ"]).sum() if len(copies) else 0
+            row["copy_blocks_per_forward"] = float(n) / iters
+        rows.append(row)
     return pd.DataFrame(rows).set_index("variant")
 
 
