@@ -535,6 +535,7 @@ def test_exposed_nccl_time_equals_what_hta_compat_overlap_leaves_exposed():
     s, e = activity.merge_intervals(nccl["start"].to_numpy(), nccl["end"].to_numpy())
     union_ms = float((e - s).sum()) / 1e6
     assert f["nccl_exposed_ms"] == pytest.approx((1 - hc.comm_comp_overlap(path)) * union_ms, abs=1e-6)
+    assert f["nccl_overlap"] == pytest.approx(hc.comm_comp_overlap(path), abs=1e-9)  # the page's column is HTA's
     assert 0 < f["nccl_exposed_ms"] < f["nccl_ms"]
     per = build_pages([ART / "ch08" / "straggler.sqlite"])[0].table("Per GPU").set_index("device")
     assert (per["nccl_exposed_ms"] <= per["nccl_ms"]).all() and per.loc[0, "nccl_exposed_ms"] > per.loc[1, "nccl_exposed_ms"]
@@ -666,3 +667,35 @@ def test_a_gpu_many_steps_behind_the_cpu_on_a_pytorch_profiler_trace(tmp_path):
     view = load(write(tmp_path, events), "kineto")
     assert view.step_rule.startswith("PyTorch's ProfilerStep")
     _check_lagging(view)
+
+
+# ---- a folder of ranks: the straggler (issue 38, item 7) ----------------------------------------------------
+
+def _ranks(compute, nccl):
+    return pd.DataFrame({"capture": [f"rank{i}" for i in range(len(compute))], "compute_ms": compute, "nccl_ms": nccl})
+
+
+def test_the_straggler_is_the_rank_with_most_compute_and_least_nccl_time():
+    from gpuprof.report.timeline_page import straggler
+
+    said = straggler(_ranks([10.0, 10.2, 13.0, 9.9], [5.0, 4.8, 2.0, 5.1]))
+    assert said.startswith("Straggler: rank2, 1.29x the median rank's compute") and "2.000 ms" in said
+    assert straggler(_ranks([10.0, 10.2, 10.3, 9.9], [5.0, 4.8, 2.0, 5.1])) == ""  # within 5% of the median: balanced
+    mixed = straggler(_ranks([10.0, 10.2, 13.0, 9.9], [5.0, 1.0, 2.0, 5.1]))  # most compute and least NCCL disagree
+    assert mixed.startswith("Most compute: rank2") and "rank1's" in mixed and "no single rank" in mixed
+    assert straggler(_ranks([10.0, 13.0], [0.0, 0.0])) == ""  # no NCCL: not a collective job
+
+
+def test_a_folder_of_the_two_real_ranks_names_no_straggler_and_shows_their_overlap(tmp_path):
+    """Chapter 8's two DDP ranks are balanced (compute 39.26 and 37.88 ms, 1.8% apart): nothing is named; each
+    rank's overlap column is HTA's comm/comp overlap of its own trace."""
+    from gpuprof.torch_profiler import hta_compat as hc
+
+    for r in (0, 1):
+        shutil.copy(ART / "ch08" / f"ddp_trace_rank{r}.json.gz", tmp_path)
+    side = build_pages([tmp_path])[0]
+    table = side.table("Per capture").set_index("capture")
+    for r in (0, 1):
+        name = f"ddp_trace_rank{r}.json.gz"
+        assert table.loc[name, "nccl_overlap"] == pytest.approx(hc.comm_comp_overlap(tmp_path / name), abs=1e-9)
+    assert not any(b.heading == "Balance" and "Straggler" in (b.text or "") for b in side.blocks)

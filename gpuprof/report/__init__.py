@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import GpuprofError
-from .activity_view import ActivityView, load
+from .activity_view import ActivityView, headline, load
 from .detect import capture_kind, captures_in
 from .page import Page
 
@@ -43,13 +43,16 @@ def build_pages(paths: Sequence[str | Path], *, steps: str | None = None, window
     from .timeline_page import ranks_page, timeline_page
 
     pages: list[Page] = []
-    folders: dict[Path, list[ActivityView]] = {}
+    # Per folder, each rank's headline only: the views themselves are let go once their page is built,
+    # so a folder of many ranks costs the memory of one rank's timeline at a time, plus the pages.
+    folders: dict[Path, list[tuple[Path, dict[str, float]]]] = {}
     for path, kind, folder in _expand(paths):
         if kind in TIMELINE_KINDS:
             view = load(path, kind, steps=steps)
             pages.append(timeline_page(view, window=window, top=top))
             if folder is not None:
-                folders.setdefault(folder, []).append(view)
+                folders.setdefault(folder, []).append((view.path, headline(view)))
+            del view
         else:
             pages.append(ncu_page(path, kind, top=top))
     for views in folders.values():

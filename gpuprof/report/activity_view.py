@@ -346,7 +346,9 @@ def headline(view: ActivityView) -> dict[str, float]:
     the steps launched (:meth:`ActivityView.in_steps`); gpu_busy (union of kernels, copies and memsets
     over the window), kernel_busy (kernels alone), idle_ms, copy_exposed_ms (copy
     time with no kernel running on the same GPU), nccl_ms and nccl_exposed_ms (NCCL kernel time, and
-    the part of it with no other kernel running on the same GPU; where NCCL ran), copy_bytes, api_calls.
+    the part of it with no other kernel running on the same GPU; where NCCL ran), nccl_overlap (the share
+    of the time NCCL kernels ran that other kernels ran too: HTA's communication/computation overlap),
+    copy_bytes, api_calls.
     """
     segs = view.segments
     if not segs:
@@ -372,6 +374,8 @@ def headline(view: ActivityView) -> dict[str, float]:
         nccl = view.kernels[comm.to_numpy()]
         out["nccl_ms"] = float(view.in_steps(nccl)["duration_ns"].sum()) / 1e6
         out["nccl_exposed_ms"] = _exposed_ns(nccl, view.kernels[~comm.to_numpy()], segs) / 1e6
+        union = _busy_ns(nccl, segs)  # HTA's denominator: the time some NCCL kernel ran, not their summed durations
+        out["nccl_overlap"] = 1 - out["nccl_exposed_ms"] * 1e6 / union if union else float("nan")
     if len(view.steps):
         d = (view.steps["end"] - view.steps["start"]).to_numpy() / 1e6
         # One report around a multi-process job (nsys around torchrun) holds every rank's steps:

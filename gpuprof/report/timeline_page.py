@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import re
+from pathlib import Path
 from typing import Sequence
 
 import matplotlib
@@ -226,18 +227,26 @@ def timeline_page(view: ActivityView, *, window: str | None = None, top: int = 1
     return page
 
 
-def ranks_page(views: Sequence[ActivityView]) -> Page:
+def ranks_page(views: Sequence[ActivityView | tuple[Path, dict[str, float]]]) -> Page:
     """One row per capture of a multi-rank folder: the headline numbers side by side, and the
-    time in NCCL kernels (communication), so a straggler or an unbalanced rank stands out."""
+    time in NCCL kernels (communication), so a straggler or an unbalanced rank stands out.
+
+    Takes the views, or (path, :func:`headline`) pairs: a folder of many ranks keeps only each
+    rank's headline, not its whole timeline, so memory does not grow with every rank's events.
+    """
     rows = []
+    paths = []
     for v in views:
-        f = headline(v)
-        rows.append({"capture": v.path.name, "steps": int(f.get("steps", 0)), "runs": int(f.get("runs", 1 if f.get("steps") else 0)),
+        path, f = v if isinstance(v, tuple) else (v.path, headline(v))
+        paths.append(path)
+        rows.append({"capture": path.name, "steps": int(f.get("steps", 0)), "runs": int(f.get("runs", 1 if f.get("steps") else 0)),
                      "step_ms": f.get("step_period_ms", float("nan")), "window_ms": f.get("window_ms", float("nan")),
                      "gpu_busy": f.get("gpu_busy", float("nan")), "kernel_ms": f.get("kernel_ms", 0.0),
                      "nccl_ms": f.get("nccl_ms", 0.0), "nccl_exposed_ms": f.get("nccl_exposed_ms", 0.0),
+                     "nccl_overlap": f.get("nccl_overlap", float("nan")),
+                     "compute_ms": f.get("kernel_ms", 0.0) - f.get("nccl_ms", 0.0),
                      "idle_ms": f.get("idle_ms", float("nan"))})
-    folder = views[0].path.parent
+    folder = paths[0].parent
     page = Page(title=f"{folder.name}: {len(views)} captures side by side", path=folder, kind="folder")
     table = pd.DataFrame(rows)
     page.add("Per capture", table=table, terminal_rows=64,
@@ -245,9 +254,42 @@ def ranks_page(views: Sequence[ActivityView]) -> Page:
                   "set-up between runs is left out); step_ms: mean CPU start-to-start of consecutive steps. "
                   "kernel_ms and nccl_ms: the kernels the steps launched (all of them without steps); nccl_ms: kernels "
                   "whose name starts with 'nccl' (NCCL's own), a kernel that waits for a late peer included; "
-                  "nccl_exposed_ms: time an NCCL kernel ran with no other kernel on its GPU (not hidden by overlap).")
+                  "nccl_exposed_ms: time an NCCL kernel ran with no other kernel on its GPU (not hidden by overlap); "
+                  "nccl_overlap: the share of NCCL's time that other kernels ran too (HTA's communication/computation "
+                  "overlap); compute_ms: kernel_ms - nccl_ms.")
+    lines = []
     if len(table) > 1 and table["step_ms"].notna().all():
         spread = table["step_ms"].max() / table["step_ms"].min()
-        page.add("Balance", text=f"Slowest step / fastest: {spread:.3f}x "
-                                 f"({table.loc[table['step_ms'].idxmax(), 'capture']} slowest).")
+        lines.append(f"Slowest step / fastest: {spread:.3f}x ({table.loc[table['step_ms'].idxmax(), 'capture']} slowest).")
+    suspect = straggler(table)
+    if suspect:
+        lines.append(suspect)
+    if lines:
+        page.add("Balance", text=" ".join(lines))
     return page
+
+
+def straggler(table: pd.DataFrame, *, margin: float = 0.05) -> str:
+    """One sentence naming the rank that holds the others back, or "" where none stands out.
+
+    In a data-parallel job every rank waits for the slowest at each collective, and NCCL's kernels
+    run (spinning) while they wait: the straggler is the rank with the most compute and the least
+    NCCL time, the others' NCCL time holding its lateness. Named only when the same rank is both,
+    with its compute over ``1 + margin`` times the median rank's (a rank 5% slower than the median
+    is past the run-to-run noise of the course's DDP captures); otherwise the sentence says which rank
+    computes most, or nothing for a balanced job.
+    """
+    t = table.dropna(subset=["compute_ms"])
+    if len(t) < 2 or not (t["nccl_ms"] > 0).any():
+        return ""
+    most, least = t["compute_ms"].idxmax(), t["nccl_ms"].idxmin()
+    ratio = t.loc[most, "compute_ms"] / t["compute_ms"].median()
+    if ratio <= 1 + margin:
+        return ""
+    name = t.loc[most, "capture"]
+    if most == least:
+        return (f"Straggler: {name}, {ratio:.2f}x the median rank's compute (kernel time outside NCCL) and the least "
+                f"NCCL time ({t.loc[most, 'nccl_ms']:.3f} ms against a median of {t['nccl_ms'].median():.3f} ms): "
+                "the other ranks wait for it inside NCCL's kernels.")
+    return (f"Most compute: {name}, {ratio:.2f}x the median rank's; the least NCCL time is "
+            f"{t.loc[least, 'capture']}'s, so no single rank is clearly the one the others wait for.")
