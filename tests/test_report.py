@@ -681,8 +681,7 @@ def test_the_straggler_is_the_rank_with_most_compute_and_least_nccl_time():
     said = straggler(_ranks([10.0, 10.2, 13.0, 9.9], [5.0, 4.8, 2.0, 5.1]))
     assert said.startswith("Straggler: rank2, 1.29x the median rank's compute") and "2.000 ms" in said
     assert straggler(_ranks([10.0, 10.2, 10.3, 9.9], [5.0, 4.8, 2.0, 5.1])) == ""  # within 5% of the median: balanced
-    mixed = straggler(_ranks([10.0, 10.2, 13.0, 9.9], [5.0, 1.0, 2.0, 5.1]))  # most compute and least NCCL disagree
-    assert mixed.startswith("Most compute: rank2") and "rank1's" in mixed and "no single rank" in mixed
+    assert straggler(_ranks([10.0, 10.2, 13.0, 9.9], [5.0, 1.0, 2.0, 5.1])) == ""  # most compute, least NCCL disagree
     assert straggler(_ranks([10.0, 13.0], [0.0, 0.0])) == ""  # no NCCL: not a collective job
 
 

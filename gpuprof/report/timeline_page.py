@@ -276,8 +276,8 @@ def straggler(table: pd.DataFrame, *, margin: float = 0.05) -> str:
     run (spinning) while they wait: the straggler is the rank with the most compute and the least
     NCCL time, the others' NCCL time holding its lateness. Named only when the same rank is both,
     with its compute over ``1 + margin`` times the median rank's (a rank 5% slower than the median
-    is past the run-to-run noise of the course's DDP captures); otherwise the sentence says which rank
-    computes most, or nothing for a balanced job.
+    is past the run-to-run noise of the course's DDP captures); otherwise nothing is said: where the
+    two disagree (a folder of different jobs, say), no rank is the one the others wait for.
     """
     t = table.dropna(subset=["compute_ms"])
     if len(t) < 2 or not (t["nccl_ms"] > 0).any():
@@ -286,10 +286,8 @@ def straggler(table: pd.DataFrame, *, margin: float = 0.05) -> str:
     ratio = t.loc[most, "compute_ms"] / t["compute_ms"].median()
     if ratio <= 1 + margin:
         return ""
-    name = t.loc[most, "capture"]
-    if most == least:
-        return (f"Straggler: {name}, {ratio:.2f}x the median rank's compute (kernel time outside NCCL) and the least "
-                f"NCCL time ({t.loc[most, 'nccl_ms']:.3f} ms against a median of {t['nccl_ms'].median():.3f} ms): "
-                "the other ranks wait for it inside NCCL's kernels.")
-    return (f"Most compute: {name}, {ratio:.2f}x the median rank's; the least NCCL time is "
-            f"{t.loc[least, 'capture']}'s, so no single rank is clearly the one the others wait for.")
+    if most != least:
+        return ""
+    return (f"Straggler: {t.loc[most, 'capture']}, {ratio:.2f}x the median rank's compute (kernel time outside NCCL) "
+            f"and the least NCCL time ({t.loc[most, 'nccl_ms']:.3f} ms against a median of {t['nccl_ms'].median():.3f} "
+            "ms): the other ranks wait for it inside NCCL's kernels.")
