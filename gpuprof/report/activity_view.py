@@ -346,8 +346,10 @@ def headline(view: ActivityView) -> dict[str, float]:
     the steps launched (:meth:`ActivityView.in_steps`); gpu_busy (union of kernels, copies and memsets
     over the window), kernel_busy (kernels alone), idle_ms, copy_exposed_ms (copy
     time with no kernel running on the same GPU), nccl_ms and nccl_exposed_ms (NCCL kernel time, and
-    the part of it with no other kernel running on the same GPU; where NCCL ran), nccl_overlap (the share
-    of the time NCCL kernels ran that other kernels ran too: HTA's communication/computation overlap),
+    the part of it with no other kernel running on the same GPU; where NCCL ran; nccl_kernels, their
+    count), nccl_overlap (the share
+    of the time NCCL kernels ran that other kernels ran too on the same GPU, pooled over GPUs: HTA's
+    communication/computation overlap on the file's nanoseconds),
     copy_bytes, api_calls.
     """
     segs = view.segments
@@ -373,8 +375,10 @@ def headline(view: ActivityView) -> dict[str, float]:
     if comm.any():
         nccl = view.kernels[comm.to_numpy()]
         out["nccl_ms"] = float(view.in_steps(nccl)["duration_ns"].sum()) / 1e6
+        out["nccl_kernels"] = len(view.in_steps(nccl))
         out["nccl_exposed_ms"] = _exposed_ns(nccl, view.kernels[~comm.to_numpy()], segs) / 1e6
-        union = _busy_ns(nccl, segs)  # HTA's denominator: the time some NCCL kernel ran, not their summed durations
+        # HTA's denominator: the time some NCCL kernel ran, per GPU (as the exposed time is), not summed durations
+        union = sum(_busy_ns(rows, segs) for rows in _by_device(nccl).values())
         out["nccl_overlap"] = 1 - out["nccl_exposed_ms"] * 1e6 / union if union else float("nan")
     if len(view.steps):
         d = (view.steps["end"] - view.steps["start"]).to_numpy() / 1e6
