@@ -181,8 +181,9 @@ def run_plan(configs: Sequence[Config], repeated: Sequence[Config], rounds: int)
 
 
 def _summarise(processes: list[dict]) -> dict:
-    """One configuration's result from its processes: the median over processes of each process's median window,
-    the processes' range, the smallest loss fall, the largest peak memory."""
+    """One configuration's result from its processes: the median over processes of each process's median window
+    (of the two windows :func:`run_args` asks for, their mean rate, not images over their total time), the
+    processes' range, the smallest loss fall, the largest peak memory."""
     ok = [p for p in processes if p.get("status") == "ok"]
     if len(ok) < len(processes):
         bad = next(p for p in processes if p.get("status") != "ok")
