@@ -671,3 +671,24 @@ def test_kernels_beside_wait_on_the_reference_straggler():
     assert gemm["inside_n"] > 100 and gemm["outside_n"] > 0
     # beside the spinning all-reduce it runs longer than outside it and than on the rank that did not wait
     assert gemm["inside_us"] > 1.5 * gemm["outside_us"] and gemm["inside_us"] > 1.5 * gemm["other_rank_us"]
+
+
+def test_trace_idle_breakdown_splits_htas_categories_by_where_the_gap_lies():
+    """The committed chapter 8 traces (3 steps of 16 all-reduces each): on NCCL's stream the two gaps that span the
+    next step's forward are host wait, and the table's sums per stream and category are hta_compat's (held equal to
+    HTA 0.5's in tests/test_third_party_traces.py)."""
+    from gpuprof.torch_profiler import hta_compat as hc
+
+    paths = [REF / f"ddp_trace_rank{r}.json.gz" for r in (0, 1)]
+    t = mg.trace_idle_breakdown(paths)
+    for p in paths:
+        mine = t[t["trace"] == p.name]
+        nccl = mine[mine["stream"] == "NCCL"]
+        between = nccl[nccl["where"] == "between steps"]
+        assert set(between["category"]) == {"host_wait"} and between["gaps"].sum() == 2
+        assert nccl["gaps"].sum() == 48 - 1
+        hta = hc.idle_time_breakdown(p, rounding="hta").set_index(["streamId", "category"])
+        sums = mine.groupby(["streamId", "category"])[["gaps", "idle_ms"]].sum().add_prefix("split_")
+        joined = hta.join(sums, how="left").fillna(0)
+        assert (joined["split_gaps"] == joined["gaps"]).all()
+        assert ((joined["split_idle_ms"] * 1e3).round(6) == joined["idle_us"].round(6)).all()

@@ -184,3 +184,40 @@ def test_comm_comp_overlap_equals_htas(rank, tmp_path):
         logging.disable(logging.NOTSET)
     ours = hc.comm_comp_overlap(path, rounding="hta", include_sync=True)
     assert round(100 * ours, 2) == theirs["comp_comm_overlap_pctg"].iloc[0]
+
+
+@pytest.mark.parametrize("path", HTA_EXACT, ids=lambda p: p.name)
+def test_idle_time_breakdown_equals_htas(path, tmp_path):
+    """HTA 0.5's get_idle_time_breakdown (host wait, kernel wait, other, per stream) against hta_compat's, on HTA's
+    rounding and default threshold: every category's idle time equal; a category HTA leaves out has no gap here."""
+    import logging
+    import shutil
+    import warnings
+
+    from hta.trace_analysis import TraceAnalysis
+
+    from gpuprof.torch_profiler import hta_compat as hc
+
+    folder = tmp_path / "t"
+    folder.mkdir()
+    shutil.copy(path, folder)
+    logging.disable(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ta = TraceAnalysis(trace_dir=str(folder))
+            theirs, _ = ta.get_idle_time_breakdown(ranks=list(ta.t.traces), visualize=False)
+    finally:
+        logging.disable(logging.NOTSET)
+    ours = hc.idle_time_breakdown(path, rounding="hta")
+    both = ours.merge(theirs.rename(columns={"stream": "streamId", "idle_category": "category"}),
+                      on=["streamId", "category"], how="left")
+    assert set(theirs["idle_category"]) <= set(hc.IDLE_CATEGORIES) and len(theirs) <= len(ours)
+    missing = both["idle_time"].isna()
+    assert (both.loc[missing, "gaps"] == 0).all()
+    assert np.array_equal(both.loc[~missing, "idle_us"], both.loc[~missing, "idle_time"])
+    assert np.allclose(both.loc[~missing, "idle_share"].round(2), both.loc[~missing, "idle_time_ratio"])
+    # a threshold of 0 leaves no kernel wait: those gaps move to "other", and the streams' totals stay
+    none = hc.idle_time_breakdown(path, rounding="hta", kernel_wait_us=0)
+    assert (none.loc[none["category"] == "kernel_wait", "gaps"] == 0).all()
+    assert np.allclose(none.groupby("streamId")["idle_us"].sum(), ours.groupby("streamId")["idle_us"].sum())

@@ -18,7 +18,8 @@ holds what the chapter would otherwise spell out in cells:
   itself all-reduces them (``ddp_buckets.py``; on the CPU, since a layout depends on the
   parameters' sizes alone), and :func:`layout_table`;
 * :func:`straggler_table`, :func:`bandwidth_table`, :func:`torch_trace_table`, :func:`trace_arrivals`
-  (which rank reached each collective first, from the per-rank torch.profiler traces), and the figures.
+  (which rank reached each collective first, from the per-rank torch.profiler traces),
+  :func:`trace_idle_breakdown` (HTA's idle-time breakdown of the same traces, per stream), and the figures.
 """
 
 from __future__ import annotations
@@ -43,11 +44,12 @@ from ..nsys.ranks import RankData, comm_overlap
 from ..runner import python_target, run_streaming, run_with_limit, shell_line, torchrun_target
 from ..script_results import run_for_json
 from ..tools import LiveTool, live_tool
+from ..torch_profiler import hta_compat
 from ..torch_profiler.trace import read_trace
 
 __all__ = ["DDP", "KNOBS", "ALLREDUCE", "knob_table", "NPROC", "gpus_here", "enough_gpus", "capture_ranks", "capture_launcher",
            "run_json", "knob_jobs", "channel_jobs", "channel_table", "untraced_steps", "by_bucket", "latency_bandwidth_fit", "bucket_model", "bucket_bandwidth", "step_windows", "overlap_table", "straggler_table", "longest_wait_per_step", "kernels_beside_wait",
-           "bandwidth_table", "bandwidth_figure", "overlap_figure", "rank_timeline", "torch_trace_table", "trace_arrivals",
+           "bandwidth_table", "bandwidth_figure", "overlap_figure", "rank_timeline", "torch_trace_table", "trace_arrivals", "trace_idle_breakdown",
            "run_script", "ncu_on_collective", "BUCKET_LAYOUT", "bucket_layouts", "layout_table", "parse_nccl_choices", "nccl_choices", "nccl_choice_table"]
 
 DDP = REPO_ROOT / "examples" / "nsys" / "ddp_training.py"
@@ -706,3 +708,42 @@ def trace_arrivals(paths: Sequence[str | Path]) -> pd.DataFrame:
                                   "start_skew_ns": k["start"].to_numpy() - ref["start"].to_numpy(),
                                   "end_skew_ns": k["end"].to_numpy() - ref["end"].to_numpy()}))
     return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=["index", "rank", "start_skew_ns", "end_skew_ns"])
+
+
+def trace_idle_breakdown(paths: Sequence[str | Path], forward: str = "DistributedDataParallel.forward") -> pd.DataFrame:
+    """HTA's idle-time breakdown of per-rank torch.profiler traces (:func:`gpuprof.torch_profiler.hta_compat.idle_gaps`,
+    HTA's rounding and its default threshold, so the sums are HTA 0.5's), split by where each gap lies.
+
+    One row per trace, stream, where and category: stream ("NCCL" where the stream runs communication kernels,
+    else "compute"), where ("between steps" for a gap during which a ``forward`` range began on the GPU, else
+    "in a step"), gaps, idle_ms and after_other_us (the median time from the last end of a kernel on another
+    stream to the gap's end: a few us where the stream waited for that stream's work). The split matters on NCCL's stream: a gap that spans the next step's forward
+    is one no bucket size can shorten (nothing is all-reduced in a forward), and it is host wait by construction
+    (the next all-reduce is launched in the next backward).
+    """
+    rows = []
+    for p in paths:
+        t = read_trace(p)
+        gaps = hta_compat.idle_gaps(t, rounding="hta")
+        k = t.kernels()
+        nccl_streams = set(k.loc[is_communication(k["name"]), "streamId"].dropna().astype(int))
+        ann = t.annotations(gpu=True)
+        starts = np.sort(-(-ann.loc[ann["name"] == forward, "start"].to_numpy(dtype=np.int64) // 1000))  # whole us, as the gaps
+        before = np.searchsorted(starts, gaps["gap_start"].to_numpy(dtype=float), side="left")
+        upto = np.searchsorted(starts, gaps["gap_end"].to_numpy(dtype=float), side="right")
+        gaps = gaps.assign(stream=np.where(gaps["streamId"].isin(nccl_streams), "NCCL", "compute"),
+                           where=np.where(upto > before, "between steps", "in a step"))
+        after = np.full(len(gaps), np.nan)
+        for sid in gaps["streamId"].unique():  # HTA's rounded times: whole us, the gaps' own
+            ends = np.sort(k.loc[k["streamId"] != sid, "end"].to_numpy(dtype=np.int64) // 1000)
+            mine = (gaps["streamId"] == sid).to_numpy()
+            at = gaps.loc[mine, "gap_end"].to_numpy(dtype=np.int64)
+            i = np.searchsorted(ends, at, side="right") - 1
+            after[mine] = np.where(i >= 0, at - ends[np.maximum(i, 0)], np.nan)
+        gaps = gaps.assign(after_other_us=after)
+        g = gaps.groupby(["streamId", "stream", "where", "category"])
+        part = pd.DataFrame({"gaps": g.size(), "idle_ms": g["idle_us"].sum() / 1e3,
+                             "after_other_us": g["after_other_us"].median()}).reset_index()
+        rows.append(part.assign(trace=Path(p).name))
+    cols = ["trace", "streamId", "stream", "where", "category", "gaps", "idle_ms", "after_other_us"]
+    return pd.concat(rows, ignore_index=True)[cols] if rows else pd.DataFrame(columns=cols)

@@ -1,4 +1,4 @@
-"""Holistic Trace Analysis' two first answers, computed from a trace with HTA's definitions or exactly.
+"""Holistic Trace Analysis' first answers, computed from a trace with HTA's definitions or exactly.
 
 HTA (``holistictraceanalysis``, Meta's analyser of PyTorch profiler traces) starts with
 ``get_temporal_breakdown`` (per rank: the span of the GPU's work, its idle time) and
@@ -28,6 +28,10 @@ reproduced: it counts any event with a ``stream`` argument as GPU work, and the 
 operator Triton's launcher records carries ``"stream": 0``, so HTA's span of HTA's Triton
 test trace is that CPU operator's 94 µs, not the kernel's 1 µs.
 The defaults give the file's own nanoseconds.
+
+:func:`idle_gaps` and :func:`idle_time_breakdown` add HTA's third answer,
+``get_idle_time_breakdown``: each stream's gaps between its GPU events, sorted by why the GPU
+waited (the rule of HTA 0.5's ``BreakdownAnalysis._analyze_idle_time_for_stream``, quoted there).
 """
 
 from __future__ import annotations
@@ -45,7 +49,8 @@ from ..errors import GpuprofError
 from .summary import gpu_activity
 from .trace import KINDS, Trace, _to_ns
 
-__all__ = ["gpu_intervals", "gpu_events", "temporal_breakdown", "kernel_breakdown", "comm_comp_overlap"]
+__all__ = ["gpu_intervals", "gpu_events", "temporal_breakdown", "kernel_breakdown", "comm_comp_overlap",
+           "idle_gaps", "idle_time_breakdown", "IDLE_CATEGORIES"]
 
 _GPU_KINDS = {"kernel", "memcpy", "memset"}
 _WS = re.compile(r"[\s,]*")
@@ -182,3 +187,74 @@ def comm_comp_overlap(trace: Trace | str | Path | pd.DataFrame, *, rounding: str
     cum = np.concatenate([[0], np.cumsum(ke - ks)])
     hidden = sum(activity._covered(ks, ke, cum, int(a), int(b)) for a, b in zip(cs, ce))
     return float(hidden) / float((ce - cs).sum())
+
+
+# ---- HTA's idle time breakdown ----------------------------------------------------------------------------------
+
+IDLE_CATEGORIES = ("host_wait", "kernel_wait", "other")
+
+
+def idle_gaps(trace: Trace | str | Path, *, rounding: str = "ns", kernel_wait_us: float = 30.0) -> pd.DataFrame:
+    """Every gap between consecutive GPU events (kernels, copies, memsets) of one stream, with HTA's reason for it.
+
+    One row per event after a stream's first: streamId, name (the event after the gap), gap_start (the previous
+    event's end), gap_end (this event's start), launched (its launching runtime or driver call's start, found by
+    correlation id; NaN when the trace lacks it), idle_us (may be negative where two events of a stream overlap
+    after rounding, as HTA leaves them) and category, by HTA 0.5's rule:
+
+    * ``host_wait``: the CPU called the launch *after* the previous event on the stream had ended, so the
+      stream waited for the CPU;
+    * ``kernel_wait``: launched before that, and the gap is shorter than ``kernel_wait_us``;
+    * ``other``: launched before that, and a longer gap: the stream waited for something else (HTA's own
+      example: a CUDA event recorded on another stream).
+
+    HTA's ``consecutive_kernel_delay`` defaults to 30 and is documented in nanoseconds, but its code compares it
+    with timestamps in whole microseconds, so it acts as 30 µs; ``kernel_wait_us`` is that number, in µs
+    either way. Times are ns (``rounding="ns"``) or whole µs rounded inwards as HTA rounds (``"hta"``).
+    Cudasync events are not GPU events here, as in HTA's breakdown (unlike its temporal breakdown).
+    """
+    if rounding not in ("ns", "hta"):
+        raise ValueError(f"rounding must be 'ns' or 'hta', not {rounding!r}")
+    if not isinstance(trace, Trace):
+        from .trace import read_trace
+
+        trace = read_trace(trace)
+    ev = gpu_activity(trace)[["name", "start", "end", "streamId", "correlationId"]]
+    calls = trace.runtime_calls()[["correlationId", "start"]].drop_duplicates("correlationId", keep="last")
+    ev = ev.merge(calls.rename(columns={"start": "launched"}), on="correlationId", how="left")
+    ev = ev[ev["streamId"].notna()]
+    start = ev["start"].to_numpy(dtype=np.int64)
+    end = ev["end"].to_numpy(dtype=np.int64)
+    launched = pd.to_numeric(ev["launched"], errors="coerce").to_numpy(dtype=float)
+    if rounding == "hta":  # HTA rounds the launch's start up like every event's (trace_parser.round_down_time_stamps)
+        start, end, launched, scale = -(-start // 1000), end // 1000, np.ceil(launched / 1000), 1.0
+    else:
+        scale = 1e3
+    w = pd.DataFrame({"streamId": ev["streamId"].astype("int64").to_numpy(), "name": ev["name"].to_numpy(),
+                      "start": start, "end": end, "launched": launched})
+    w = w.sort_values(["streamId", "start"], kind="stable", ignore_index=True)
+    prev_end = w.groupby("streamId")["end"].shift(1)
+    gaps = pd.DataFrame({"streamId": w["streamId"], "name": w["name"], "gap_start": prev_end, "gap_end": w["start"],
+                         "launched": w["launched"], "idle_us": (w["start"] - prev_end) / scale})
+    gaps = gaps[prev_end.notna()].reset_index(drop=True)
+    host = (gaps["launched"] > gaps["gap_start"]).to_numpy()
+    kernel = ~host & (gaps["idle_us"] < kernel_wait_us).to_numpy()
+    gaps["category"] = np.where(host, "host_wait", np.where(kernel, "kernel_wait", "other"))
+    return gaps
+
+
+def idle_time_breakdown(trace: Trace | str | Path, *, rounding: str = "ns", kernel_wait_us: float = 30.0) -> pd.DataFrame:
+    """HTA's ``get_idle_time_breakdown`` for one rank: per stream and category (:data:`IDLE_CATEGORIES`, all three
+    always present), gaps (their number), idle_us (their sum) and idle_share (of the stream's idle time).
+
+    With ``rounding="hta"`` the idle_us column equals HTA 0.5's ``idle_time`` and idle_share its
+    ``idle_time_ratio`` before its rounding to two decimals (tested on chapter 8's traces). See :func:`idle_gaps`.
+    """
+    gaps = idle_gaps(trace, rounding=rounding, kernel_wait_us=kernel_wait_us)
+    idx = pd.MultiIndex.from_product([sorted(gaps["streamId"].unique()), IDLE_CATEGORIES], names=["streamId", "category"])
+    g = gaps.groupby(["streamId", "category"])["idle_us"]
+    out = pd.DataFrame({"gaps": g.size(), "idle_us": g.sum()}).reindex(idx, fill_value=0)
+    out["gaps"] = out["gaps"].astype(int)
+    total = out.groupby(level="streamId")["idle_us"].transform("sum")
+    out["idle_share"] = (out["idle_us"] / total).where(total != 0)
+    return out.reset_index()
