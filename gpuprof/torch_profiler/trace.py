@@ -58,7 +58,7 @@ import pandas as pd
 
 from ..errors import GpuprofError
 
-__all__ = ["Trace", "read_trace", "KINDS", "KNOWN_SCHEMA_VERSIONS", "STEP_PATTERN"]
+__all__ = ["Trace", "read_trace", "KINDS", "KNOWN_SCHEMA_VERSIONS", "STEP_PATTERN", "STREAM_ABOVE_BYTES"]
 
 # Kineto's category names, today's and older spellings, by the kind they hold.
 KINDS = {
@@ -313,14 +313,48 @@ def _thread_ids(tables: dict[str, pd.DataFrame]) -> None:
         at += len(k)
 
 
-def read_trace(path: str | Path) -> Trace:
+# Above this much JSON text, read_trace streams the file (gpuprof.torch_profiler.trace_stream).
+STREAM_ABOVE_BYTES = 256 * 2**20
+
+
+def _text_bytes(path: Path) -> int:
+    """The JSON text's size: the file's, or for a gzip file the size its trailer records (modulo 4 GiB,
+    so at least the compressed size)."""
+    size = path.stat().st_size
+    with path.open("rb") as fh:
+        if fh.read(2) != b"\x1f\x8b" or size < 18:
+            return size
+        fh.seek(-4, 2)
+        return max(size, int.from_bytes(fh.read(4), "little"))
+
+
+def read_trace(path: str | Path, *, stream: bool | None = None) -> Trace:
     """Read a PyTorch profiler trace (``.json`` or ``.json.gz``) into a :class:`Trace`.
 
     Bad input ends in one :class:`GpuprofError` sentence: a missing file, a truncated or
     damaged one, JSON that is not a trace. A schema version this reader was not checked on
     is read anyway, with a warning that says so.
+
+    ``stream``: read the file a block at a time, keeping of each event only the columns the
+    report reads (:mod:`gpuprof.torch_profiler.trace_stream` lists them), in memory that does not
+    grow with the file's text; or (False) parse it whole and keep every argument as a column.
+    By default (None) files above :data:`STREAM_ABOVE_BYTES` of JSON text stream. Why a
+    threshold and not always: the whole-file read keeps every argument (``Input Dims``, a
+    kernel's grid...), which the chapters' analyses read, and on a 100 MB trace it costs
+    about 0.9 GiB, within any laptop; above a few hundred MB its 8-9 bytes of memory per byte
+    of text exceed one (a 500 MB trace: ``artifacts/tools/bench_torch_trace_big.txt``), while the
+    streamed tables hold what a report needs at a fraction of that.
     """
     path = Path(path)
+    if stream is None:
+        stream = path.is_file() and _text_bytes(path) > STREAM_ABOVE_BYTES
+    if stream:
+        from .trace_stream import NotStreamable, read_trace_stream
+
+        try:
+            return read_trace_stream(path)
+        except NotStreamable:
+            pass  # the whole-file reader says what is wrong with the file, in one sentence
     data = _parse(path)
     raw_events = data.pop("traceEvents")
     version = data.get("schemaVersion")
