@@ -50,7 +50,7 @@ from .trace import (ARG_COLUMNS, FLOW_CATEGORIES, KINDS, KNOWN_SCHEMA_VERSIONS, 
 
 __all__ = ["read_trace_stream", "BLOCK_BYTES", "NotStreamable"]
 
-BLOCK_BYTES = 16 * 2**20  # text parsed at once: its events' dictionaries are the transient part of the peak
+BLOCK_BYTES = 8 * 2**20  # text parsed at once: its events' dictionaries are the transient part of the peak
 _TRACE_EVENTS = re.compile(rb'"traceEvents"\s*:\s*\[')
 _ID_COLUMNS = ("correlationId", "streamId", "deviceId", "externalId")
 _MEMORY_NAMES = {"Bytes": "bytes", "Total Allocated": "total_allocated", "Total Reserved": "total_reserved",
