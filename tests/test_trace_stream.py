@@ -15,11 +15,17 @@ import pandas as pd
 import pytest
 
 import gpuprof.torch_profiler.trace as tt
-from gpuprof.torch_profiler.trace_stream import NotStreamable, read_trace_stream
+from gpuprof.torch_profiler.trace_stream import NotStreamable, read_events
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = sorted(p for p in [*ROOT.glob("artifacts/ch05/*.json.gz"), *ROOT.glob("artifacts/ch08/*.json.gz"),
                             *ROOT.glob("tests/data/third_party/*.json.gz")] if p.name != "memory_log.json.gz")
+
+
+def read_trace_stream(path: Path, block: int = 1 << 23) -> tt.Trace:
+    got = read_events(path, block=block)
+    return tt.Trace(path=path, meta=got.meta, categories=got.categories, _tables=got.tables,
+                    thread_names=got.thread_names, process_names=got.process_names)
 
 
 def _same(full: tt.Trace, streamed: tt.Trace) -> None:
@@ -86,3 +92,7 @@ def test_damaged_files_get_the_whole_file_readers_errors(tmp_path: Path) -> None
     other.write_text('{"entries": []}')
     with pytest.raises(tt.GpuprofError, match="no 'traceEvents' list"):
         tt.read_trace(other, stream=True)
+    gz = tmp_path / "cut.json.gz"
+    gz.write_bytes((ROOT / "artifacts/ch05/train_steps.json.gz").read_bytes()[:5000])
+    with pytest.raises(tt.GpuprofError, match="damaged or truncated gzip"):
+        tt.read_trace(gz, stream=True)

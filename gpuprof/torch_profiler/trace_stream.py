@@ -1,8 +1,9 @@
 """Read a large PyTorch profiler trace in bounded memory: the events streamed, only the report's columns kept.
 
 :func:`gpuprof.torch_profiler.trace.read_trace` parses a whole file at once and builds a
-table of every event and every argument. That costs about 8.6 times the file's size in
-resident memory (872 MiB for a 101 MB trace, ``artifacts/tools/bench_torch_trace.txt``), so
+table of every event and every argument. That costs 8.5 to 9.1 bytes per byte of text in
+resident memory (872 MiB for a 101 MB trace, ``artifacts/tools/bench_torch_trace.txt``; 4,113 MiB
+for a 507 MB one, ``artifacts/tools/bench_torch_trace_big.txt``), so
 a 2 GB trace needs more memory than most laptops have. This module reads the same file in
 blocks of text (:data:`BLOCK_BYTES`): each block is cut at the end of a whole event, parsed
 (orjson where installed), and its events are reduced at once to the columns
@@ -21,7 +22,7 @@ methods and the same kinds):
 * the file's own fields (``deviceProperties``, ``schemaVersion``...), thread and process names,
   the category counts.
 
-Every value in those columns equals ``read_trace``'s for the same file, with the same dtype
+Every value in those columns equals the whole-file reader's for the same file, with the same dtype
 (``tests/test_trace_stream.py`` compares them on every committed trace). What it drops are
 the other arguments (``Input Dims``, ``Concrete Inputs``, a kernel's grid and registers...):
 they are most of a trace's text and none of the report's measures. Where those are wanted,
@@ -36,8 +37,9 @@ from __future__ import annotations
 import gzip
 import json
 import re
-import warnings
+import zlib
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Iterator
 
@@ -45,10 +47,9 @@ import numpy as np
 import pandas as pd
 
 from ..errors import GpuprofError
-from .trace import (ARG_COLUMNS, FLOW_CATEGORIES, KINDS, KNOWN_SCHEMA_VERSIONS, Trace, _correlation_from_flows,
-                    _numbers, _to_ns)
+from .kineto_schema import ARG_COLUMNS, FLOW_CATEGORIES, KINDS, _correlation_from_flows, _numbers, _to_ns
 
-__all__ = ["read_trace_stream", "BLOCK_BYTES", "NotStreamable"]
+__all__ = ["read_events", "Streamed", "BLOCK_BYTES", "NotStreamable"]
 
 BLOCK_BYTES = 8 * 2**20  # text parsed at once: its events' dictionaries are the transient part of the peak
 _TRACE_EVENTS = re.compile(rb'"traceEvents"\s*:\s*\[')
@@ -252,13 +253,31 @@ def _global_tids(tables: dict[str, pd.DataFrame], pair_ids: dict[str, np.ndarray
         t["globalTid"] = lut[ids] if len(ids) else np.array([], dtype=np.int64)
 
 
-def read_trace_stream(path: str | Path, *, block: int = BLOCK_BYTES) -> Trace:
-    """A :class:`Trace` of ``path`` read a block at a time, with the columns this module's docstring lists.
+@dataclass
+class Streamed:
+    """What :func:`read_events` read: the parts of a :class:`~gpuprof.torch_profiler.trace.Trace`."""
 
-    Raises :class:`NotStreamable` when the text cannot be cut into events (then the whole-file
-    reader gives the error).
+    meta: dict[str, Any]
+    categories: dict[str, int]
+    tables: dict[str, pd.DataFrame]
+    thread_names: dict[tuple[Any, Any], str]
+    process_names: dict[Any, str]
+
+
+def read_events(path: str | Path, *, block: int = BLOCK_BYTES) -> Streamed:
+    """The tables of ``path`` read a block at a time, with the columns this module's docstring lists.
+
+    Raises :class:`NotStreamable` when the text cannot be cut into events or the file cannot
+    be read to its end (then the whole-file reader gives the error).
+    ``gpuprof.torch_profiler.trace.read_trace(path, stream=True)`` makes a Trace of them.
     """
-    path = Path(path)
+    try:
+        return _read(Path(path), block)
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:  # a damaged gzip stream, a file cut short
+        raise NotStreamable(str(exc)) from None
+
+
+def _read(path: Path, block: int) -> Streamed:
     kinds = sorted(set(KINDS.values()) | {"other"})
     acc = {k: _Kind() for k in kinds}
     names = _Interner()
@@ -320,11 +339,6 @@ def read_trace_stream(path: str | Path, *, block: int = BLOCK_BYTES) -> Trace:
                 m.insert(0, "ts", _to_ns(_numbers([e.get("ts") for e in mem])))
                 memory.append(m)
             del by_kind, fl, mem
-    version = meta.get("schemaVersion")
-    if version is not None and version not in KNOWN_SCHEMA_VERSIONS:
-        warnings.warn(f"{path.name} says schemaVersion {version!r}; this reader was checked on "
-                      f"{sorted(KNOWN_SCHEMA_VERSIONS)}. It reads the events anyway; check the tables "
-                      "against the profiler's own summary (key_averages) before trusting them.", stacklevel=3)
     meta.pop("traceEvents", None)
     tables: dict[str, pd.DataFrame] = {}
     pair_ids: dict[str, np.ndarray] = {}
@@ -347,8 +361,8 @@ def read_trace_stream(path: str | Path, *, block: int = BLOCK_BYTES) -> Trace:
         for c in wanted:
             if c not in tables[k].columns:
                 tables[k][c] = pd.array([pd.NA] * len(tables[k]), dtype="Int64")
-    return Trace(path=path, meta=meta, categories={str(k): int(v) for k, v in categories.items()}, _tables=tables,
-                 thread_names=thread_names, process_names=process_names)
+    return Streamed(meta=meta, categories={str(k): int(v) for k, v in categories.items()}, tables=tables,
+                    thread_names=thread_names, process_names=process_names)
 
 
 def _flow_table(flows: dict[str, list], id_types: set[type], pid_types: set[type], tid_types: set[type]) -> pd.DataFrame:
