@@ -88,10 +88,12 @@ def time_by_kind(kernels: pd.DataFrame, name_column: str = "name", demangled_col
     """
     if kernels.empty:
         return pd.DataFrame(columns=["kind", "kernels", "time_ms", "share", "names"])
-    if demangled_column in kernels:
-        kinds = [kernel_kind(n, d) for n, d in zip(kernels[name_column], kernels[demangled_column])]
-    else:
-        kinds = [kernel_kind(n) for n in kernels[name_column]]
+    # Each distinct (name, demangled) pair is classified once: a long trace repeats a few hundred names
+    # millions of times, and the rules are regular expressions.
+    names = kernels[name_column].tolist()
+    demangled = kernels[demangled_column].tolist() if demangled_column in kernels else [None] * len(names)
+    seen: dict[tuple, str] = {}
+    kinds = [seen[p] if p in seen else seen.setdefault(p, kernel_kind(*p)) for p in zip(names, demangled)]
     k = kernels.assign(kind=kinds)
     out = (k.groupby("kind").agg(kernels=("duration_ns", "size"), time_ms=("duration_ns", "sum"),
                                  names=(name_column, "nunique")).reset_index())

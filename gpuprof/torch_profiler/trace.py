@@ -57,30 +57,11 @@ import numpy as np
 import pandas as pd
 
 from ..errors import GpuprofError
+from .kineto_schema import (ARG_COLUMNS, FLOW_CATEGORIES, KINDS, KNOWN_SCHEMA_VERSIONS, _correlation_from_flows,
+                            _numbers, _to_ns)
 
-__all__ = ["Trace", "read_trace", "KINDS", "KNOWN_SCHEMA_VERSIONS", "STEP_PATTERN"]
+__all__ = ["Trace", "read_trace", "KINDS", "KNOWN_SCHEMA_VERSIONS", "STEP_PATTERN", "STREAM_ABOVE_BYTES"]
 
-# Kineto's category names, today's and older spellings, by the kind they hold.
-KINDS = {
-    "cpu_op": "cpu_op", "operator": "cpu_op",
-    "user_annotation": "user_annotation",
-    "gpu_user_annotation": "gpu_user_annotation",
-    "python_function": "python_function", "python function": "python_function",
-    "cuda_runtime": "runtime", "runtime": "runtime", "privateuse1_runtime": "runtime",
-    "cuda_driver": "driver", "driver": "driver", "privateuse1_driver": "driver",
-    "kernel": "kernel",
-    "gpu_memcpy": "memcpy", "memcpy": "memcpy",
-    "gpu_memset": "memset", "memset": "memset",
-    "cuda_sync": "sync",
-    "trace": "trace",
-    "cpu_instant_event": "instant",
-}
-FLOW_CATEGORIES = {"ac2g": "ac2g", "async_cpu_to_gpu": "ac2g", "fwdbwd": "fwdbwd"}
-# Argument names of Kineto's events, renamed to the columns the Nsight Systems readers use.
-ARG_COLUMNS = {"correlation": "correlationId", "stream": "streamId", "device": "deviceId",
-               "External id": "externalId", "context": "contextId", "bytes": "bytes"}
-# Schema versions this reader was checked on (Kineto has written 1 since it started to say).
-KNOWN_SCHEMA_VERSIONS = {1}
 STEP_PATTERN = re.compile(r"^ProfilerStep#(\d+)$")
 
 
@@ -155,18 +136,6 @@ def _parse(path: Path) -> dict[str, Any]:
                            "An Nsight Systems export is read by gpuprof.nsys.sqlite; a memory snapshot "
                            "(.pickle) by gpuprof.torch_profiler.memory.")
     return data
-
-
-def _numbers(values: list[Any]) -> np.ndarray:
-    """Timestamps as float64 microseconds: numbers, or numeric strings in traces that quote them."""
-    return pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").to_numpy(dtype=float)
-
-
-def _to_ns(us: np.ndarray) -> np.ndarray:
-    out = np.full(len(us), np.iinfo(np.int64).min, dtype=np.int64)
-    ok = np.isfinite(us)
-    out[ok] = np.round(us[ok] * 1000.0).astype(np.int64)
-    return out
 
 
 @dataclass
@@ -313,21 +282,64 @@ def _thread_ids(tables: dict[str, pd.DataFrame]) -> None:
         at += len(k)
 
 
-def read_trace(path: str | Path) -> Trace:
+# Above this much JSON text, read_trace streams the file (gpuprof.torch_profiler.trace_stream).
+STREAM_ABOVE_BYTES = 256 * 2**20
+
+
+def _text_bytes(path: Path) -> int:
+    """The JSON text's size: the file's, or for a gzip file the size its trailer records (modulo 4 GiB,
+    so at least the compressed size)."""
+    size = path.stat().st_size
+    with path.open("rb") as fh:
+        if fh.read(2) != b"\x1f\x8b" or size < 18:
+            return size
+        fh.seek(-4, 2)
+        return max(size, int.from_bytes(fh.read(4), "little"))
+
+
+def _check_version(meta: dict[str, Any], path: Path) -> None:
+    version = meta.get("schemaVersion")
+    if version is not None and version not in KNOWN_SCHEMA_VERSIONS:
+        warnings.warn(f"{path.name} says schemaVersion {version!r}; this reader was checked on "
+                      f"{sorted(KNOWN_SCHEMA_VERSIONS)}. It reads the events anyway; check the tables "
+                      "against the profiler's own summary (key_averages) before trusting them.", stacklevel=3)
+
+
+def read_trace(path: str | Path, *, stream: bool | None = None) -> Trace:
     """Read a PyTorch profiler trace (``.json`` or ``.json.gz``) into a :class:`Trace`.
 
     Bad input ends in one :class:`GpuprofError` sentence: a missing file, a truncated or
     damaged one, JSON that is not a trace. A schema version this reader was not checked on
     is read anyway, with a warning that says so.
+
+    ``stream``: read the file a block at a time, keeping of each event only the columns the
+    report reads (:mod:`gpuprof.torch_profiler.trace_stream` lists them): the parsing holds one
+    block at a time, and what grows with the file is one table row per event; or (False) parse
+    it whole and keep every argument as a column.
+    By default (None) files above :data:`STREAM_ABOVE_BYTES` of JSON text stream. Why a
+    threshold and not always: the whole-file read keeps every argument (``Input Dims``, a
+    kernel's grid...), which the chapters' analyses read, and on a 100 MB trace it costs
+    872 MiB; above a few hundred MB its 8.5 to 9.1 bytes of memory per byte of text exceed a
+    laptop's (4,113 MiB for the report on a 507 MB trace, 663 MiB streamed:
+    ``artifacts/tools/bench_torch_trace_big.txt``).
     """
     path = Path(path)
+    if stream is None:
+        stream = path.is_file() and _text_bytes(path) > STREAM_ABOVE_BYTES
+    if stream:
+        from .trace_stream import NotStreamable, read_events
+
+        try:
+            got = read_events(path)
+        except NotStreamable:
+            pass  # the whole-file reader says what is wrong with the file, in one sentence
+        else:
+            _check_version(got.meta, path)
+            return Trace(path=path, meta=got.meta, categories=got.categories, _tables=got.tables,
+                         thread_names=got.thread_names, process_names=got.process_names)
     data = _parse(path)
     raw_events = data.pop("traceEvents")
-    version = data.get("schemaVersion")
-    if version is not None and version not in KNOWN_SCHEMA_VERSIONS:
-        warnings.warn(f"{path.name} says schemaVersion {version!r}; this reader was checked on "
-                      f"{sorted(KNOWN_SCHEMA_VERSIONS)}. It reads the events anyway; check the tables "
-                      "against the profiler's own summary (key_averages) before trusting them.", stacklevel=2)
+    _check_version(data, path)
 
     kinds = sorted(set(KINDS.values()) | {"other"})
     # One table of every event's top-level fields, built by pandas in C; then split by phase and category.
@@ -376,25 +388,3 @@ def read_trace(path: str | Path) -> Trace:
                 tables[k][c] = pd.array([pd.NA] * len(tables[k]), dtype="Int64")
     return Trace(path=path, meta=data, categories=categories, _tables=tables, thread_names=thread_names,
                  process_names=process_names)
-
-
-def _correlation_from_flows(t: pd.DataFrame, flows: pd.DataFrame, *, gpu: bool) -> None:
-    """Fill a missing ``correlationId`` from the ``ac2g`` flow that ends (GPU side) or starts (CPU side) at the event.
-
-    Kineto writes the correlation id both as an argument and as the id of a flow event;
-    traces that lack the argument still have the flow, bound to the event's thread and
-    start time.
-    """
-    if t.empty or ("correlationId" in t.columns and t["correlationId"].notna().all()):
-        return
-    fl = flows[(flows["cat"] == "ac2g") & (flows["phase"] == ("f" if gpu else "s"))]
-    if fl.empty:
-        if "correlationId" not in t.columns:
-            t["correlationId"] = pd.array([pd.NA] * len(t), dtype="Int64")
-        return
-    key = pd.DataFrame({"pid": fl["pid"].astype(str), "tid": fl["tid"].astype(str), "start": fl["ts"],
-                        "flow_id": pd.to_numeric(fl["id"], errors="coerce")}).drop_duplicates(["pid", "tid", "start"])
-    left = pd.DataFrame({"pid": t["pid"].astype(str), "tid": t["tid"].astype(str), "start": t["start"]})
-    ids = left.merge(key, on=["pid", "tid", "start"], how="left")["flow_id"].to_numpy()
-    have = t["correlationId"] if "correlationId" in t.columns else pd.Series(pd.NA, index=t.index, dtype="Int64")
-    t["correlationId"] = have.fillna(pd.Series(ids, index=t.index)).astype("Int64")

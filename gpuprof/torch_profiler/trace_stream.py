@@ -1,0 +1,377 @@
+"""Read a large PyTorch profiler trace in bounded memory: the events streamed, only the report's columns kept.
+
+:func:`gpuprof.torch_profiler.trace.read_trace` parses a whole file at once and builds a
+table of every event and every argument. That costs 8.5 to 9.1 bytes per byte of text in
+resident memory (872 MiB for a 101 MB trace, ``artifacts/tools/bench_torch_trace.txt``; 4,113 MiB
+for a 507 MB one, ``artifacts/tools/bench_torch_trace_big.txt``), so
+a 2 GB trace needs more memory than most laptops have. This module reads the same file in
+blocks of text (:data:`BLOCK_BYTES`): each block is cut at the end of a whole event, parsed
+(orjson where installed), and its events are reduced at once to the columns
+``python -m gpuprof report`` reads, in arrays; the events' dictionaries are dropped with the
+block. What stays per event is its row in the final tables, with every repeated string (a
+name, a category, a thread) held once.
+
+What it keeps, table by table (:class:`~gpuprof.torch_profiler.trace.Trace` has the same
+methods and the same kinds):
+
+* complete events (``ph: X``): ``start``, ``end``, ``duration_ns``, ``name``, ``cat``,
+  ``pid``, ``tid``, ``globalTid``, and of the arguments only those
+  :data:`~gpuprof.torch_profiler.trace.ARG_COLUMNS` renames (correlation, stream, device,
+  External id, context, bytes); ``text`` on the annotations;
+* flows and ``[memory]`` instants: every column ``read_trace`` gives them;
+* the file's own fields (``deviceProperties``, ``schemaVersion``...), thread and process names,
+  the category counts.
+
+Every value in those columns equals the whole-file reader's for the same file, with the same dtype
+(``tests/test_trace_stream.py`` compares them on every committed trace). What it drops are
+the other arguments (``Input Dims``, ``Concrete Inputs``, a kernel's grid and registers...):
+they are most of a trace's text and none of the report's measures. Where those are wanted,
+``read_trace(path, stream=False)`` reads everything, at the memory cost above.
+
+A file whose text cannot be cut into events (damaged, cut short, not a trace) is handed to
+the whole-file reader, whose one-sentence errors say what is wrong with it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import zlib
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Iterator
+
+import numpy as np
+import pandas as pd
+
+from ..errors import GpuprofError
+from .kineto_schema import ARG_COLUMNS, FLOW_CATEGORIES, KINDS, _correlation_from_flows, _numbers, _to_ns
+
+__all__ = ["read_events", "Streamed", "BLOCK_BYTES", "NotStreamable"]
+
+BLOCK_BYTES = 8 * 2**20  # text parsed at once: its events' dictionaries are the transient part of the peak
+_TRACE_EVENTS = re.compile(rb'"traceEvents"\s*:\s*\[')
+_ID_COLUMNS = ("correlationId", "streamId", "deviceId", "externalId")
+_MEMORY_NAMES = {"Bytes": "bytes", "Total Allocated": "total_allocated", "Total Reserved": "total_reserved",
+                 "Device Type": "device_type", "Device Id": "device_id", "Addr": "address"}
+
+
+class NotStreamable(Exception):
+    """The file's text could not be cut into events; the whole-file reader says why."""
+
+
+def _loads(raw: bytes) -> Any:
+    try:
+        import orjson
+    except ImportError:
+        return json.loads(raw.decode("utf-8", errors="replace"))
+    return orjson.loads(raw)
+
+
+def _open(path: Path) -> IO[bytes]:
+    with path.open("rb") as fh:
+        gz = fh.read(2) == b"\x1f\x8b"
+    return gzip.open(path, "rb") if gz else path.open("rb")
+
+
+def _try(raw: bytes) -> Any:
+    try:
+        return _loads(raw)
+    except ValueError:  # json.JSONDecodeError and orjson's error are both ValueErrors
+        return None
+
+
+def _blocks(fh: IO[bytes], block: int) -> Iterator[list[Any] | dict[str, Any]]:
+    """The ``traceEvents`` list's events, a block's worth at a time; last, the file's other fields (a dict).
+
+    A block is cut after the last ``}`` followed by ``,`` and ``{`` whose text before it parses
+    as a list of events: a cut inside a string or inside a nested object leaves an unclosed
+    string or bracket, which no JSON parser accepts, so the check is exact, not a heuristic.
+    """
+    buf = b""
+    while True:  # the head: everything up to the list's opening bracket
+        more = fh.read(block)
+        buf += more
+        stripped = buf.lstrip()
+        if stripped[:1] == b"[":
+            head, buf = b"", stripped[1:]
+            break
+        m = _TRACE_EVENTS.search(buf)
+        if m:
+            head, buf = buf[:m.end() - 1], buf[m.end():]
+            break
+        if not more:
+            raise NotStreamable("no traceEvents list")
+    while True:
+        more = fh.read(block)
+        buf += more
+        if not more:
+            break
+        end, tries = len(buf), 0
+        while tries < 64:
+            j = buf.rfind(b"}", 0, end)
+            if j < 0:
+                break
+            k = j + 1
+            rest = buf[k:k + 64].lstrip()
+            if rest[:1] == b"," and rest[1:].lstrip()[:1] == b"{":
+                tries += 1
+                events = _try(b"[" + buf[:k] + b"]")
+                if events is not None:
+                    yield events
+                    buf = buf[k:].lstrip()[1:]
+                    break
+            end = j
+        else:
+            raise NotStreamable("no event boundary in 64 candidates")
+    # The last block: the list's closing bracket, then the rest of the top-level object.
+    end = len(buf)
+    for _ in range(64):
+        p = buf.rfind(b"]", 0, end)
+        if p < 0:
+            break
+        events = _try(b"[" + buf[:p] + b"]")
+        rest = _try(head + b"[]" + buf[p + 1:]) if head else ({} if not buf[p + 1:].strip() else None)
+        if events is not None and isinstance(rest, dict):
+            yield events
+            yield rest
+            return
+        end = p
+    raise NotStreamable("no end of the traceEvents list")
+
+
+class _Interner:
+    """One Python object per distinct value: a name repeated a million times is stored once."""
+
+    def __init__(self) -> None:
+        self.seen: dict[Any, Any] = {}
+
+    def __call__(self, values: list[Any]) -> np.ndarray:
+        s = self.seen
+        out = np.empty(len(values), dtype=object)
+        out[:] = [s.setdefault(v, v) if v.__hash__ is not None else v for v in values]
+        return out
+
+
+class _Kind:
+    """One kind's complete events, as column chunks: grows by a block at a time."""
+
+    def __init__(self) -> None:
+        self.chunks: dict[str, list[np.ndarray]] = {c: [] for c in ("start", "dur", "name", "cat", "pid", "tid", "pair")}
+        self.args: dict[str, list[tuple[int, np.ndarray]]] = {}  # renamed arg -> (chunk index, values)
+        self.n_chunks = 0
+        self.lengths: list[int] = []
+
+    def add(self, events: list[dict], names: _Interner, pairs: dict[tuple[str, str], int]) -> None:
+        self.chunks["start"].append(_to_ns(_numbers([e.get("ts") for e in events])))
+        dur = _numbers([e.get("dur") for e in events])
+        self.chunks["dur"].append(_to_ns(np.where(np.isfinite(dur), dur, 0.0)))
+        for c in ("name", "cat", "pid", "tid"):
+            self.chunks[c].append(names([e.get(c) for e in events]))
+        self.chunks["pair"].append(np.fromiter(
+            (pairs.setdefault((str(e.get("pid")), str(e.get("tid"))), len(pairs)) for e in events), dtype=np.int64,
+            count=len(events)))
+        args = [a if isinstance(a := e.get("args"), dict) else {} for e in events]
+        for key, col in ARG_COLUMNS.items():
+            vals = [a.get(key) for a in args]
+            if any(v is not None for v in vals) or any(key in a for a in args):
+                self.args.setdefault(col, []).append((self.n_chunks, _column(vals, col)))
+        self.lengths.append(len(events))
+        self.n_chunks += 1
+
+
+def _column(vals: list[Any], col: str) -> Any:
+    """One argument's values in a block: the ids as Int64 (as ``read_trace`` converts them), others as pandas infers."""
+    if col in _ID_COLUMNS:
+        return pd.array(pd.to_numeric(pd.Series(vals, dtype=object), errors="coerce"), dtype="Int64") \
+            if any(v is not None for v in vals) else pd.array([pd.NA] * len(vals), dtype="Int64")
+    return pd.Series(vals).array
+
+
+def _concat(parts: list[Any]) -> Any:
+    if not parts:
+        return np.array([], dtype=object)
+    if isinstance(parts[0], np.ndarray):
+        return np.concatenate(parts)
+    return pd.concat([pd.Series(p) for p in parts], ignore_index=True).array
+
+
+def _strings(values: np.ndarray) -> pd.Series:
+    """Strings as pandas infers them: its string dtype, or object for an empty column (as ``read_trace``'s are)."""
+    if not len(values):
+        return pd.Series(values, dtype=object)
+    return pd.Series(values, dtype=object).astype(pd.StringDtype("python", na_value=np.nan))
+
+
+def _typed(values: np.ndarray, types: set[type]) -> np.ndarray:
+    """``pid``/``tid`` with the dtype pandas gives the whole file's column: int64 when every event has an integer."""
+    if types <= {int}:
+        return values.astype(np.int64)
+    if types <= {int, float, type(None)}:
+        return np.array([np.nan if v is None else v for v in values], dtype=float)
+    return values
+
+
+def _table(kind: _Kind, pid_types: set[type], tid_types: set[type]) -> tuple[pd.DataFrame, np.ndarray]:
+    c = kind.chunks
+    empty = np.array([], dtype=np.int64)
+    start = _concat(c.pop("start")) if kind.n_chunks else empty
+    dur = _concat(c.pop("dur")) if kind.n_chunks else empty
+    df = pd.DataFrame({"start": start, "end": start + dur, "duration_ns": dur})
+    del start
+    for col in ("name", "cat"):
+        df[col] = _strings(_concat(c.pop(col)))
+    df["pid"] = _typed(_concat(c.pop("pid")), pid_types)
+    df["tid"] = _typed(_concat(c.pop("tid")), tid_types)
+    offsets = np.concatenate([[0], np.cumsum(kind.lengths)]).astype(np.int64)
+    for col, parts in kind.args.items():
+        have = {i: v for i, v in parts}
+        filled = [have[i] if i in have else _column([None] * kind.lengths[i], col) for i in range(kind.n_chunks)]
+        values = _concat(filled)
+        if col not in _ID_COLUMNS:  # as from_records infers one column of the whole table
+            values = pd.Series(list(values)).array if len(values) else values
+        df[col] = values
+    pair = _concat(c.pop("pair")) if kind.n_chunks else np.array([], dtype=np.int64)
+    del offsets
+    return df, pair
+
+
+def _global_tids(tables: dict[str, pd.DataFrame], pair_ids: dict[str, np.ndarray]) -> None:
+    """``globalTid`` numbered as ``read_trace`` numbers it: (pid, tid) pairs in order of first row, table by table."""
+    code: dict[int, int] = {}
+    for k, t in tables.items():
+        if k not in pair_ids:
+            continue
+        ids = pair_ids[k]
+        for p in pd.unique(ids):
+            code.setdefault(int(p), len(code))
+        lut = np.full(max(code) + 1 if code else 1, -1, dtype=np.int64)
+        for p, g in code.items():
+            lut[p] = g
+        t["globalTid"] = lut[ids] if len(ids) else np.array([], dtype=np.int64)
+
+
+@dataclass
+class Streamed:
+    """What :func:`read_events` read: the parts of a :class:`~gpuprof.torch_profiler.trace.Trace`."""
+
+    meta: dict[str, Any]
+    categories: dict[str, int]
+    tables: dict[str, pd.DataFrame]
+    thread_names: dict[tuple[Any, Any], str]
+    process_names: dict[Any, str]
+
+
+def read_events(path: str | Path, *, block: int = BLOCK_BYTES) -> Streamed:
+    """The tables of ``path`` read a block at a time, with the columns this module's docstring lists.
+
+    Raises :class:`NotStreamable` when the text cannot be cut into events or the file cannot
+    be read to its end (then the whole-file reader gives the error).
+    ``gpuprof.torch_profiler.trace.read_trace(path, stream=True)`` makes a Trace of them.
+    """
+    try:
+        return _read(Path(path), block)
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:  # a damaged gzip stream, a file cut short
+        raise NotStreamable(str(exc)) from None
+
+
+def _read(path: Path, block: int) -> Streamed:
+    kinds = sorted(set(KINDS.values()) | {"other"})
+    acc = {k: _Kind() for k in kinds}
+    names = _Interner()
+    pairs: dict[tuple[str, str], int] = {}
+    categories: Counter = Counter()
+    pid_types: set[type] = set()
+    tid_types: set[type] = set()
+    flows: dict[str, list] = {c: [] for c in ("id", "cat", "phase", "ts", "pid", "tid", "name", "pair")}
+    id_types: set[type] = set()
+    memory: list[pd.DataFrame] = []
+    thread_names: dict[tuple[Any, Any], str] = {}
+    process_names: dict[Any, str] = {}
+    meta: dict[str, Any] = {}
+    with _open(path) as fh:
+        for events in _blocks(fh, block):
+            if isinstance(events, dict):
+                meta = events
+                break
+            by_kind: dict[str, list[dict]] = {}
+            fl: list[dict] = []
+            mem: list[dict] = []
+            for e in events:
+                if not isinstance(e, dict):
+                    continue
+                pid_types.add(type(e.get("pid")))
+                tid_types.add(type(e.get("tid")))
+                id_types.add(type(e.get("id")))
+                cat = e.get("cat")
+                if cat is not None:
+                    categories[cat] += 1
+                ph = e.get("ph")
+                low = str(cat).lower()
+                if ph == "X":
+                    by_kind.setdefault(KINDS.get(low, "other"), []).append(e)
+                elif ph in ("s", "f", "t") and low in FLOW_CATEGORIES:
+                    fl.append(e)
+                elif ph == "i" and e.get("name") == "[memory]":
+                    mem.append(e)
+                elif ph == "M":
+                    a = e.get("args") if isinstance(e.get("args"), dict) else {}
+                    if e.get("name") == "thread_name":
+                        thread_names[(e.get("pid"), e.get("tid"))] = str(a.get("name"))
+                    elif e.get("name") == "process_name":
+                        process_names[e.get("pid")] = str(a.get("name"))
+            del events
+            for k, evs in by_kind.items():
+                acc[k].add(evs, names, pairs)
+            if fl:
+                flows["id"].append([e.get("id") for e in fl])
+                flows["cat"].append(names([FLOW_CATEGORIES[str(e.get("cat")).lower()] for e in fl]))
+                flows["phase"].append(names([e.get("ph") for e in fl]))
+                flows["ts"].append(_to_ns(_numbers([e.get("ts") for e in fl])))
+                for c in ("pid", "tid", "name"):
+                    flows[c].append(names([e.get(c) for e in fl]))
+                flows["pair"].append(np.array([pairs.setdefault((str(e.get("pid")), str(e.get("tid"))), len(pairs))
+                                               for e in fl], dtype=np.int64))
+            if mem:
+                m = pd.DataFrame.from_records([a if isinstance(a := e.get("args"), dict) else {} for e in mem])
+                m.insert(0, "ts", _to_ns(_numbers([e.get("ts") for e in mem])))
+                memory.append(m)
+            del by_kind, fl, mem
+    meta.pop("traceEvents", None)
+    tables: dict[str, pd.DataFrame] = {}
+    pair_ids: dict[str, np.ndarray] = {}
+    for k in kinds:
+        tables[k], pair_ids[k] = _table(acc.pop(k), pid_types, tid_types)
+    tables["flow"] = _flow_table(flows, id_types, pid_types, tid_types)
+    pair_ids["flow"] = _concat(flows["pair"]) if flows["pair"] else np.array([], dtype=np.int64)
+    if memory:
+        m = pd.concat(memory, ignore_index=True)
+    else:
+        m = pd.DataFrame(columns=["Bytes", "Total Allocated", "Total Reserved", "Device Type", "Device Id", "Addr"])
+        m.insert(0, "ts", np.array([], dtype=np.int64))
+    tables["memory"] = m.rename(columns=_MEMORY_NAMES)
+    _global_tids(tables, pair_ids)
+    for k in ("user_annotation", "gpu_user_annotation"):
+        tables[k]["text"] = tables[k]["name"]
+    for k in ("kernel", "memcpy", "memset", "runtime", "driver"):
+        _correlation_from_flows(tables[k], tables["flow"], gpu=k in ("kernel", "memcpy", "memset"))
+        wanted = ("correlationId", "externalId") + (("deviceId", "streamId") if k in ("kernel", "memcpy", "memset") else ())
+        for c in wanted:
+            if c not in tables[k].columns:
+                tables[k][c] = pd.array([pd.NA] * len(tables[k]), dtype="Int64")
+    return Streamed(meta=meta, categories={str(k): int(v) for k, v in categories.items()}, tables=tables,
+                    thread_names=thread_names, process_names=process_names)
+
+
+def _flow_table(flows: dict[str, list], id_types: set[type], pid_types: set[type], tid_types: set[type]) -> pd.DataFrame:
+    ids = [v for part in flows["id"] for v in part]
+    if id_types <= {int, float, type(None)}:
+        id_col: Any = np.array([np.nan if v is None else v for v in ids], dtype=float)
+    else:
+        id_col = np.array(ids, dtype=object)
+    return pd.DataFrame({"id": id_col, "cat": _strings(_concat(flows["cat"])), "phase": _strings(_concat(flows["phase"])),
+                         "ts": _concat(flows["ts"]) if flows["ts"] else np.array([], dtype=np.int64),
+                         "pid": _typed(_concat(flows["pid"]), pid_types), "tid": _typed(_concat(flows["tid"]), tid_types),
+                         "name": _strings(_concat(flows["name"]))})

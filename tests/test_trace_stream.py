@@ -1,0 +1,98 @@
+"""The streamed reader of large PyTorch profiler traces gives the whole-file reader's tables, and the same report.
+
+Every committed Kineto trace is read both ways; the streamed tables hold a subset of the
+columns (the report's), and each of those must equal the whole-file reader's, dtype
+included. Read with tiny blocks too, so that every file is cut at many event boundaries.
+No timing here: the benchmark is scripts/bench_torch_trace.py (artifacts/tools/).
+"""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import gpuprof.torch_profiler.trace as tt
+from gpuprof.torch_profiler.trace_stream import NotStreamable, read_events
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACES = sorted(p for p in [*ROOT.glob("artifacts/ch05/*.json.gz"), *ROOT.glob("artifacts/ch08/*.json.gz"),
+                            *ROOT.glob("tests/data/third_party/*.json.gz")] if p.name != "memory_log.json.gz")
+
+
+def read_trace_stream(path: Path, block: int = 1 << 23) -> tt.Trace:
+    got = read_events(path, block=block)
+    return tt.Trace(path=path, meta=got.meta, categories=got.categories, _tables=got.tables,
+                    thread_names=got.thread_names, process_names=got.process_names)
+
+
+def _same(full: tt.Trace, streamed: tt.Trace) -> None:
+    assert set(streamed._tables) == set(full._tables)
+    for kind, t in streamed._tables.items():
+        assert set(t.columns) <= set(full._tables[kind].columns), kind
+        pd.testing.assert_frame_equal(full._tables[kind][list(t.columns)], t, obj=kind)
+    assert streamed.meta == full.meta
+    assert streamed.categories == full.categories
+    assert streamed.thread_names == full.thread_names
+    assert streamed.process_names == full.process_names
+
+
+def test_traces_found() -> None:
+    assert len(TRACES) >= 12
+
+
+@pytest.mark.parametrize("path", TRACES, ids=lambda p: p.name)
+@pytest.mark.parametrize("block", [1 << 12, 1 << 24])
+def test_streamed_tables_equal_whole_file(path: Path, block: int) -> None:
+    _same(tt.read_trace(path, stream=False), read_trace_stream(path, block=block))
+
+
+def test_streamed_keeps_the_report_columns() -> None:
+    t = read_trace_stream(ROOT / "artifacts/ch05/train_steps.json.gz")
+    assert {"correlationId", "streamId", "deviceId", "globalTid"} <= set(t.kernels().columns)
+    assert "bytes" in t.copies().columns and "text" in t.annotations().columns
+    assert "Input Dims" not in t.cpu_ops().columns  # the arguments the report does not read are left out
+    assert len(t.kernels()) == len(tt.read_trace(ROOT / "artifacts/ch05/train_steps.json.gz").kernels())
+
+
+def test_threshold_chooses_the_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    path = ROOT / "artifacts/ch05/train_steps.json.gz"
+    monkeypatch.setattr(tt, "STREAM_ABOVE_BYTES", 0)
+    assert "Input Dims" not in tt.read_trace(path).cpu_ops().columns
+    monkeypatch.setattr(tt, "STREAM_ABOVE_BYTES", 1 << 40)
+    assert "Input Dims" in tt.read_trace(path).cpu_ops().columns
+
+
+@pytest.mark.parametrize("name", ["train_steps.json.gz", "compiled_64_steps.graphed.json.gz"])
+def test_report_identical(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuprof.report import build_pages
+    from gpuprof.report.render import html_page, terminal_text
+
+    path = str(ROOT / "artifacts/ch05" / name)
+    out = []
+    for threshold in (1 << 40, 0):
+        monkeypatch.setattr(tt, "STREAM_ABOVE_BYTES", threshold)
+        pages = build_pages([path], steps=None, window=None, top=15)
+        out.append((terminal_text(pages), html_page(pages, title="t")))
+    assert out[0][0] == out[1][0]
+    assert out[0][1] == out[1][1]
+
+
+def test_damaged_files_get_the_whole_file_readers_errors(tmp_path: Path) -> None:
+    raw = gzip.decompress((ROOT / "artifacts/ch05/train_steps.json.gz").read_bytes())
+    cut = tmp_path / "cut.json"
+    cut.write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(NotStreamable):
+        read_trace_stream(cut, block=1 << 14)
+    with pytest.raises(tt.GpuprofError, match="not complete JSON"):
+        tt.read_trace(cut, stream=True)
+    other = tmp_path / "other.json"
+    other.write_text('{"entries": []}')
+    with pytest.raises(tt.GpuprofError, match="no 'traceEvents' list"):
+        tt.read_trace(other, stream=True)
+    gz = tmp_path / "cut.json.gz"
+    gz.write_bytes((ROOT / "artifacts/ch05/train_steps.json.gz").read_bytes()[:5000])
+    with pytest.raises(tt.GpuprofError, match="damaged or truncated gzip"):
+        tt.read_trace(gz, stream=True)
