@@ -3,6 +3,8 @@ other models, other PyTorch versions, an AMD GPU, a Triton kernel launched throu
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from pathlib import Path
 
 import numpy as np
@@ -57,8 +59,10 @@ HTA_EXACT = [REPO / "artifacts" / "ch05" / "train_steps.json.gz", REPO / "artifa
              DATA / "hta_minitoy_mi250.json.gz"]
 
 
-def _hta(path, tmp_path):
-    """HTA's temporal breakdown (None where HTA stops on its own assertion) and kernel breakdown of one trace."""
+@contextmanager
+def _hta_analysis(path, tmp_path):
+    """HTA 0.5's TraceAnalysis of one trace, copied alone into a folder, with HTA's logging and warnings silenced:
+    it logs its rounding at WARNING on every trace, and its pandas calls raise deprecations that are not ours."""
     import logging
     import shutil
     import warnings
@@ -68,19 +72,24 @@ def _hta(path, tmp_path):
     folder = tmp_path / "trace"
     folder.mkdir()
     shutil.copy(path, folder)
-    logging.disable(logging.WARNING)  # HTA logs its rounding at WARNING on every trace
+    logging.disable(logging.WARNING)
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # HTA 0.5's own pandas deprecations (inplace=True), not ours
-            ta = TraceAnalysis(trace_dir=str(folder))
-            try:
-                temporal = ta.get_temporal_breakdown(visualize=False).iloc[0]
-            except AssertionError:  # HTA's check that non-compute time is not negative: see the test below
-                temporal = None
-            _, kernels = ta.get_gpu_kernel_breakdown(visualize=False, num_kernels=100_000, duration_ratio=1.0,
-                                                     include_memory_kernels=True)
+            warnings.simplefilter("ignore")
+            yield TraceAnalysis(trace_dir=str(folder))
     finally:
         logging.disable(logging.NOTSET)
+
+
+def _hta(path, tmp_path):
+    """HTA's temporal breakdown (None where HTA stops on its own assertion) and kernel breakdown of one trace."""
+    with _hta_analysis(path, tmp_path) as ta:
+        try:
+            temporal = ta.get_temporal_breakdown(visualize=False).iloc[0]
+        except AssertionError:  # HTA's check that non-compute time is not negative: see the test below
+            temporal = None
+        _, kernels = ta.get_gpu_kernel_breakdown(visualize=False, num_kernels=100_000, duration_ratio=1.0,
+                                                 include_memory_kernels=True)
     return temporal, kernels.set_index("name")
 
 
@@ -163,25 +172,11 @@ def test_the_streaming_reader_refuses_what_is_not_a_trace(tmp_path):
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_comm_comp_overlap_equals_htas(rank, tmp_path):
-    import logging
-    import shutil
-    import warnings
-
-    from hta.trace_analysis import TraceAnalysis
-
     from gpuprof.torch_profiler import hta_compat as hc
 
     path = REPO / "artifacts" / "ch08" / f"ddp_trace_rank{rank}.json.gz"
-    folder = tmp_path / "t"
-    folder.mkdir()
-    shutil.copy(path, folder)
-    logging.disable(logging.WARNING)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            theirs = TraceAnalysis(trace_dir=str(folder)).get_comm_comp_overlap(visualize=False)
-    finally:
-        logging.disable(logging.NOTSET)
+    with _hta_analysis(path, tmp_path) as ta:
+        theirs = ta.get_comm_comp_overlap(visualize=False)
     ours = hc.comm_comp_overlap(path, rounding="hta", include_sync=True)
     assert round(100 * ours, 2) == theirs["comp_comm_overlap_pctg"].iloc[0]
 
@@ -190,25 +185,10 @@ def test_comm_comp_overlap_equals_htas(rank, tmp_path):
 def test_idle_time_breakdown_equals_htas(path, tmp_path):
     """HTA 0.5's get_idle_time_breakdown (host wait, kernel wait, other, per stream) against hta_compat's, on HTA's
     rounding and default threshold: every category's idle time equal; a category HTA leaves out has no gap here."""
-    import logging
-    import shutil
-    import warnings
-
-    from hta.trace_analysis import TraceAnalysis
-
     from gpuprof.torch_profiler import hta_compat as hc
 
-    folder = tmp_path / "t"
-    folder.mkdir()
-    shutil.copy(path, folder)
-    logging.disable(logging.WARNING)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            ta = TraceAnalysis(trace_dir=str(folder))
-            theirs, _ = ta.get_idle_time_breakdown(ranks=list(ta.t.traces), visualize=False)
-    finally:
-        logging.disable(logging.NOTSET)
+    with _hta_analysis(path, tmp_path) as ta:
+        theirs, _ = ta.get_idle_time_breakdown(ranks=list(ta.t.traces), visualize=False)
     ours = hc.idle_time_breakdown(path, rounding="hta")
     both = ours.merge(theirs.rename(columns={"stream": "streamId", "idle_category": "category"}),
                       on=["streamId", "category"], how="left")

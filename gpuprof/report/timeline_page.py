@@ -232,18 +232,15 @@ def timeline_page(view: ActivityView, *, window: str | None = None, top: int = 1
     return page
 
 
-def ranks_page(views: Sequence[ActivityView | tuple[Path, dict[str, float]]]) -> Page:
+def ranks_page(ranks: Sequence[tuple[Path, dict[str, float]]]) -> Page:
     """One row per capture of a multi-rank folder: the headline numbers side by side, and the
     time in NCCL kernels (communication), so a straggler or an unbalanced rank stands out.
 
-    Takes the views, or (path, :func:`headline`) pairs: a folder of many ranks keeps only each
+    Takes (path, :func:`headline`) pairs, not the views: a folder of many ranks keeps only each
     rank's headline, not its whole timeline, so memory does not grow with every rank's events.
     """
     rows = []
-    paths = []
-    for v in views:
-        path, f = v if isinstance(v, tuple) else (v.path, headline(v))
-        paths.append(path)
+    for path, f in ranks:
         rows.append({"capture": path.name, "steps": int(f.get("steps", 0)), "runs": int(f.get("runs", 1 if f.get("steps") else 0)),
                      "step_ms": f.get("step_period_ms", float("nan")), "window_ms": f.get("window_ms", float("nan")),
                      "gpu_busy": f.get("gpu_busy", float("nan")), "kernel_ms": f.get("kernel_ms", 0.0),
@@ -252,8 +249,8 @@ def ranks_page(views: Sequence[ActivityView | tuple[Path, dict[str, float]]]) ->
                      "nccl_overlap": f.get("nccl_overlap", float("nan")),
                      "compute_ms": f.get("kernel_ms", 0.0) - f.get("nccl_ms", 0.0),
                      "idle_ms": f.get("idle_ms", float("nan"))})
-    folder = paths[0].parent
-    page = Page(title=f"{folder.name}: {len(views)} captures side by side", path=folder, kind="folder")
+    folder = ranks[0][0].parent
+    page = Page(title=f"{folder.name}: {len(ranks)} captures side by side", path=folder, kind="folder")
     table = pd.DataFrame(rows)
     page.add("Per capture", table=table, terminal_rows=64,
              note="Each capture over its own steps' window (runs: the times the step count restarts, a sweep's; the "
