@@ -358,6 +358,22 @@ def test_chapter6_reference_keeps_the_details_page_only():
 
 # ----- timing in several processes -----
 
+def test_preload_leaves_the_meta_pass_imports_and_the_image_set_to_forked_runs():
+    """The fork server's preload does, once, what each run's memory check would import (seconds per process)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch\n"
+            "from gpuprof import cnn_data\n"
+            "from gpuprof.studies import cnn_training as ct\n"
+            "assert 'sympy' not in sys.modules\n"
+            "ct.preload()\n"
+            "print('sympy' in sys.modules, (ct.DATASET_SIZE, 0) in cnn_data._PRELOADED, torch.cuda.is_initialized())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True", "False"]  # imports made, set drawn, CUDA untouched (the children's)
+
+
 def test_run_plan_interleaves_the_repeated_configurations_and_runs_the_rest_once():
     a, b, c = ct.LADDER[0], ct.LADDER[1], ct.LADDER[2]
     extra = ct.Config("sweep: naive loop, batch 1024", (), 1024)
