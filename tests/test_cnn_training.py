@@ -248,10 +248,8 @@ def test_configurations_are_shared_and_each_lever_is_off_in_the_naive_loop():
 def test_reference_run_holds_every_configuration():
     runs = json.loads((REF / "timings.json").read_text())["runs"]
     table = ct.results_table(runs)
-    # The compiled-step rows (review 2, item 9) were added after the reference run: the next GPU run of the chapter
-    # times them, and then this exception goes.
     missing = set(c.label for c in ct.all_configs()) - set(table.index)
-    assert missing <= {c.label for c in ct.COMPILE_STEP}, missing
+    assert not missing, missing
     assert (table["status"] == "ok").all() and (table["low"] <= table["images_per_s"]).all()
     assert (table["images_per_s"] <= table["high"]).all()
     lt = ct.ladder_table(runs)

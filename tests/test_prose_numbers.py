@@ -210,7 +210,7 @@ def test_a_figure_far_from_its_output_must_be_the_printed_one():
 
 # (notebook, cell id, the figure as the prose writes it): real quotes of several kinds, each tied today.
 QUOTED = [
-    ("06__cnn_training", "c6nchw2", "20x"),  # a ratio: a threshold the check prints
+    ("06__cnn_training", "c6nchw2", "0.601 ms"),  # a time per step, read from a table
     ("06__cnn_training", "7d21c9ed", "10,000"),  # a count with a thousands separator
     ("07__transformer", "c7warm03", "37.26 ms"),  # a time with its unit
     ("07__transformer", "db8439a1", "0.98x"),  # a ratio read from an output
