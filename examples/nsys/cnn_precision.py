@@ -100,9 +100,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def set_switches(torch: Any, arithmetic: str) -> list[str]:
     """Set the two TF32 switches for ``arithmetic``; returns the warnings recorded while setting them, if any.
 
-    An empty list does not show that PyTorch no longer warns about these legacy flags: its deprecation notice is
-    ``TORCH_WARN_ONCE`` (ATen's ``Context.cpp``), raised by reading a flag as well as by setting it, and
-    :func:`main` reads both flags (the defaults it restores) before the first call records anything.
+    PyTorch 2.9 printed a deprecation notice for these legacy flags; the libraries of 2.11 and 2.13 hold only the
+    error for a mix of the legacy and new APIs (``Context.cpp``), so with those versions an empty list means that
+    setting the flags raised no warning.
     """
     cudnn_tf32, matmul_tf32 = SWITCHES[arithmetic]
     with warnings.catch_warnings(record=True) as caught:

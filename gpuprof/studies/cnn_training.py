@@ -154,8 +154,8 @@ def run_args(cfg: Config) -> list[str]:
     second); every window still lasts long enough to average over the DataLoader's hiccups.
     Each process times two windows (:data:`ROUNDS` processes per configuration), to keep the chapter's run
     within its time budget. That is not because the spread within a process is small: for the CPU-bound
-    loops it is larger than the spread between processes (chapter 6's ``spread_table`` prints both: the
-    naive loop's two windows differ by up to 53% in one process), so verdicts on those loops are weak.
+    loops it can be as large as the spread between processes (chapter 6's ``spread_table`` prints both, per
+    configuration), so verdicts on those loops are weak.
     """
     steps = max(3, 3200 // cfg.batch)
     warmup = 10 if cfg.batch <= 256 else 5
@@ -215,7 +215,7 @@ def run_configs(chapter: str, filename: str, configs: Sequence[Config] | None = 
 
     The ``repeated`` configurations (default: the ladder and each lever alone) are timed in
     ``rounds`` processes each, in interleaved rounds (:func:`run_plan`): a process's speed
-    drifts from one process to the next (up to 64% between rung 4's three), and a single
+    drifts from one process to the next (``spread_table`` prints by how much), and a single
     process of the baseline would make every ratio to it as noisy as that process. The others
     run once. Each run
     is a process forked from a server that imported PyTorch once (:mod:`gpuprof.fork_runs`);
