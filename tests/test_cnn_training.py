@@ -356,6 +356,13 @@ def test_chapter6_reference_keeps_the_details_page_only():
 
 # ----- timing in several processes -----
 
+def test_every_timed_run_takes_enough_steps_for_its_loss_to_be_judged():
+    script = load_script(SCRIPT)
+    for cfg in ct.all_configs():
+        args = script.parse_args(ct.run_args(cfg))
+        assert args.warmup + args.repeats * args.steps >= script.MIN_STEPS_JUDGED, cfg.label
+
+
 def test_preload_leaves_the_meta_pass_imports_and_the_image_set_to_forked_runs():
     """The fork server's preload does, once, what each run's memory check would import (seconds per process)."""
     import subprocess

@@ -157,8 +157,10 @@ def run_args(cfg: Config) -> list[str]:
     loops it can be as large as the spread between processes (chapter 6's ``spread_table`` prints both, per
     configuration), so verdicts on those loops are weak.
     """
-    steps = max(3, 3200 // cfg.batch)
     warmup = 10 if cfg.batch <= 256 else 5
+    # at least 8 steps a window: with the warm-up, 21 steps or more, enough for the script to judge the loss
+    # (it judges 20 or more; the 2026-11-26 run's naive loop at batch 1024 took 3 a window, 11 in all, unjudged)
+    steps = max(8, 3200 // cfg.batch)
     return [*cfg.args(), "--warmup", str(warmup), "--steps", str(steps), "--repeats", "2", "--min-window-s", "0.3",
             "--dataset-size", str(DATASET_SIZE)]
 
