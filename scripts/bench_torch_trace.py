@@ -10,6 +10,8 @@ in a fresh process so that peak memory is its own:
 * **toolkit**: ``gpuprof.torch_profiler.trace.read_trace``, then the kernel summary, the
   operator summary (self CPU time, as ``key_averages``), the per-step summary and launch
   latency;
+* **report**: ``python -m gpuprof report FILE``, the whole report a reader asks for (every table and the step
+  figure; its terminal text, no HTML page), run as ``python -m`` runs it;
 * **baseline**: ``json.load`` and a pandas ``groupby`` of the kernel events by name, nothing else;
 * **HTA** (Holistic Trace Analysis 0.5, where installed): ``TraceAnalysis`` over the trace, then
   ``get_temporal_breakdown`` (idle time) and ``get_gpu_kernel_breakdown`` (per kernel), beside
@@ -155,6 +157,23 @@ RESULT = {"idle_us": float(tb["idle_time(us)"]), "span_us": float(tb["kernel_tim
           "kernel_sum_us": float(km["sum (us)"].sum())}
 """
 
+# `python -m gpuprof report PATH`, as `python -m` runs it (runpy), in the measured process: its terminal text is kept
+# to say what it printed (hashed without the closing "(N s)" line, the report's own timing, which RESULT keeps apart).
+REPORT = """
+import contextlib, hashlib, io, re, runpy, sys
+sys.argv = ["gpuprof", "report", PATH]
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    try:
+        runpy.run_module("gpuprof", run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        if exc.code:
+            raise
+text, own = re.fullmatch(r"(.*)\\(([\\d.]+) s\\)\\n", out.getvalue(), re.S).groups()
+RESULT = {"report_lines": text.count("\\n"), "report_sha256": hashlib.sha256(text.encode()).hexdigest(),
+          "report_own_seconds": float(own)}
+"""
+
 BASELINE = """
 import json, pandas as pd
 with open(PATH) as fh:
@@ -164,7 +183,7 @@ s = k.groupby("name")["dur"].agg(["sum", "count", "mean", "min", "max"])
 RESULT = {"kernels": len(k), "kernel_names": len(s)}
 """
 
-STEPS = {"toolkit": TOOLKIT, "baseline": BASELINE, "toolkit-hta": TOOLKIT_HTA_QUESTIONS, "hta": HTA}
+STEPS = {"toolkit": TOOLKIT, "report": REPORT, "baseline": BASELINE, "toolkit-hta": TOOLKIT_HTA_QUESTIONS, "hta": HTA}
 
 
 def run_step(step: str, trace: Path | None) -> int:
@@ -233,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"built from {source.name}: {n:,} events ({copies} copies), {size_mb:.0f} MB, in {time.perf_counter() - t0:.1f} s",
               flush=True)
         toolkit = measure(TOOLKIT, path)
+        report = measure(REPORT, path)
         baseline = measure(BASELINE, path)
         hta = same = None
         if importlib.util.find_spec("hta") is not None and not args.no_hta:
@@ -255,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'':<58}{'seconds':>9}{'peak RSS':>12}")
     print(f"{'toolkit (read; kernel, operator and step summaries; latency)':<58}{toolkit['seconds']:>9.2f}"
           f"{toolkit['peak_rss_mib']:>9.0f} MiB")
+    print(f"{'report (python -m gpuprof report FILE, terminal text)':<58}{report['seconds']:>9.2f}"
+          f"{report['peak_rss_mib']:>9.0f} MiB")
     print(f"{'baseline (json.load + pandas kernel summary only)':<58}{baseline['seconds']:>9.2f}"
           f"{baseline['peak_rss_mib']:>9.0f} MiB")
     if hta is not None:
@@ -272,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
           f"keys, {toolkit['steps']} steps")
     if args.json:
         args.json.write_text(json.dumps({"mb": size_mb, "events": n, "source": source.name, "toolkit": toolkit,
-                                         "baseline": baseline, "toolkit_hta_questions": same, "hta": hta}, indent=2) + "\n")
+                                         "report": report, "baseline": baseline, "toolkit_hta_questions": same, "hta": hta}, indent=2) + "\n")
     return 0
 
 

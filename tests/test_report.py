@@ -389,6 +389,54 @@ def test_report_writes_one_self_contained_html_page(tmp_path):
     assert "<table>" in page and "rung0.sqlite" in page and "ladder.ncu-rep" in page
 
 
+def _drawn_steps(n: int) -> tuple[pd.DataFrame, "object"]:
+    """A steps table of ``n`` steps whose lengths all differ, drawn by the report's step figure on an Axes."""
+    import matplotlib.pyplot as plt
+
+    from gpuprof.report.timeline_page import _draw_steps
+
+    cpu = 5.0 + (np.arange(n) * 7919 % 1009) / 100.0  # a fixed, irregular pattern: no draw, no seed
+    steps = pd.DataFrame({"step": np.arange(n) + 10, "cpu_ms": cpu, "gpu_busy_ms": cpu * 0.6})
+    fig, ax = plt.subplots()
+    _draw_steps(ax, steps)
+    plt.close(fig)
+    return steps, ax
+
+
+@pytest.mark.parametrize("n", [1, 7, 200])
+def test_the_step_figure_draws_one_bar_pair_a_step_up_to_step_bars(n):
+    from gpuprof.report.timeline_page import STEP_BARS
+
+    assert n <= STEP_BARS
+    steps, ax = _drawn_steps(n)
+    heights = np.array([r.get_height() for r in ax.patches])
+    assert len(ax.patches) == 2 * n and not ax.lines  # no bins, no longest-step dashes
+    np.testing.assert_array_equal(heights[:n], steps["cpu_ms"])
+    np.testing.assert_array_equal(heights[n:], steps["gpu_busy_ms"])
+    assert ax.get_xlabel() == "step"
+
+
+@pytest.mark.parametrize("n", [201, 10_000, 10_001])
+def test_many_steps_are_drawn_in_at_most_step_bins_bins_of_consecutive_steps(n):
+    """Past STEP_BARS steps, at most STEP_BINS bar pairs whatever the count: each bin's mean per step (the last bin
+    holding what remains) and a dash at its longest step, as the axis label says."""
+    from gpuprof.report.timeline_page import STEP_BINS
+
+    steps, ax = _drawn_steps(n)
+    width = -(-n // STEP_BINS)
+    starts = np.arange(0, n, width)
+    cpu = steps["cpu_ms"].to_numpy()
+    mean = np.add.reduceat(cpu, starts) / np.diff(np.append(starts, n))
+    assert len(ax.patches) == 2 * len(starts) <= 2 * STEP_BINS
+    heights = np.array([r.get_height() for r in ax.patches])
+    np.testing.assert_allclose(heights[:len(starts)], mean)
+    np.testing.assert_allclose(heights[len(starts):], mean * 0.6)
+    (dashes,) = ax.lines
+    np.testing.assert_array_equal(dashes.get_ydata(), np.maximum.reduceat(cpu, starts))
+    assert f"in {len(starts)} bins of {width} consecutive steps (the last holds {n - width * (len(starts) - 1)})" in ax.get_xlabel()
+    assert [t.get_text() for t in ax.get_xticklabels()][0] == "10"  # the first bin's first step
+
+
 @pytest.mark.parametrize("args,said", [
     (["report", "{tmp}/empty.sqlite"], "is empty"),
     (["report", "{tmp}/notes.json"], "JSON but not a PyTorch profiler trace"),

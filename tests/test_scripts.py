@@ -361,6 +361,7 @@ def test_torch_trace_benchmark_agrees_with_its_baseline(tmp_path, capsys):
     assert result["mb"] >= 1 and result["toolkit"]["kernels"] == result["baseline"]["kernels"] > 1000
     assert result["toolkit"]["kernel_names"] == result["baseline"]["kernel_names"] == 2
     assert result["toolkit"]["steps"] == 2 * result["toolkit"]["kernels"] // 3  # two steps and three kernels per copy
+    assert result["report"]["report_lines"] > 20 and result["report"]["peak_rss_mib"] > 0  # the whole report, measured
     bad = run_here(REPO_ROOT / "scripts" / "bench_torch_trace.py", "--source", str(tmp_path / "missing.json"), capsys=capsys)
     assert bad.returncode == 2 and "does not exist" in bad.stderr and "Traceback" not in bad.stderr
 
@@ -385,6 +386,37 @@ def test_bench_torch_trace_builds_once_and_runs_one_step_per_process(tmp_path, c
     assert crowded.returncode == 2 and "HTA reads every trace" in crowded.stderr and "Traceback" not in crowded.stderr
     missing = run_here(script, "--step", "toolkit", capsys=capsys)
     assert missing.returncode == 2 and "--build-only" in missing.stderr
+
+
+def test_bench_torch_trace_report_step_is_python_m_gpuprof_report(tmp_path, capsys):
+    """The report step runs `python -m gpuprof report FILE` on a committed trace: in its own process (--step, for an
+    outside timer) and measured in a fresh one, it prints the very text the command prints, its own timing line
+    apart; a file the report refuses fails the step with the report's own message."""
+    import hashlib
+    import json
+
+    sys.path.insert(0, str(REPO_ROOT / "scripts"))
+    from bench_torch_trace import REPORT
+    from fresh_process import measure
+
+    from gpuprof.errors import GpuprofError
+
+    trace = REPO_ROOT / "artifacts" / "ch05" / "train_steps.json.gz"
+    cli = subprocess.run([sys.executable, "-m", "gpuprof", "report", str(trace)], capture_output=True, text=True,
+                         timeout=300, cwd=REPO_ROOT)
+    assert cli.returncode == 0, cli.stderr
+    text = cli.stdout[:cli.stdout.rstrip("\n").rindex("\n") + 1]  # without the closing "(N s)" line
+    assert "-- Steps" in text and cli.stdout[len(text):].endswith(" s)\n")
+    step = run(REPO_ROOT / "scripts" / "bench_torch_trace.py", "--step", "report", "--trace", str(trace))
+    assert step.returncode == 0, step.stderr
+    result = json.loads(step.stdout.strip().splitlines()[-1])
+    assert result["report_sha256"] == hashlib.sha256(text.encode()).hexdigest()
+    assert result["report_lines"] == text.count("\n")
+    fresh = measure(REPORT, trace)
+    assert fresh["report_sha256"] == result["report_sha256"] and fresh["seconds"] >= fresh["report_own_seconds"] > 0
+    assert fresh["peak_rss_mib"] > 50  # pandas and matplotlib alone take more
+    with pytest.raises(GpuprofError, match="not a PyTorch profiler trace"):
+        measure(REPORT, REPO_ROOT / "artifacts" / "ch05" / "memory_log.json.gz")
 
 
 @pytest.mark.skipif(not __import__("shutil").which("nvcc"), reason="nvcc is not installed here")

@@ -96,17 +96,60 @@ def _per_gpu(view: ActivityView) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+STEP_BARS = 200
+"""The most steps the step figure draws one bar pair each. Its axes are about 680 pixels wide (8 inches at 110 dpi,
+matplotlib's 0.775 of the width), so 200 steps leave 3.4 pixels a step, two bars of about 1.4 pixels: past that the
+bars cannot be told apart, and matplotlib's cost grows with every bar (seconds for thousands of steps). The chapters'
+captures have at most 50 steps in the report (208 in chapter 1's interactive capture, which no page shows)."""
+
+STEP_BINS = 100
+"""Above STEP_BARS steps, consecutive steps are drawn in at most this many bins: about 7 pixels a bin, so each bin's
+two bars and its longest-step dash stay apart, whatever the step count; the figure's cost no longer grows with it."""
+
+
+def _step_bins(steps: pd.DataFrame) -> tuple[int, pd.DataFrame]:
+    """Consecutive steps in bins of ``width`` = ceil(steps / STEP_BINS) (the last bin holds what remains), so there
+    are at most STEP_BINS bins: each bin's first step, its mean cpu_ms and gpu_busy_ms per step, its longest cpu_ms."""
+    width = -(-len(steps) // STEP_BINS)
+    groups = steps[["cpu_ms", "gpu_busy_ms"]].astype(float).groupby(np.arange(len(steps)) // width)
+    bins = groups.mean().assign(max_cpu_ms=groups["cpu_ms"].max().to_numpy())
+    bins.insert(0, "first_step", steps["step"].to_numpy()[::width])
+    return width, bins.reset_index(drop=True)
+
+
+def _draw_steps(ax: plt.Axes, steps: pd.DataFrame) -> None:
+    """One bar pair a step up to STEP_BARS steps (the figure as it always was); above, one a bin of consecutive
+    steps (:func:`_step_bins`)."""
+    if len(steps) <= STEP_BARS:
+        x = np.arange(len(steps))
+        ax.bar(x - 0.2, steps["cpu_ms"], width=0.4, label="step (CPU range)", color="#ccb974")
+        ax.bar(x + 0.2, steps["gpu_busy_ms"], width=0.4, label="GPU busy on its work", color="#4c72b0")
+        every = max(1, int(np.ceil(len(steps) / 20)))  # at most 20 labels, so they never overlap
+        ax.set_xticks(x[::every], [str(s) for s in steps["step"].to_numpy()[::every]], fontsize=7)
+        ax.set_xlabel("step")
+        ax.set_ylabel("ms")
+        ax.legend(fontsize=8, frameon=False)
+        ax.set_title("Each step: its length, and the GPU time its work kept the GPU busy", fontsize=9)
+        return
+    width, bins = _step_bins(steps)
+    x = np.arange(len(bins))
+    ax.bar(x - 0.2, bins["cpu_ms"], width=0.4, label="step (CPU range), mean", color="#ccb974")
+    ax.bar(x + 0.2, bins["gpu_busy_ms"], width=0.4, label="GPU busy on its work, mean", color="#4c72b0")
+    ax.plot(x - 0.2, bins["max_cpu_ms"], linestyle="none", marker="_", markersize=4, color="#8c6d1f",
+            label="its longest step")
+    every = max(1, int(np.ceil(len(bins) / 20)))
+    ax.set_xticks(x[::every], [str(s) for s in bins["first_step"].to_numpy()[::every]], fontsize=7)
+    ax.set_xlabel(f"{len(steps):,} steps in {len(bins)} bins of {width} consecutive steps (the last holds "
+                  f"{len(steps) - width * (len(bins) - 1)}); label: the bin's first step")
+    ax.set_ylabel("ms per step")
+    ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_title(f"Each bin of {width} steps: the mean per step of its length and of the GPU time its work kept the "
+                 "GPU busy", fontsize=9)
+
+
 def _steps_figure(steps: pd.DataFrame) -> bytes:
     fig, ax = plt.subplots(figsize=(8, 2.8))
-    x = np.arange(len(steps))
-    ax.bar(x - 0.2, steps["cpu_ms"], width=0.4, label="step (CPU range)", color="#ccb974")
-    ax.bar(x + 0.2, steps["gpu_busy_ms"], width=0.4, label="GPU busy on its work", color="#4c72b0")
-    every = max(1, int(np.ceil(len(steps) / 20)))  # at most 20 labels, so they never overlap
-    ax.set_xticks(x[::every], [str(s) for s in steps["step"].to_numpy()[::every]], fontsize=7)
-    ax.set_xlabel("step")
-    ax.set_ylabel("ms")
-    ax.legend(fontsize=8, frameon=False)
-    ax.set_title("Each step: its length, and the GPU time its work kept the GPU busy", fontsize=9)
+    _draw_steps(ax, steps)
     return _png(fig)
 
 
