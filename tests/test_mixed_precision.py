@@ -83,6 +83,81 @@ def test_the_memory_probe_needs_a_gpu_and_says_so(capsys):
     assert bad.returncode == 2 and "positive number of GiB" in bad.stderr
 
 
+# --- --census: the FP32 reference gradient against FP16's range, per parameter group -------------------------
+
+CENSUS_TINY = ["--layers", "2", "--d-model", "64", "--heads", "4", "--d-ff", "128", "--batch-size", "4", "--seq-len", "16",
+               "--cpu"]
+CENSUS_FIELDS = ("nonzero", "below_fp16_subnormal", "fp16_subnormal")
+
+
+def _census(path, *extra: str) -> dict:
+    """The script's --census in a process of its own (it sets the TF32 switches, which a test process must keep)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, str(SCRIPT), *CENSUS_TINY, *extra, "--census", str(path)],
+                         capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return json.loads(path.read_text())
+
+
+def _check_census(census: dict, layers: int, d_model: int) -> None:
+    """What any census must hold: the groups add up to the totals, every LayerNorm and matrix-product element is
+    non-zero, and the key third of each in_proj_bias holds rounding noise only (its true gradient is zero)."""
+    groups = census["by_group"]
+    assert sorted(groups) == sorted(["embeddings", "layernorm", "attention_key_bias", "matrix_weights", "other_biases"])
+    for field in CENSUS_FIELDS:
+        assert census[field] == sum(g[field] for g in groups.values()), field
+    for g in groups.values():
+        assert 0 <= g["below_fp16_subnormal"] + g["fp16_subnormal"] <= g["nonzero"] <= g["elements"]
+    key = groups["attention_key_bias"]
+    assert key["elements"] == layers * d_model
+    assert key["max_abs"] < 2.0 ** -25 and key["below_fp16_subnormal"] == key["nonzero"]
+    assert key["max_abs"] < 1e-4 * groups["other_biases"]["max_abs"]  # noise, not a gradient
+    assert groups["layernorm"]["nonzero"] == groups["layernorm"]["elements"]
+    assert groups["matrix_weights"]["nonzero"] == groups["matrix_weights"]["elements"]
+
+
+@pytest.mark.slow
+def test_the_census_is_seeded_split_by_group_and_carries_its_provenance(tmp_path):
+    first = _census(tmp_path / "a.json")
+    _check_census(first["census"], layers=2, d_model=64)
+    assert first["census"]["by_group"]["attention_key_bias"]["nonzero"] > 0  # the noise is there to be counted
+    prov = first["provenance"]
+    assert prov["device"] == "cpu" and prov["torch"] and prov["date"].endswith("Z") and prov["cpu_threads"] >= 1
+    assert "--census" in prov["command"] and "--layers 2" in prov["command"]
+    assert first["machine"]["device"] == "cpu" and first["config"]["seed"] == 0
+    again = _census(tmp_path / "b.json")
+    assert again["census"] == first["census"] and again["reference_loss"] == first["reference_loss"]
+    other = _census(tmp_path / "c.json", "--seed", "1")
+    assert other["reference_loss"] != first["reference_loss"]  # the seed reaches the weights and the batch
+
+
+@pytest.mark.parametrize("args,said", [
+    (["--largest-batch-in", "8"], "give one of them"),
+    (["--json", "x.json"], "leave out --json"),
+    (["--census", "/no/such/folder/c.json"], "does not exist"),
+])
+def test_the_census_refuses_what_it_cannot_do_in_one_sentence(args, said, capsys, tmp_path):
+    census = [] if "--census" in args else ["--census", str(tmp_path / "c.json")]
+    out = run_script_in_process(SCRIPT, *census, *args, "--cpu", capsys=capsys)
+    assert out.returncode == 2 and said in out.stderr and "Traceback" not in out.stderr
+
+
+def test_the_committed_cpu_census_is_the_chapters_model_and_batch():
+    """artifacts/ch10/cpu/fp16_census.json, which chapter 10 cites: the script's own record of a CPU run at the
+    chapter's model, seed and batch, starting from the same loss as the GPU's FP32 reference in modes.json."""
+    record = json.loads((REPO_ROOT / "artifacts" / "ch10" / "cpu" / "fp16_census.json").read_text())
+    assert record["config"] == {"batch_size": 32, "cpu": True, "d_ff": 3072, "d_model": 768, "heads": 12, "layers": 12,
+                                "seed": 0, "seq_len": 128}
+    assert record["provenance"]["device"] == "cpu" and record["machine"]["device"] == "cpu"
+    assert record["provenance"]["command"].startswith("python examples/nsys/mixed_precision.py")
+    _check_census(record["census"], layers=12, d_model=768)
+    gpu = next(r for r in json.loads((REPO_ROOT / "artifacts" / "ch10" / "modes.json").read_text())["runs"]
+               if r["kind"] == "time" and r["batch"] == 32)
+    assert record["reference_loss"] == pytest.approx(gpu["reference_loss"], rel=1e-6)
+
+
 # --- the study's readers, on the reference run (artifacts/ch10) -------------------------------------------
 
 from gpuprof.studies import mixed_precision as mp  # noqa: E402
@@ -197,9 +272,17 @@ def test_capture_readers_on_the_reference_captures():
     assert ph.loc[("fp32", "forward"), "casts"] == 0 and ph.loc[("bf16", "forward"), "casts"] > 0
     assert s.loc["bf16", "casts_per_step"] > 0 and s.loc["bf16", "gpu_ms_per_step"] < 0.5 * s.loc["fp32", "gpu_ms_per_step"]
     casts = mp.cast_kernels(paths)  # the cast pattern's kernels, by family: together exactly the phase table's casts
-    assert (casts.sum(axis=1) - ph.loc[casts.index, "casts"]).abs().max() == 0
+    assert (casts.drop(columns="not_in_CAST").sum(axis=1) - ph.loc[casts.index, "casts"]).abs().max() == 0
     assert ph.loc[ph["casts"] > 0].index.isin(casts.index).all()
     assert casts.loc[("bf16", "backward"), "LoadWithCast"] == 0 < casts.loc[("bf16", "forward"), "LoadWithCast"]
+    # each post-LN layer's two mixed-type residual additions: the feed-forward one is LoadWithCast (counted), the
+    # attention one (a transposed operand) runs on the general path, which the pattern misses; FP32 and TF32 have
+    # no conversion of either kind, and the forward's one direct_copy is autocast's cast for nll_loss
+    for m in ("fp16", "bf16"):
+        fwd = casts.loc[(m, "forward")]
+        assert fwd["not_in_CAST"] == fwd["LoadWithCast"] == 12 and fwd["direct_copy"] == 1
+        assert casts.loc[(m, "backward"), "not_in_CAST"] == 0
+    assert not casts.index.get_level_values("mode").isin(["fp32", "tf32"]).any()
     w = mp.scaler_work(paths)
     assert w["scaler_kernels_per_step"].gt(0).tolist() == [m == "fp16" for m in w.index]
     assert "cudaStreamSynchronize" in w.loc["fp16", "calls"]

@@ -25,8 +25,14 @@ fine-tuning learning rate (--lr). NVTX ranges for Nsight Systems: warmup, then s
 forward, backward and optimizer_step inside. Without a GPU it runs on the CPU (autocast on the
 CPU), for checking the script, not for timing.
 
+With --census FILE it trains nothing: it runs the first step's FP32 reference backward alone (same
+weights, batch and seed) and writes where that gradient's elements would fall in FP16's range, per
+parameter group, with the command, torch version, machine and date that made it (chapter 10's
+breakdown of the elements below 2^-25 is such a run, on the CPU).
+
 Examples:
   python examples/nsys/mixed_precision.py --mode bf16
+  python examples/nsys/mixed_precision.py --cpu --census artifacts/ch10/cpu/fp16_census.json
   python examples/nsys/mixed_precision.py --mode fp16-noscaler --steps 5 --json f16.json
   nsys profile --trace=cuda,nvtx -o bf16 python examples/nsys/mixed_precision.py --mode bf16
 """
@@ -75,7 +81,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="instead of training: find the largest batch (a multiple of 8) whose training step fits in "
                         "GIB GiB of GPU memory (the caching allocator's limit), one step per probe; needs a GPU")
     r.add_argument("--json", type=output_file, default=None, metavar="FILE", help="write the configuration and results here")
+    r.add_argument("--census", type=output_file, default=None, metavar="FILE",
+                   help="instead of training: run the FP32 reference backward of the first step alone and write the "
+                        "census of its gradient against FP16's range, per parameter group, with provenance, to FILE")
     args = p.parse_args(argv)
+    if args.census is not None and args.largest_batch_in is not None:
+        p.error("--census and --largest-batch-in each replace the training run: give one of them")
+    if args.census is not None and args.json is not None:
+        p.error("--census writes its own file: leave out --json")
     if args.d_model % args.heads:
         p.error(f"--d-model {args.d_model} is not a multiple of --heads {args.heads}")
     if not (math.isfinite(args.lr) and args.lr > 0):
@@ -161,20 +174,87 @@ def gradient_agreement(torch: Any, model: Any, reference: dict[str, Any], scale:
             for group, (d, r, dot, gg) in sums.items()}
 
 
-def fp16_range_census(torch: Any, reference: dict[str, Any]) -> dict[str, int]:
+CENSUS_GROUPS = ("embeddings", "layernorm", "attention_key_bias", "matrix_weights", "other_biases")
+
+
+def census_parts(name: str, grad: Any) -> list[tuple[str, Any]]:
+    """A parameter's gradient split into the census groups (:data:`CENSUS_GROUPS`). The packed attention input
+    projection's bias (``in_proj_bias``: query, key, value, ``d_model`` each) gives its key third a group of its
+    own: softmax is unchanged by a term that is the same for every key, and q.b_k is, so the key bias's true
+    gradient is exactly zero and what an FP32 backward holds there is rounding noise."""
+    group = parameter_group(name)
+    if group != "linear":
+        return [(group, grad)]
+    if name.endswith("in_proj_bias"):
+        d = grad.numel() // 3
+        return [("other_biases", grad[:d]), ("attention_key_bias", grad[d:2 * d]), ("other_biases", grad[2 * d:])]
+    return [("matrix_weights" if name.endswith("weight") else "other_biases", grad)]
+
+
+def fp16_range_census(torch: Any, reference: dict[str, Any]) -> dict[str, Any]:
     """Where the FP32 reference gradient's elements would fall in FP16: the elements FP16 cannot hold at all
     (0 < |g| < 2^-25: they round to zero), those it holds only as subnormals (2^-25 <= |g| < 2^-14: fewer
-    significant bits), and the rest. It counts every parameter, including those whose gradient autocast leaves
-    in FP32 (the embeddings', the LayerNorms'), so it is a census of the FP32 gradient, not a prediction of what
-    FP16 without loss scaling loses (chapter 10's run: 34,898 below 2^-25 here, 19,309 zeroed in that mode);
-    BF16 has FP32's exponent range."""
-    zero = sub = nonzero = 0
-    for g in reference.values():
-        a = g.abs()
-        nonzero += int((a > 0).sum())
-        zero += int(((a > 0) & (a < 2.0 ** -25)).sum())
-        sub += int(((a >= 2.0 ** -25) & (a < 2.0 ** -14)).sum())
-    return {"nonzero": nonzero, "below_fp16_subnormal": zero, "fp16_subnormal": sub}
+    significant bits), and the rest; in all and per :func:`census_parts` group (``by_group``, with each group's
+    largest |g|). It counts every parameter, including those whose gradient autocast leaves in FP32 (the
+    embeddings', the LayerNorms'), and the key bias, whose true gradient is zero, so it is a census of the FP32
+    gradient, not a prediction of what FP16 without loss scaling loses; BF16 has FP32's exponent range."""
+    by_group = {g: {"elements": 0, "nonzero": 0, "below_fp16_subnormal": 0, "fp16_subnormal": 0, "max_abs": 0.0}
+                for g in CENSUS_GROUPS}
+    for name, grad in reference.items():
+        for group, g in census_parts(name, grad):
+            a = g.abs()
+            row = by_group[group]
+            row["elements"] += a.numel()
+            row["nonzero"] += int((a > 0).sum())
+            row["below_fp16_subnormal"] += int(((a > 0) & (a < 2.0 ** -25)).sum())
+            row["fp16_subnormal"] += int(((a >= 2.0 ** -25) & (a < 2.0 ** -14)).sum())
+            row["max_abs"] = max(row["max_abs"], float(a.max()) if a.numel() else 0.0)
+    return {**{k: sum(r[k] for r in by_group.values()) for k in ("nonzero", "below_fp16_subnormal", "fp16_subnormal")},
+            "by_group": by_group}
+
+
+def reference_gradients(torch: Any, model: Any, ids: Any, labels: Any) -> tuple[dict[str, Any], float]:
+    """The FP32 reference of the first step: each parameter's gradient (a clone) and the loss, from the model's
+    current weights, TF32 off, no autocast; the model's gradients are cleared again afterwards."""
+    set_tf32(torch, False)
+    model.zero_grad(set_to_none=True)
+    loss = torch.nn.functional.cross_entropy(model(ids), labels)
+    loss.backward()
+    reference = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return reference, float(loss.detach())
+
+
+def first_batch(torch: Any, args: argparse.Namespace, device: str) -> tuple[Any, Any, Any]:
+    """The model from ``--seed`` and the batch every step trains on (its generator seeded ``--seed`` + 1), on
+    ``device``: the same on every machine, since both are drawn on the CPU."""
+    torch.manual_seed(args.seed)
+    model = build_model(torch, args).to(device)
+    g = torch.Generator().manual_seed(args.seed + 1)
+    ids = torch.randint(0, VOCAB, (args.batch_size, args.seq_len), generator=g).to(device)
+    labels = (ids[:, 1] % 2).long()  # a rule the model can learn: the parity of the second token
+    return model, ids, labels
+
+
+def census_run(args: argparse.Namespace, device: str, command: str) -> dict[str, Any]:
+    """``--census``: the first step's FP32 reference backward alone, and :func:`fp16_range_census` of it, with
+    the provenance a committed record needs (the command, torch's version, the date; :func:`write_json` adds
+    the machine). No training step runs, so no mode is involved."""
+    import datetime
+
+    torch = require_torch("mixed_precision.py")
+    model, ids, labels = first_batch(torch, args, device)
+    reference, loss = reference_gradients(torch, model, ids, labels)
+    census = fp16_range_census(torch, reference)
+    config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
+              if k not in ("json", "census", "mode", "warmup", "steps", "lr", "largest_batch_in")}
+    return {"what": "the FP32 reference gradient of the first step (TF32 off, no autocast), counted against FP16's "
+                    "range: below_fp16_subnormal is 0 < |g| < 2^-25 (rounds to zero in FP16), fp16_subnormal is "
+                    "2^-25 <= |g| < 2^-14",
+            "provenance": {"command": command, "torch": torch.__version__, "device": device,
+                           "cpu_threads": torch.get_num_threads(),
+                           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")},
+            "config": config, "reference_loss": loss, "census": census}
 
 
 def largest_batch(args: argparse.Namespace, budget_gib: float) -> dict[str, Any]:
@@ -255,21 +335,11 @@ def largest_batch(args: argparse.Namespace, budget_gib: float) -> dict[str, Any]
 def run(args: argparse.Namespace, device: str) -> dict[str, Any]:
     torch = require_torch("mixed_precision.py")
     gpu = device == "cuda"
-    torch.manual_seed(args.seed)
-    model = build_model(torch, args).to(device)
-    g = torch.Generator().manual_seed(args.seed + 1)
-    ids = torch.randint(0, VOCAB, (args.batch_size, args.seq_len), generator=g).to(device)
-    labels = (ids[:, 1] % 2).long()  # a rule the model can learn: the parity of the second token
+    model, ids, labels = first_batch(torch, args, device)
 
     # The FP32 reference gradient of the first step, from the same weights and batch.
-    set_tf32(torch, False)
-    model.zero_grad(set_to_none=True)
-    reference_loss = torch.nn.functional.cross_entropy(model(ids), labels)
-    reference_loss.backward()
-    reference = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    reference, reference_loss = reference_gradients(torch, model, ids, labels)
     census = fp16_range_census(torch, reference)
-    model.zero_grad(set_to_none=True)
-    reference_loss = float(reference_loss.detach())
     if gpu:  # the FP32 reference pass's peak (FP32 activations, no optimizer state yet) is not the step's
         torch.cuda.reset_peak_memory_stats()
 
@@ -366,6 +436,19 @@ def main(argv: list[str] | None = None) -> int:
     require_memory(16 * params + activations, device, f"{args.layers} layers of {args.d_model:,} at batch "
                    f"{args.batch_size:,} x {args.seq_len:,} (weights, AdamW's state, activations)",
                    "--layers, --d-model, --d-ff, --batch-size or --seq-len", lower_bound=True)
+    if args.census is not None:
+        import shlex
+
+        from gpuprof.kernels import write_json
+
+        command = shlex.join(["python", "examples/nsys/mixed_precision.py", *(sys.argv[1:] if argv is None else argv)])
+        record = census_run(args, device, command)
+        c = record["census"]
+        print(f"FP32 reference gradient on the {device.upper()}: {c['nonzero']:,} non-zero elements, {c['below_fp16_subnormal']:,} "
+              f"below 2^-25 (zero in FP16), {c['fp16_subnormal']:,} FP16 subnormals; below 2^-25 by group: "
+              + ", ".join(f"{g} {r['below_fp16_subnormal']:,}" for g, r in c["by_group"].items()))
+        write_json(args.census, record)
+        return 0
     if args.largest_batch_in is not None:
         if not gpu:
             raise GpuprofError("--largest-batch-in measures GPU memory, and there is no GPU here.",
