@@ -546,7 +546,7 @@ def test_the_step_time_and_the_window_skip_the_gaps_between_runs_of_a_sweep():
     assert f["window_ms"] < 0.2 * first_to_last
     assert f["window_ms"] == pytest.approx(f["step_period_ms"] * f["steps"], rel=0.05)
     assert f["step_period_ms"] == pytest.approx(f["step_ms"], rel=0.25)  # a synchronous DDP step: CPU range ~ period
-    assert f["gpu_busy"] > 0.3  # over the steps; over first-to-last, the set-up made it 0.06
+    assert f["gpu_busy"] > 0.2  # over the steps (0.30 in the 2026-11-26 capture); over first-to-last, the set-up made it 0.06
     ranks = build_pages([ART / "ch08"])[0].table("Per capture").set_index("capture")
     assert ranks.loc["buckets_bf16_rank0.sqlite.gz", "runs"] == 5
     assert ranks.loc["buckets_bf16_rank0.sqlite.gz", "window_ms"] == pytest.approx(f["window_ms"])
@@ -750,9 +750,12 @@ def test_chapter_8s_straggler_run_names_the_gpu_whose_host_slept():
     assert block.text.startswith("Likely straggler: GPU 1,")
 
 
-def test_a_folder_of_the_two_real_ranks_names_no_straggler_and_shows_their_overlap(tmp_path):
-    """Chapter 8's two DDP ranks are balanced (NCCL time 14.68 and 13.36 ms): nothing is named; each
-    rank's overlap column is HTA's comm/comp overlap of its own trace."""
+def test_a_folder_of_the_two_real_ranks_names_the_late_one_and_shows_their_overlap(tmp_path):
+    """Chapter 8's two DDP traces (2026-11-26): rank 1 reached 38 of the 48 all-reduces last, so rank 0's NCCL
+    kernels waited (25.14 against 7.93 ms of NCCL time): the page names rank 1, as the kernels' start times
+    say independently (``mg.trace_arrivals``); each rank's overlap column is HTA's comm/comp overlap of its
+    own trace."""
+    from gpuprof.studies import multi_gpu as mg
     from gpuprof.torch_profiler import hta_compat as hc
 
     for r in (0, 1):
@@ -762,4 +765,7 @@ def test_a_folder_of_the_two_real_ranks_names_no_straggler_and_shows_their_overl
     for r in (0, 1):
         name = f"ddp_trace_rank{r}.json.gz"
         assert table.loc[name, "nccl_overlap"] == pytest.approx(hc.comm_comp_overlap(tmp_path / name), abs=1e-9)
-    assert not any(b.heading == "Balance" and "straggler:" in (b.text or "") for b in side.blocks)  # 4.7% apart
+    balance = [b.text for b in side.blocks if b.heading == "Balance" and "straggler:" in (b.text or "")]
+    assert len(balance) == 1 and balance[0].startswith("Likely straggler: ddp_trace_rank1.json.gz")
+    lead = mg.trace_arrivals([tmp_path / f"ddp_trace_rank{r}.json.gz" for r in (0, 1)])["start_skew_ns"]
+    assert (lead > 0).sum() > 2 * (lead < 0).sum()  # rank 0 first (waiting) at most all-reduces

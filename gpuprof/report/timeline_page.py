@@ -325,8 +325,10 @@ def straggler(table: pd.DataFrame, *, margin: float = 0.25) -> str:
     collective every rank's NCCL kernel runs, spinning, until the last rank arrives: the rank that
     arrives last waits least, so the straggler is the one with the least NCCL time. It is named
     when that time is under ``1 - margin`` times the median rank's. The 25% margin is chosen, not
-    derived: ranks of the course's balanced jobs sit 5% and 11% below their pair's median (chapter
-    8's DDP traces and its bf16 bucket sweep), its straggler run 86% below (one GPU). Compute (kernel
+    derived: in chapter 8's captures of 2026-11-24 the ranks of its DDP traces and bf16 bucket sweep
+    sat 5% and 11% below their pair's median, its deliberate straggler run 86% below (one GPU); in
+    those of 2026-11-26 the same two jobs came out 52% and 41% below, one rank reaching most
+    all-reduces last under the profiler (38 of 48 in the traces), and are named. Compute (kernel
     time outside NCCL) is given as a hint to the cause, not used to decide: the straggler of chapter
     8 is late because its host sleeps, and computes less than the rank that waits for it (whose
     NCCL kernels spin beside its backward pass). HTA's own rule (``get_potential_stragglers``) picks

@@ -184,6 +184,10 @@ def comm_comp_overlap(trace: Trace | str | Path | pd.DataFrame, *, rounding: str
         return float("nan")
     cs, ce = activity.merge_intervals(comm["start"].to_numpy(), comm["end"].to_numpy())
     ks, ke = activity.merge_intervals(comp["start"].to_numpy(), comp["end"].to_numpy())
+    # HTA's rounding (start up, end down) leaves a sub-microsecond kernel ending before it starts;
+    # alone, it covers nothing (HTA's sweep counts none of it), so it must not subtract from the sums
+    keep = ke > ks
+    ks, ke = ks[keep], ke[keep]
     cum = np.concatenate([[0], np.cumsum(ke - ks)])
     hidden = sum(activity._covered(ks, ke, cum, int(a), int(b)) for a, b in zip(cs, ce))
     return float(hidden) / float((ce - cs).sum())
