@@ -741,7 +741,7 @@ def test_the_straggler_is_the_rank_the_others_wait_for_in_nccl():
 
 def test_chapter_8s_straggler_run_names_the_gpu_whose_host_slept():
     """straggler.sqlite: one report around torchrun, GPU 1's process sleeps before its steps, GPU 0's NCCL kernels
-    wait for it (149.3 against 11.58 ms of NCCL time); GPU 1 also computes less, so compute could not tell."""
+    wait for it (143.3 against 11.80 ms of NCCL time in the 2026-11-26 capture); GPU 1 also computes less, so compute could not tell."""
     page = build_pages([ART / "ch08" / "straggler.sqlite"])[0]
     block = next(b for b in page.blocks if b.heading == "Per GPU")
     per = block.table.set_index("device")
