@@ -25,7 +25,12 @@ out, what a bf16 nn.Linear runs), and prints each rung's share of both.
   ncu --set full --import-source yes -k regex:ladder_3 -o ladder3 \\
       python examples/nsight_compute/matmul_ladder.py --rung 3 --warmup 0 --repeats 1 --no-check
 
-Without a GPU there is nothing to run: the script says so and exits.
+Without a CUDA GPU (or with --cpu) there is nothing to run: the rungs are CUDA kernels and
+there is no CPU stand-in. The script then says so, with the GPU memory the asked-for product
+would need, and exits with status 3.
+
+Exit status: 0 the chosen rungs this GPU can run ran (and, without --no-check, passed their
+check); 2 bad input or an error, said in one sentence; 3 nothing ran (no CUDA GPU here, or --cpu).
 """
 
 from __future__ import annotations
@@ -78,8 +83,12 @@ CHECK_SHAPES = [(512, 512, 512), (1000, 1000, 1000), (777, 520, 264)]  # (M, N, 
 TOLERANCE = 1e-3  # largest difference over the largest value of cuBLAS's FP32 product of the same inputs
 
 
+INT_LIMIT = 2**31  # the kernels take M, N and K as 32-bit ints
+NOTHING_RAN = 3  # the exit status when no rung ran
+
+
 def shape(text: str) -> tuple[int, int, int]:
-    """M,N,K (or one number for a square product)."""
+    """M,N,K (or one number for a square product); each under 2**31, since the kernels take them as ints."""
     parts = [p for p in text.replace("x", ",").split(",") if p.strip()]
     try:
         values = [int(p) for p in parts]
@@ -89,7 +98,15 @@ def shape(text: str) -> tuple[int, int, int]:
         values *= 3
     if len(values) != 3 or min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected three positive sizes M,N,K (or one), not {text!r}")
+    if max(values) >= INT_LIMIT:
+        raise argparse.ArgumentTypeError(f"each of M, N and K must be under {INT_LIMIT:,} (the kernels take them as "
+                                         f"32-bit ints), not {max(values):,}")
     return values[0], values[1], values[2]
+
+
+def product_bytes(m: int, n: int, k: int) -> int:
+    """GPU memory the timed product holds: A and W in BF16 (and their FP32 sources while made), C in FP32 twice."""
+    return 2 * (m * k + k * n) * 2 + 2 * m * n * 4
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -101,6 +118,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-check", action="store_true", help="skip the three-shape check (under ncu: one launch per rung)")
     p.add_argument("--no-cublas", action="store_true", help="time the rungs only (under ncu: no library kernels)")
     gk.add_bench_arguments(p)
+    cpu = next(a for a in p._actions if "--cpu" in a.option_strings)
+    cpu.help = "run nothing even where a GPU is available (there is no CPU stand-in: see the exit status below)"
     args = p.parse_args(argv)
     try:
         args.rungs = sorted(RUNGS) if args.rung == "all" else sorted({int(r) for r in args.rung.split(",") if r.strip()})
@@ -122,6 +141,10 @@ def fits(rung: int, m: int, n: int, k: int) -> str | None:
     step = RUNGS[rung].multiple
     if step > 1 and (k % step or n % step):
         return f"rung {rung} loads 8 values at a time: K and N must be multiples of {step} (got N={n}, K={k})"
+    rows = grid_for(rung, m, n)[1]
+    if rows > 65535:  # CUDA's limit on gridDim.y, which counts the tiles down M
+        return (f"rung {rung} covers M with {rows:,} rows of tiles, more than CUDA's 65,535 for a grid's y dimension "
+                f"(M={m:,} over tiles of {RUNGS[rung].tile[0]})")
     return None
 
 
@@ -241,13 +264,14 @@ def cublas_fp32_out(cp, a, w, c, m: int, n: int, k: int):  # type: ignore[no-unt
 @exit_on_error
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    m, n, k = args.size
     cp = None if args.cpu else gk.cupy_gpu()
     if cp is None:
-        print("matmul_ladder: no CUDA GPU here (or --cpu): the rungs are CUDA kernels and there is nothing to run "
-              "without one. On a GPU machine: python examples/nsight_compute/matmul_ladder.py")
-        gk.write_json(args.json, {"cpu": True})
-        return 0
-    m, n, k = args.size
+        print(f"matmul_ladder: no CUDA GPU here (or --cpu): the rungs are CUDA kernels and there is nothing to run "
+              f"without one (the {m} x {n} x {k} product would need {product_bytes(m, n, k) / 2**30:,.2f} GiB of GPU "
+              "memory). On a GPU machine: python examples/nsight_compute/matmul_ladder.py")
+        gk.write_json(args.json, {"cpu": True, "ran": False})
+        return NOTHING_RAN
     for rung in args.rungs:
         why = fits(rung, m, n, k)
         if why:
@@ -258,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  skipped: {line}")
     if not rungs:
         raise GpuprofError("none of the chosen rungs runs on this GPU.", "Choose others with --rung.")
-    require_memory(2 * (m * k + k * n) * 2 + 2 * m * n * 4, "cuda", f"A {m} x {n} x {k} product's inputs and outputs",
+    require_memory(product_bytes(m, n, k), "cuda", f"A {m} x {n} x {k} product's inputs and outputs",
                    "--size")
     kernels = gk.compile_kernels(CU, [RUNGS[r].kernel for r in rungs], cp, arch="sm_90a" if cc == 90 else None,
                                  max_dynamic_shared={RUNGS[r].kernel: RUNGS[r].dynamic_smem for r in rungs})
