@@ -247,6 +247,47 @@ def test_the_reference_run_meets_the_chapters_claims(data):
     assert top.attrs["total"] == under.loc["fp16-noscaler", "zero_not_in_fp32"] and 0 < top.attrs["kept"] < top.attrs["total"]
 
 
+def test_the_batch_is_drawn_apart_from_the_weights():
+    """training_ids is what first_batch trains on, and a reader can draw it again without building the model."""
+    from gpuprof.runner import load_script
+    import torch
+
+    script = load_script(SCRIPT)
+    args = script.parse_args(TINY)
+    _, ids, labels = script.first_batch(torch, args, "cpu")
+    assert torch.equal(script.training_ids(torch, args), ids) and torch.equal(labels, ids[:, 1] % 2)
+    other = script.parse_args([*TINY, "--seed", "1"])
+    assert not torch.equal(script.training_ids(torch, other), ids)
+
+
+def test_census_against_cpu_reads_both_records_and_bounds_where_they_differ(data, tmp_path):
+    c = mp.census_against_cpu(data)
+    record = json.loads(mp.CPU_CENSUS.read_text())
+    gpu = next(r for r in data["runs"] if r["kind"] == "time" and r["batch"] == 32)["reference_fp16_census"]
+    for field in mp.CENSUS_FIELDS:
+        assert c.loc[field, "cpu"] == record["census"][field] and c.loc[field, "gpu"] == gpu[field]
+    assert c["gpu_minus_cpu"].tolist() == (c["gpu"] - c["cpu"]).tolist()
+    assert c.loc[["below_fp16_subnormal", "fp16_subnormal", "fp16_normal"], "cpu"].sum() == c.loc["nonzero", "cpu"]
+    a = c.attrs
+    # every CPU zero in the embeddings lies in a row the batch does not index (the chapter's premise)
+    assert a["cpu_embedding_zeros"] == a["unused_elements"] == a["unused_rows"] * 768
+    assert a["cpu_zeros_elsewhere"] == {"attention_key_bias": 127, "layernorm": 0, "matrix_weights": 0, "other_biases": 0}
+    assert a["gpu_zeros_elsewhere"] == 18 and a["newly_nonzero_at_least"] == c.loc["nonzero", "gpu_minus_cpu"] == 109
+    assert a["torch"] == {"cpu": record["provenance"]["torch"], "gpu": "2.11.0+cu130"}
+    # one more CPU zero among the weights: one more element the GPU must hold non-zero
+    record["census"]["by_group"]["matrix_weights"]["nonzero"] -= 1
+    record["census"]["nonzero"] -= 1
+    (tmp_path / "one_more.json").write_text(json.dumps(record))
+    more = mp.census_against_cpu(data, tmp_path / "one_more.json").attrs
+    assert more["cpu_zeros_elsewhere"]["matrix_weights"] == 1 and more["newly_nonzero_at_least"] == 110
+    record["census"]["by_group"]["layernorm"]["elements"] += 1  # another model: refused, not compared
+    (tmp_path / "other.json").write_text(json.dumps(record))
+    from gpuprof.errors import GpuprofError
+
+    with pytest.raises(GpuprofError, match="not the same model"):
+        mp.census_against_cpu(data, tmp_path / "other.json")
+
+
 def test_capture_readers_on_the_reference_captures():
     paths = {m: REF / f"mode_{m}.sqlite" for m in mp.MODES}
     s = mp.capture_summary(paths)

@@ -225,13 +225,20 @@ def reference_gradients(torch: Any, model: Any, ids: Any, labels: Any) -> tuple[
     return reference, float(loss.detach())
 
 
+def training_ids(torch: Any, args: argparse.Namespace) -> Any:
+    """The token ids every step trains on, on the CPU: drawn from a generator of their own (seeded ``--seed`` + 1),
+    so they depend neither on the device nor on the weights, and a reader (chapter 10's census comparison) can
+    draw them again without building the model."""
+    g = torch.Generator().manual_seed(args.seed + 1)
+    return torch.randint(0, VOCAB, (args.batch_size, args.seq_len), generator=g)
+
+
 def first_batch(torch: Any, args: argparse.Namespace, device: str) -> tuple[Any, Any, Any]:
     """The model from ``--seed`` and the batch every step trains on (its generator seeded ``--seed`` + 1), on
     ``device``: the same on every machine, since both are drawn on the CPU."""
     torch.manual_seed(args.seed)
     model = build_model(torch, args).to(device)
-    g = torch.Generator().manual_seed(args.seed + 1)
-    ids = torch.randint(0, VOCAB, (args.batch_size, args.seq_len), generator=g).to(device)
+    ids = training_ids(torch, args).to(device)
     labels = (ids[:, 1] % 2).long()  # a rule the model can learn: the parity of the second token
     return model, ids, labels
 

@@ -35,7 +35,7 @@ from ..runner import portable_command, python_target
 
 __all__ = ["SCRIPT", "MODES", "FAILURE", "SMALL_BATCH", "LARGE_BATCH", "ROUNDS", "BUDGET_GIB", "run_plan", "run_study",
            "timing_table", "speedup_floor", "fit_table", "loss_curves", "loss_agreement", "underflow_table",
-           "scale_history", "underflow_top", "memory_per_sequence", "capture_mode", "capture_summary", "gemm_kernels",
+           "scale_history", "underflow_top", "CPU_CENSUS", "census_against_cpu", "memory_per_sequence", "capture_mode", "capture_summary", "gemm_kernels",
            "matmul_work", "PHASES", "OPTIMIZER", "phase_work", "scaler_work", "CAST", "SCALER", "figure"]
 
 SCRIPT = REPO_ROOT / "examples" / "nsys" / "mixed_precision.py"
@@ -242,6 +242,65 @@ def underflow_top(data: dict[str, Any], mode: str = FAILURE, batch: int = SMALL_
     out = pd.DataFrame([{"parameter": k, "zeroed": v, "share": v / total}
                         for k, v in sorted(run["underflow_by_parameter"].items(), key=lambda kv: -kv[1])])
     out.attrs.update(total=total, kept=int(out["zeroed"].sum()) if len(out) else 0)
+    return out
+
+
+#: The script's ``--census`` of the FP32 reference gradient on the CPU, by parameter group (the GPU run keeps totals).
+CPU_CENSUS = REPO_ROOT / "artifacts" / "ch10" / "cpu" / "fp16_census.json"
+CENSUS_FIELDS = ("nonzero", "below_fp16_subnormal", "fp16_subnormal")
+
+
+def census_against_cpu(data: dict[str, Any], path: str | Path = CPU_CENSUS, batch: int = SMALL_BATCH) -> pd.DataFrame:
+    """The GPU's census of its FP32 reference gradient (the study's JSON keeps totals only) against the CPU's
+    (``--census``, by group) of the same model, weights and batch: per range (``nonzero``; ``below_fp16_subnormal``,
+    0 < |g| < 2^-25; ``fp16_subnormal``, 2^-25 to 2^-14; ``fp16_normal``, the rest), the two counts and GPU - CPU.
+
+    Where the two can differ is bounded by what must be zero on any device. An embedding row that no token and no
+    position of the batch indexes gets no gradient at all; the batch is drawn again here (the script's
+    ``training_ids``, on the CPU, as both runs drew it) to count those rows. ``attrs`` holds: ``unused_rows`` and
+    ``unused_elements`` (those rows), ``cpu_embedding_zeros`` (the CPU's zeros in the embeddings: equal to
+    ``unused_elements`` when every one of them lies in such a row), ``cpu_zeros_elsewhere`` (the CPU's exact zeros
+    outside those rows, per group), ``gpu_zeros_elsewhere`` (the GPU's, from its totals: the GPU does not say
+    where), ``newly_nonzero_at_least`` (how many of the CPU's zeros elsewhere are non-zero on the GPU, at least:
+    the GPU has only ``gpu_zeros_elsewhere`` zeros to put among them), ``key_bias_max_abs`` and
+    ``cpu_below_by_group`` (the CPU's, since the GPU's are not recorded), and the torch version
+    of each run (they differ: the comparison is of two builds as well as two devices)."""
+    import json
+
+    from ..backend import require_torch
+    from ..runner import load_script
+
+    record = json.loads(Path(path).read_text())
+    cpu, groups, config = record["census"], record["census"]["by_group"], record["config"]
+    run = next(r for r in _timed(data) if r["batch"] == batch and r.get("reference_fp16_census"))
+    gpu = run["reference_fp16_census"]
+    elements = sum(g["elements"] for g in groups.values())
+    if elements != run["grad_elements"]:
+        raise GpuprofError(f"{path} counts {elements:,} gradient elements, the GPU run {run['grad_elements']:,}: "
+                           "not the same model")
+    rows = {f: {"cpu": cpu[f], "gpu": gpu[f]} for f in CENSUS_FIELDS}
+    rows["fp16_normal"] = {k: rows["nonzero"][k] - rows["below_fp16_subnormal"][k] - rows["fp16_subnormal"][k]
+                           for k in ("cpu", "gpu")}
+    out = pd.DataFrame.from_dict(rows, orient="index").rename_axis("range")
+    out["gpu_minus_cpu"] = out["gpu"] - out["cpu"]
+
+    script = load_script(SCRIPT)
+    torch = require_torch("mixed_precision.py")
+    args = script.parse_args([f"--{k.replace('_', '-')}={v}" for k, v in config.items() if k != "cpu"])
+    ids = script.training_ids(torch, args)
+    emb = groups["embeddings"]
+    used_rows = int(ids.unique().numel()) + args.seq_len  # tokens, and positions 0 .. seq_len - 1
+    unused_rows = emb["elements"] // args.d_model - used_rows
+    unused = unused_rows * args.d_model
+    elsewhere = {g: r["elements"] - r["nonzero"] for g, r in groups.items() if g != "embeddings"}
+    gpu_elsewhere = elements - unused - gpu["nonzero"]
+    out.attrs.update(unused_rows=unused_rows, unused_elements=unused,
+                     cpu_embedding_zeros=emb["elements"] - emb["nonzero"], cpu_zeros_elsewhere=elsewhere,
+                     gpu_zeros_elsewhere=gpu_elsewhere,
+                     newly_nonzero_at_least=max(0, sum(elsewhere.values()) - gpu_elsewhere),
+                     key_bias_max_abs=groups["attention_key_bias"]["max_abs"],
+                     cpu_below_by_group={g: r["below_fp16_subnormal"] for g, r in groups.items()},
+                     torch={"cpu": record["provenance"]["torch"], "gpu": run.get("torch")})
     return out
 
 
