@@ -438,7 +438,9 @@ CAST_FAMILIES = {"to_half": r"float16_copy_kernel|bfloat16_copy_kernel", "direct
                  "LoadWithCast": r"LoadWithCast", "StoreWithCast": r"StoreWithCast"}
 #: Conversions :data:`CAST` does not see: PyTorch's elementwise kernels whose operands differ in type and are not all
 #: contiguous run on its general path, ``gpu_kernel_impl<...>``, which converts each element as it loads and stores
-#: but whose name does not say so (the same-type path is ``gpu_kernel_impl_nocast``). In chapter 10's model these are
+#: but whose name does not say so (``gpu_kernel_impl_nocast`` is the path where the functor's argument types match
+#: the tensors', which needs no conversion per element: one FP32-to-half copy a step runs there too, named, and
+#: :data:`CAST` counts it). In chapter 10's model these are
 #: each layer's attention residual addition: FP32 stream plus ``nn.MultiheadAttention``'s half-precision output,
 #: which ``batch_first=True`` returns transposed.
 UNNAMED_CAST = r"gpu_kernel_impl<"
