@@ -769,3 +769,19 @@ def test_a_folder_of_the_two_real_ranks_names_the_late_one_and_shows_their_overl
     assert len(balance) == 1 and balance[0].startswith("Likely straggler: ddp_trace_rank1.json.gz")
     lead = mg.trace_arrivals([tmp_path / f"ddp_trace_rank{r}.json.gz" for r in (0, 1)])["start_skew_ns"]
     assert (lead > 0).sum() > 2 * (lead < 0).sum()  # rank 0 first (waiting) at most all-reduces
+
+
+def test_step_intervals_skip_restarts_and_keep_the_one_long_wait():
+    """Two runs of a loop (steps 0-3 twice, as a sweep restarts): 1 ms steps, but step 2 of the first run
+    holds a 10 ms wait (a loss read). The intervals leave out the 100 ms between the runs; their mean
+    carries the wait, their median does not, and the mean is what step_period_ns reports."""
+    from gpuprof.report.activity_view import step_intervals_ns, step_period_ns
+
+    ms = 1_000_000
+    starts = [0, 1, 2, 12, 113, 114, 115, 116]
+    steps = pd.DataFrame({"step": [0, 1, 2, 3] * 2, "start": [t * ms for t in starts]})
+    d = step_intervals_ns(steps)
+    assert sorted(d.tolist()) == [ms] * 5 + [10 * ms]  # 6 pairs n, n+1; not the 101 ms between runs
+    assert step_period_ns(steps, fallback=0) == pytest.approx(d.mean()) == pytest.approx(15 / 6 * ms)
+    assert np.median(d) == ms
+    assert step_period_ns(steps.iloc[:1], fallback=7.0) == 7.0  # no pair: the fallback

@@ -30,7 +30,7 @@ from ..kernel_kinds import is_communication, kernel_kind
 from ..nsys.sqlite import pid_of
 
 __all__ = ["ActivityView", "load", "find_view_steps", "step_table", "headline", "idle_by_cause", "kernels_by_name", "kernel_labels",
-           "compact_name", "step_period_ns", "IDLE_MIN_GAP_NS", "LAUNCH_PACE_FACTOR", "CAUSES"]
+           "compact_name", "step_intervals_ns", "step_period_ns", "IDLE_MIN_GAP_NS", "LAUNCH_PACE_FACTOR", "CAUSES"]
 
 IDLE_MIN_GAP_NS = 10_000  # gaps shorter than 10 us get one row of their own in the idle table, unlabelled
 # A gap is launch-bound when the operation that ended it was issued within this many times the CPU's median
@@ -404,14 +404,14 @@ def headline(view: ActivityView) -> dict[str, float]:
     return out
 
 
-def step_period_ns(steps: pd.DataFrame, *, fallback: float) -> float:
-    """The mean time from one step's start to the next one's, over consecutive steps of one process.
+def step_intervals_ns(steps: pd.DataFrame) -> np.ndarray:
+    """Each step's start to the next one's, over consecutive steps of one process (ns, in step order).
 
-    Start to start counts everything a step costs, the CPU's work and its waits for the GPU
-    (the one step in fifty that reads the loss back), which the median CPU range does not.
     Only pairs numbered n, n+1 in the same process count: a capture of several runs (a sweep
-    that restarts at step 0) has gaps between runs that are no step's. ``fallback`` when no
-    such pair exists. Given each step's first GPU operation as ``start``, it is the GPU's pace.
+    that restarts at step 0) has gaps between runs that are no step's. Given each step's first
+    GPU operation as ``start``, these are the GPU's intervals. Kept apart from their mean
+    (:func:`step_period_ns`) so that a reader can set the median beside it: in a loop that waits
+    for the GPU once in fifty steps, that one wait is in the mean and not in the median.
     """
     gaps = []
     for _, g in steps.groupby(steps["pid"] if "pid" in steps else np.zeros(len(steps))):
@@ -419,7 +419,20 @@ def step_period_ns(steps: pd.DataFrame, *, fallback: float) -> float:
         num, start = g["step"].to_numpy(), g["start"].to_numpy(dtype=np.int64)
         ok = np.diff(num) == 1
         gaps.append(np.diff(start)[ok])
-    d = np.concatenate(gaps) if gaps else np.array([])
+    return np.concatenate(gaps) if gaps else np.array([], dtype=np.int64)
+
+
+def step_period_ns(steps: pd.DataFrame, *, fallback: float) -> float:
+    """The mean time from one step's start to the next one's (:func:`step_intervals_ns`).
+
+    Start to start counts everything a step costs, the CPU's work and its waits for the GPU
+    (the one step in fifty that reads the loss back), which the median CPU range does not;
+    the mean, not the median, so that it times the number of intervals is the time from the
+    first step's start to the last one's: a throughput over the capture.
+    ``fallback`` when no pair of consecutive steps exists. Given each step's first GPU
+    operation as ``start``, it is the GPU's pace.
+    """
+    d = step_intervals_ns(steps)
     return float(d.mean()) if len(d) else float(fallback)
 
 
