@@ -37,6 +37,8 @@ VIEWPORT = {"width": 1400, "height": 900}
 # - A table or image whose right edge (or its cells') lies past the content column, unless the
 #   nearest box that clips it scrolls (overflow-x auto/scroll), itself fits in the column, and is
 #   no taller than the window (or its sideways scrollbar is off screen while the table is read).
+# - A command line (`$ ...` in a <pre>, or a line continued with a backslash) longer than its box
+#   shows: book/_ext/command_lines.py splits them; a line cut by the box's edge hides arguments.
 READER_CHECK = r"""
 (columnSelector) => {
   const problems = [];
@@ -60,6 +62,20 @@ READER_CHECK = r"""
     if (!m.querySelector('mjx-container')) problems.push(`formula not typeset: ${JSON.stringify(m.textContent.slice(0, 80))}`);
   }
   for (const e of column.querySelectorAll('mjx-merror')) problems.push(`MathJax error: ${JSON.stringify(e.textContent.slice(0, 80))}`);
+  // A command line ($ ... in an output, or a line continued with a backslash) wider than its box.
+  for (const pre of column.querySelectorAll('pre')) {
+    if (!pre.getClientRects().length || pre.closest('.cell_input, .highlight-python, .highlight-ipython3, .highlight-python3')) continue;
+    const lines = pre.textContent.split('\n').filter(l => (l.startsWith('$ ') && !l.startsWith('$ #')) || l.endsWith('\\'));
+    if (!lines.length) continue;
+    const probe = document.createElement('span');
+    probe.textContent = 'x'.repeat(100);
+    pre.appendChild(probe);
+    const charWidth = probe.getBoundingClientRect().width / 100;
+    probe.remove();
+    const cs = getComputedStyle(pre);
+    const room = Math.floor((pre.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight)) / charWidth);
+    for (const l of lines) if (l.length > room) problems.push(`command line of ${l.length} characters in a box of ${room}: ${JSON.stringify(l.slice(0, 80))}`);
+  }
   const name = (el) => el.tagName.toLowerCase() + (el.id ? '#' + el.id : '') +
     (el.className && typeof el.className === 'string' ? '.' + el.className.trim().split(/\s+/).join('.') : '');
   for (const el of column.querySelectorAll('table, img')) {
@@ -306,3 +322,9 @@ def test_screenshots_are_kept_as_build_artefacts(site, browser):
     tab.close()
     for name in ("landing.png", "chapter11_formulas.png"):
         assert (SCREENSHOTS / name).stat().st_size > 10_000
+
+
+def test_the_reader_check_fails_on_a_command_line_past_its_box(browser):
+    """A page built to fail: one command line runs past its box; a split one and a comment pass."""
+    problems = _fixture_problems(browser, "long_command.html")
+    assert len(problems) == 1 and "command line of 130 characters" in problems[0], problems
