@@ -247,7 +247,18 @@ def test_a_generated_report_opens_offline_with_its_figures(browser, tmp_path):
     tab.goto(out.as_uri(), wait_until="load")
     as_read = reader_problems(tab, "body")
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    top = tab.locator("xpath=//section[@id='p0']/h3[.='Top kernels']/following-sibling::table[1]")  # rung0's
+    top.evaluate("t => t.previousElementSibling.scrollIntoView({block: 'start'})")  # its heading at the top
     tab.screenshot(path=str(SCREENSHOTS / "report.png"))
+    # the tables sort with no network: click "Instances" twice (ascending, then descending)
+    header = top.locator("th", has_text="Instances")
+    col = header.evaluate("th => th.cellIndex")
+    values = "(t, c) => Array.from(t.tBodies[0].rows).map(r => Number(r.cells[c].dataset.v))"
+    header.click()
+    ascending = top.evaluate(values, col)
+    header.click()
+    descending = top.evaluate(values, col)
+    hover = top.evaluate("t => Array.from(t.querySelectorAll('td[title]')).map(td => [td.textContent, td.title])")
     images = tab.eval_on_selector_all("img", "els => els.map(e => e.complete && e.naturalWidth > 0)")
     tables = tab.eval_on_selector_all("table", "els => els.length")
     sections = tab.eval_on_selector_all("section h2", "els => els.map(e => e.textContent)")
@@ -255,6 +266,8 @@ def test_a_generated_report_opens_offline_with_its_figures(browser, tmp_path):
     assert [u for u in requests if not u.startswith(("file:", "data:"))] == []
     assert not problems, problems
     assert not as_read, f"the report as a reader sees it: {as_read}"
+    assert ascending == sorted(ascending) and descending == sorted(ascending, reverse=True) and len(set(ascending)) > 3
+    assert hover and all(len(short) < len(full) for short, full in hover)
     assert len(images) >= 3 and all(images)  # two steps charts and the nsys timeline
     assert tables >= 15
     assert sections == ["rung0.sqlite", "ladder.ncu-rep", "train_steps.json.gz"]
