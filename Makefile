@@ -35,7 +35,7 @@ endif
 # changed notebook or configuration can change values glued into other pages, so those
 # rebuild everything.
 BOOK_SOURCES := $(wildcard book/*.md book/_ext/*.py book/_static/*) $(wildcard notebooks/*.ipynb) _config.yml _toc.yml
-FULL_REBUILD := notebooks/% _config.yml _toc.yml $(VENV)/.book
+FULL_REBUILD := notebooks/% _config.yml _toc.yml $(VENV)/.book book/_static/% book/_ext/%
 
 .PHONY: setup book test capture nbval-gpu browser clean python-version
 

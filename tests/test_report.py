@@ -785,3 +785,48 @@ def test_step_intervals_skip_restarts_and_keep_the_one_long_wait():
     assert step_period_ns(steps, fallback=0) == pytest.approx(d.mean()) == pytest.approx(15 / 6 * ms)
     assert np.median(d) == ms
     assert step_period_ns(steps.iloc[:1], fallback=7.0) == 7.0  # no pair: the fallback
+
+
+# ---- the HTML page as a reader sees it: short kernel names, full ones on hover and in the CSV ----------------
+
+@pytest.mark.parametrize("demangled, short", [
+    ("void at::native::vectorized_elementwise_kernel<(int)4, at::native::FillFunctor<float>, std::array<char *, "
+     "(unsigned long)1>>(int, T2, T3)", "vectorized_elementwise_kernel<…, FillFunctor<float>, …>"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, std::array<char*, 1ul> >"
+     "(int, at::native::FillFunctor<float>, std::array<char*, 1ul>)", "vectorized_elementwise_kernel<…, FillFunctor<float>, …>"),
+    ("void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_64x64_32x6_nn_align4>(T1::Params)",
+     "Kernel2<cutlass_80_tensorop_s1688gemm_64x64_32x6_nn_align4>"),
+    ("void wgrad_alg0_engine<float, (int)128, (int)5, (int)5, (int)3, (int)3, (int)3, (bool)0, (int)512>(int, int)",
+     "wgrad_alg0_engine<float, …>"),
+    ("void at::native::(anonymous namespace)::max_pool_forward_nchw<float, int>(int, float const*, long)",
+     "max_pool_forward_nchw<float, …>"),
+    ("fmha_cutlassF_f32_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<float, cutlass::arch::Sm80, "
+     "(bool)1, (int)64>::Params)", "fmha_cutlassF_f32_aligned_64x64_rf_sm80"),
+    ("sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize64x128x32_warpgroupsize1x1x1_execute_segment_k_on_kernel__5x_cublas",
+     "sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize64x128x32_warpgroupsize1x1x1_execute_segment_k_on_kernel__5x_cublas"),
+    ("void sgemm_largek_lds64<(bool)1, (bool)0, (int)5>(float *)", "sgemm_largek_lds64<1, …>"),
+])
+def test_short_kernel_names(demangled, short):
+    from gpuprof.report.kernel_names import short_kernel_name
+
+    assert short_kernel_name(demangled) == short
+
+
+def test_html_top_kernels_show_short_names_with_the_full_name_on_hover_and_in_the_csv():
+    import io
+    from html import unescape
+    from urllib.parse import unquote
+
+    from gpuprof.report.kernel_names import short_kernel_name
+
+    page = build_pages([CH06 / "rung0.sqlite"])[0]
+    full = page.table("Top kernels")["Name"]
+    text = html_page([page])
+    section = text[text.index("<h3>Top kernels</h3>"):text.index("<h3>Kernels by kind</h3>")]
+    cells = re.findall(r'<td class="text"(?: title="([^"]*)")?>([^<]*)</td>', section)
+    assert [unescape(c[1]) for c in cells] == [short_kernel_name(n) for n in full.head(len(cells))]
+    assert [unescape(c[0] or c[1]) for c in cells] == list(full.head(len(cells)))  # hover: the full name
+    assert sum(bool(c[0]) for c in cells) >= 10 and max(len(unescape(c[1])) for c in cells) < 150
+    csv = unquote(re.search(r'href="data:text/csv;charset=utf-8,([^"]*)"', section).group(1))
+    assert pd.read_csv(io.StringIO(csv))["Name"].tolist() == list(full)  # every row, full names
+    assert 'th class="sortable"' in section and "<script>" in text  # sorting: inline, tested in Chromium

@@ -32,7 +32,9 @@ class Block:
 
     ``terminal_rows`` is how many table rows the terminal shows (the HTML shows ``html_rows``), and
     ``width`` how many characters of a long name it keeps; ``note`` says where the numbers come from
-    or how to read them.
+    or how to read them. ``short_names`` names a column of demangled kernel names that the HTML page
+    shows shortened (:func:`gpuprof.report.kernel_names.short_kernel_name`), the full name on hover
+    and in the table's CSV link.
     """
 
     heading: str
@@ -44,6 +46,7 @@ class Block:
     html_rows: int = 50
     terminal: bool = True
     width: int = 60
+    short_names: str = ""
 
 
 @dataclass

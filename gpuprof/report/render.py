@@ -1,7 +1,10 @@
 """A :class:`~gpuprof.report.page.Page` printed for a terminal, or written as one self-contained HTML file.
 
-The HTML page has its style inline and its figures as PNG data URIs: it opens from a
-mail attachment or a CI artefact with no network and no other file.
+The HTML page has its style, its script and its figures inline (PNG data URIs): it opens from
+a mail attachment or a CI artefact with no network and no other file. Its tables sort by a
+column when its header is clicked (a few lines of inline JavaScript: the rows shown, by the
+cell's exact value); a column of kernel names shows short names, the full name on hover and
+in the table's CSV link (a data URI).
 """
 
 from __future__ import annotations
@@ -9,13 +12,15 @@ from __future__ import annotations
 import base64
 import html
 import math
+from urllib.parse import quote
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Sequence
 
 import pandas as pd
 
-from .page import Page, heading_matches
+from .kernel_names import short_kernel_name
+from .page import Block, Page, heading_matches
 
 __all__ = ["terminal_text", "html_page", "write_html", "format_table"]
 
@@ -26,11 +31,36 @@ h2{font-size:1.2rem;margin-top:2rem;color:#333}
 h3{font-size:1rem;margin:1.4rem 0 .4rem}
 table{border-collapse:collapse;font-size:.85rem;margin:.4rem 0}
 th,td{border:1px solid #ccc;padding:.2rem .5rem;text-align:right;max-width:36rem;overflow-wrap:anywhere}
-th{background:#f0f3f8}
+th{background:#f0f3f8;overflow-wrap:normal}
 td.text,th.text{text-align:left}
+td:not(.text){white-space:nowrap}
 p.note{color:#555;font-size:.85rem;margin:.2rem 0 .8rem}
 img{max-width:100%;border:1px solid #eee}
 nav a{margin-right:1rem}
+th.sortable{cursor:pointer;user-select:none}
+th[aria-sort=ascending]::after{content:" \\25B2";font-size:.7em}
+th[aria-sort=descending]::after{content:" \\25BC";font-size:.7em}
+a.csv{font-size:.8rem}
+"""
+
+# Click a column's header to sort the table's rows by it (again: the other way). Numbers sort by the
+# cell's data-v (the exact value, not the formatted text); an empty cell sorts last.
+_SORT_JS = """
+document.querySelectorAll("th.sortable").forEach((th) => th.addEventListener("click", () => {
+  const table = th.closest("table"), body = table.tBodies[0], col = th.cellIndex;
+  const down = th.getAttribute("aria-sort") === "ascending";
+  table.querySelectorAll("th[aria-sort]").forEach((h) => h.removeAttribute("aria-sort"));
+  th.setAttribute("aria-sort", down ? "descending" : "ascending");
+  const key = (tr) => { const td = tr.cells[col]; return td.dataset.v !== undefined ? td.dataset.v : td.textContent; };
+  const rows = Array.from(body.rows);
+  rows.sort((a, b) => {
+    const x = key(a), y = key(b);
+    if (x === "" || y === "") return (x === "") - (y === "");
+    const c = th.classList.contains("text") ? x.localeCompare(y) : Number(x) - Number(y);
+    return down ? -c : c;
+  });
+  rows.forEach((r) => body.appendChild(r));
+}));
 """
 
 
@@ -88,11 +118,32 @@ def terminal_text(pages: Sequence[Page], only: Sequence[str] | None = None, rows
     return "\n".join(out).lstrip("\n") + "\n"
 
 
-def _html_table(df: pd.DataFrame, rows: int) -> str:
+def _csv_link(block: Block) -> str:
+    """The whole table (every row, full names) as a CSV file inside the page: a data URI."""
+    assert block.table is not None
+    name = "".join(c if c.isalnum() else "_" for c in block.heading.lower()).strip("_")[:60] or "table"
+    data = quote(block.table.to_csv(index=False), safe="")
+    return f'<a class="csv" download="{name}.csv" href="data:text/csv;charset=utf-8,{data}">CSV (all rows, full names)</a>'
+
+
+def _html_table(df: pd.DataFrame, rows: int, short_names: str = "") -> str:
     numeric = [pd.api.types.is_numeric_dtype(df[c]) for c in df.columns]
-    cls = lambda n: "" if n else ' class="text"'  # noqa: E731
-    head = "".join(f"<th{cls(n)}>{html.escape(str(c))}</th>" for c, n in zip(df.columns, numeric))
-    body = "".join("<tr>" + "".join(f"<td{cls(n)}>{html.escape(_fmt(v))}</td>" for v, n in zip(r, numeric)) + "</tr>"
+    cls = lambda n: "" if n else "text"  # noqa: E731
+    head = "".join(f'<th class="{(cls(n) + " sortable").strip()}" title="click to sort the rows shown">'
+                   f"{html.escape(str(c))}</th>" for c, n in zip(df.columns, numeric))
+
+    def cell(v: object, n: bool, col: str) -> str:
+        if n:
+            num = "" if pd.isna(v) else repr(float(v))  # type: ignore[arg-type]
+            return f'<td data-v="{num}">{html.escape(_fmt(v))}</td>'
+        text = _fmt(v)
+        if col == short_names and text:
+            short = short_kernel_name(text)
+            if short != text:
+                return f'<td class="text" title="{html.escape(text)}">{html.escape(short)}</td>'
+        return f'<td class="text">{html.escape(text)}</td>'
+
+    body = "".join("<tr>" + "".join(cell(v, n, c) for v, n, c in zip(r, numeric, df.columns)) + "</tr>"
                    for r in df.head(rows).itertuples(index=False))
     more = f'<p class="note">{len(df) - rows:,} more rows not shown.</p>' if len(df) > rows else ""
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{more}"
@@ -117,11 +168,14 @@ def html_page(pages: Sequence[Page], *, title: str = "gpuprof report") -> str:
                 data = base64.b64encode(b.png).decode("ascii")
                 parts.append(f'<img alt="{html.escape(b.heading)}" src="data:image/png;base64,{data}">')
             if b.table is not None:
-                parts.append(_html_table(b.table, b.html_rows) if len(b.table) else "<p>(none)</p>")
+                parts.append(_html_table(b.table, b.html_rows, b.short_names) if len(b.table) else "<p>(none)</p>")
+                if len(b.table) and b.short_names:
+                    parts.append(f'<p class="note">Kernel names shortened to the function and its first template '
+                                 f'argument: the full name on hover, and in the {_csv_link(b)}.</p>')
             if b.note:
                 parts.append(f'<p class="note">{html.escape(b.note)}</p>')
         parts.append("</section>")
-    parts.append("</body></html>")
+    parts.append(f"<script>{_SORT_JS}</script></body></html>")
     return "\n".join(parts)
 
 

@@ -233,7 +233,7 @@ def timeline_page(view: ActivityView, *, window: str | None = None, top: int = 1
     if len(view.kernels):
         by = "demangled" if view.tool == "nsys" else "name"
         top_k = stats.kernel_summary(view.kernels, by=by)
-        page.add("Top kernels", table=top_k, terminal_rows=top, html_rows=max(top, 40),
+        page.add("Top kernels", table=top_k, terminal_rows=top, html_rows=max(top, 40), short_names="Name",
                  note="Whole capture, as nsys stats' cuda_gpu_kern_sum (same columns; names demangled)."
                  if view.tool == "nsys" else "Whole capture; Total Time equals key_averages' self device time.")
         page.add("Kernels by kind", table=time_by_kind(view.kernels), terminal_rows=14,
@@ -242,7 +242,7 @@ def timeline_page(view: ActivityView, *, window: str | None = None, top: int = 1
         page.add("NVTX ranges", table=stats.nvtx_summary(view.ranges), terminal_rows=top,
                  note="As nsys stats' nvtx_sum.")
         page.add("Kernels by NVTX range", table=stats.nvtx_kern_summary(view.kernels, view.runtime, view.ranges),
-                 terminal=False, html_rows=100,
+                 terminal=False, html_rows=100, short_names="Kernel Name",
                  note="As nsys stats' nvtx_kern_sum: a kernel counts in every range open on its launching thread; "
                       "the first rows (no range) are kernels launched outside every range, e.g. by autograd's thread.")
     _operators(page, view, top)
