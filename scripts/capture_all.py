@@ -134,7 +134,7 @@ def provenance_markdown(artifacts: Path) -> str:
                 cmd += f"; stored as {e['stored']}"
             rows.append(f"| `{prov_path.parent.name}/{name}` | {m.get('gpu_name') or 'CPU'} | {m.get('driver_version') or '-'} "
                         f"| {m.get('cuda_runtime') or '-'} | {libs} | {tools} | {e.get('captured_at', '?')} "
-                        f"| `{cmd.replace('|', '&#124;')}` |")
+                        f"| `{cmd.replace('|', chr(92) + '|')}` |")  # a table cell's pipe, escaped as GFM tables read it
     return "\n".join(rows) + "\n"
 
 
