@@ -769,3 +769,22 @@ def test_a_folder_of_the_two_real_ranks_names_the_late_one_and_shows_their_overl
     assert len(balance) == 1 and balance[0].startswith("Likely straggler: ddp_trace_rank1.json.gz")
     lead = mg.trace_arrivals([tmp_path / f"ddp_trace_rank{r}.json.gz" for r in (0, 1)])["start_skew_ns"]
     assert (lead > 0).sum() > 2 * (lead < 0).sum()  # rank 0 first (waiting) at most all-reduces
+
+
+def test_timeline_without_steps_draws_at_most_the_last_operations(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without steps the timeline figure shows the whole capture, or its last TIMELINE_MAX_OPS GPU operations where it
+    holds more (a million rectangles cost matplotlib seconds and a gigabyte); the note says so only then."""
+    from gpuprof.report import timeline_page as tp
+
+    view = load(ART / "ch01" / "transfer.sqlite", "nsys", steps="no step has this name")
+    assert view.steps.empty
+    starts = np.sort(view.work["start"].to_numpy(dtype=np.int64))
+    assert len(starts) > 100
+    whole, cut = tp._recent_window(view, view.window)
+    assert not cut and whole == view.window
+    monkeypatch.setattr(tp, "TIMELINE_MAX_OPS", 100)
+    (lo, hi), cut = tp._recent_window(view, view.window)
+    assert cut and hi == view.window[1] and lo == starts[-100]
+    assert ((starts >= lo) & (starts < hi)).sum() >= 100  # the last 100 (and any that start with the 100th)
+    note = [b.note for b in tp.timeline_page(view).blocks if b.heading == "Timeline"][0]
+    assert "last 100 GPU operations" in note
