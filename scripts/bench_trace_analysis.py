@@ -115,10 +115,21 @@ def main(argv: list[str] | None = None) -> int:
                    default=1_000_000, help=f"kernel rows in the built export (default: 1,000,000; at most {MAX_ROWS:,})")
     p.add_argument("--source", type=Path, default=ROOT / "artifacts" / "ch01" / "transfer.sqlite", help="capture to replicate")
     p.add_argument("--json", type=output_file, default=None, metavar="FILE", help="also write the results here")
+    p.add_argument("--build-only", type=output_file, default=None, metavar="FILE",
+                   help="only build the export, here, and keep it: for timing `python -m gpuprof report FILE` (or any "
+                        "step) with an outside timer such as /usr/bin/time -v")
     args = p.parse_args(argv)
     source = ensure_sqlite(args.source)  # the course's references are committed gzipped
     if not source.exists():
         raise GpuprofError(f"{args.source} does not exist.", "Pass --source with an nsys sqlite export.")
+    if args.build_only is not None:
+        if args.build_only.exists():
+            raise GpuprofError(f"{args.build_only} exists.", "Give a new file name: the export is built from a copy.")
+        t0 = time.perf_counter()
+        n = build(source, args.build_only, args.rows)
+        print(f"built {args.build_only}: {n:,} kernel rows, {args.build_only.stat().st_size / 2**20:.0f} MiB, "
+              f"in {time.perf_counter() - t0:.1f} s")
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "million.sqlite"
         t0 = time.perf_counter()

@@ -830,3 +830,22 @@ def test_html_top_kernels_show_short_names_with_the_full_name_on_hover_and_in_th
     csv = unquote(re.search(r'href="data:text/csv;charset=utf-8,([^"]*)"', section).group(1))
     assert pd.read_csv(io.StringIO(csv))["Name"].tolist() == list(full)  # every row, full names
     assert 'th class="sortable"' in section and "<script>" in text  # sorting: inline, tested in Chromium
+
+
+def test_timeline_without_steps_draws_at_most_the_last_operations(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without steps the timeline figure shows the whole capture, or its last TIMELINE_MAX_OPS GPU operations where it
+    holds more (a million rectangles cost matplotlib seconds and a gigabyte); the note says so only then."""
+    from gpuprof.report import timeline_page as tp
+
+    view = load(ART / "ch01" / "transfer.sqlite", "nsys", steps="no step has this name")
+    assert view.steps.empty
+    starts = np.sort(view.work["start"].to_numpy(dtype=np.int64))
+    assert len(starts) > 100
+    whole, cut = tp._recent_window(view, view.window)
+    assert not cut and whole == view.window
+    monkeypatch.setattr(tp, "TIMELINE_MAX_OPS", 100)
+    (lo, hi), cut = tp._recent_window(view, view.window)
+    assert cut and hi == view.window[1] and lo == starts[-100]
+    assert ((starts >= lo) & (starts < hi)).sum() >= 100  # the last 100 (and any that start with the 100th)
+    note = [b.note for b in tp.timeline_page(view).blocks if b.heading == "Timeline"][0]
+    assert "last 100 GPU operations" in note

@@ -537,3 +537,20 @@ def test_the_capture_archive_holds_only_what_the_run_wrote(tmp_path):
     for f in (new, raw, log):
         os.utime(f, (started + 5, started + 5))
     assert artifacts_written_since(tmp_path, started) == [new]
+
+
+def test_benchmark_builds_an_export_for_the_report(tmp_path):
+    """--build-only keeps the built export, with the rows asked for, and the report reads it; a second build to the
+    same file is refused (the export is built from a copy of the source, not on top of a file)."""
+    import sqlite3
+
+    out = tmp_path / "k.sqlite"
+    proc = run(REPO_ROOT / "scripts" / "bench_trace_analysis.py", "--rows", "5000", "--build-only", str(out))
+    assert proc.returncode == 0, proc.stderr
+    with sqlite3.connect(out) as con:
+        assert con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0] == 5000
+    report = subprocess.run([sys.executable, "-m", "gpuprof", "report", str(out)], capture_output=True, text=True,
+                            timeout=300, cwd=REPO_ROOT)
+    assert report.returncode == 0 and "Top kernels" in report.stdout, report.stderr
+    again = run(REPO_ROOT / "scripts" / "bench_trace_analysis.py", "--rows", "5000", "--build-only", str(out))
+    assert again.returncode == 2 and "exists" in again.stderr and "Traceback" not in again.stderr

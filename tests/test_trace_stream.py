@@ -96,3 +96,37 @@ def test_damaged_files_get_the_whole_file_readers_errors(tmp_path: Path) -> None
     gz.write_bytes((ROOT / "artifacts/ch05/train_steps.json.gz").read_bytes()[:5000])
     with pytest.raises(tt.GpuprofError, match="damaged or truncated gzip"):
         tt.read_trace(gz, stream=True)
+
+
+def _flow_trace(path: Path, ids: list) -> Path:
+    """A small trace whose launch/kernel pairs are tied by flows with the given ids, one pair per id, in order."""
+    import json
+
+    events = []
+    for i, fid in enumerate(ids):
+        t = 100.0 * i
+        events += [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 2, "ts": t, "dur": 2.0,
+                    "args": {"External id": i}},
+                   {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": t + 3, "dur": 1.0,
+                    "args": {"device": 0, "stream": 7}},
+                   {"ph": "s", "cat": "ac2g", "id": fid, "pid": 1, "tid": 2, "ts": t, "name": "ac2g"},
+                   {"ph": "f", "cat": "ac2g", "id": fid, "pid": 0, "tid": 7, "ts": t + 3, "name": "ac2g", "bp": "e"}]
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    return path
+
+
+@pytest.mark.parametrize("ids", [
+    [i for i in range(300)],                                    # integers: one int64 array a block
+    [float(i) for i in range(300)],                             # floats (whole: a fractional id breaks both readers)
+    [i for i in range(150)] + [float(i) for i in range(150, 300)],  # integer blocks, then float blocks
+    [i for i in range(150)] + [f"f{i}" for i in range(150)],    # integer blocks, then strings: the values as written
+    [None] + [i for i in range(299)],                           # a missing id
+], ids=["int", "float", "int-then-float", "int-then-str", "none"])
+def test_flow_ids_of_every_type(ids: list, tmp_path: Path) -> None:
+    """Flow ids are kept without a Python object each where a block's are all integers or all floats; the column
+    still equals the whole-file reader's, whatever mix of types the blocks hold (4 KiB blocks: many of them)."""
+    path = _flow_trace(tmp_path / "flows.json", ids)
+    full, streamed = tt.read_trace(path, stream=False), read_trace_stream(path, block=1 << 12)
+    _same(full, streamed)
+    assert len(streamed.flows()) == 2 * len(ids)
+    assert list(map(type, streamed.flows()["id"])) == list(map(type, full.flows()["id"]))  # 5 stays 5, not 5.0

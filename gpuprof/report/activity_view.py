@@ -134,7 +134,7 @@ def _kineto(path: Path) -> ActivityView:
     from ..torch_profiler.trace import read_trace
 
     t = read_trace(path)
-    copies = t.copies().copy()
+    copies = t.copies().copy(deep=False)  # copy-on-write: the columns added here stay out of the Trace, unduplicated
     for table in (copies,):
         if "bytes" not in table:  # ROCm traces (and old Kineto) leave the size out: unknown, not 0
             table["bytes"] = np.nan
@@ -143,9 +143,9 @@ def _kineto(path: Path) -> ActivityView:
         copies["kind"] = parts[0].map(lambda k: _DIRECTIONS.get(k, k) if isinstance(k, str) else "unknown")
         copies["src_memory"] = parts[1].fillna("")
         copies["dst_memory"] = parts[2].fillna("")
-    kernels = t.kernels().copy()
+    kernels = t.kernels().copy(deep=False)
     kernels["demangled"] = kernels["name"]
-    memsets = t.memsets().copy()
+    memsets = t.memsets().copy(deep=False)
     if "bytes" not in memsets:
         memsets["bytes"] = np.nan
     devices = [str(n) for n in t.devices["name"]] if not t.devices.empty and "name" in t.devices else []

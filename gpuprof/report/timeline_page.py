@@ -261,9 +261,14 @@ def timeline_page(view: ActivityView, *, window: str | None = None, top: int = 1
             peak = pd.to_numeric(mem["total_allocated"], errors="coerce").max()
             page.add("Memory", text=f"Peak allocated while profiling: {peak / 2**20:,.1f} MiB "
                                     f"({len(mem):,} allocation events; profile_memory=True).")
+    cut = False
     try:
-        tw = parse_window(window, view) if window else (
-            (int(view.steps.iloc[-1]["start"]), int(view.steps.iloc[-1]["end"])) if len(view.steps) else w)
+        if window:
+            tw = parse_window(window, view)
+        elif len(view.steps):
+            tw = (int(view.steps.iloc[-1]["start"]), int(view.steps.iloc[-1]["end"]))
+        else:
+            tw, cut = _recent_window(view, w)
     except ValueError as exc:
         from ..errors import GpuprofError
 
@@ -271,8 +276,27 @@ def timeline_page(view: ActivityView, *, window: str | None = None, top: int = 1
     png = _timeline_figure(view, tw)
     if png is not None:
         page.add("Timeline", png=png, terminal=False,
-                 note="The last step (or --window): NVTX ranges, synchronising calls, then one row per stream.")
+                 note="The last step (or --window): NVTX ranges, synchronising calls, then one row per stream."
+                 + (f" Without steps, the capture's last {TIMELINE_MAX_OPS:,} GPU operations (it holds more)." if cut
+                    else ""))
     return page
+
+
+TIMELINE_MAX_OPS = 50_000
+"""The most GPU operations the timeline figure draws by default, for a capture without steps (with steps it draws
+the last one). Each is a rectangle for matplotlib: a million took 20 s and 1 GiB of memory to draw (an export of
+1,000,000 kernels, artifacts/tools/bench_torch_trace_big.txt), and at 11 inches wide so many cannot be told apart.
+The course's captures hold at most 20,790 operations, so their figures are unchanged."""
+
+
+def _recent_window(view: ActivityView, w: tuple[int, int]) -> tuple[tuple[int, int], bool]:
+    """The window ``w``, or its end from the start of the TIMELINE_MAX_OPS-th last GPU operation where it holds
+    more; and whether it was cut."""
+    starts = view.work["start"].to_numpy(dtype=np.int64)
+    if len(starts) <= TIMELINE_MAX_OPS:
+        return w, False
+    k = len(starts) - TIMELINE_MAX_OPS
+    return (max(int(np.partition(starts, k)[k]), w[0]), w[1]), True
 
 
 def ranks_page(ranks: Sequence[tuple[Path, dict[str, float]]]) -> Page:

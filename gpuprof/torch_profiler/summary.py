@@ -133,12 +133,17 @@ def op_summary(trace: Trace, *, kinds: tuple[str, ...] = CPU_KINDS, by: str = "k
     """
     if by not in ("key", "thread"):
         raise ValueError(f"by must be 'key' or 'thread', not {by!r}")
-    ev = pd.concat([trace.events(k) for k in kinds if len(trace.events(k))], ignore_index=True) \
-        if any(len(trace.events(k)) for k in kinds) else pd.DataFrame(columns=["start", "end", "name", "globalTid"])
+    # Only the columns used, so that the one table of operators and ranges costs five columns, not every argument's.
+    need = ["start", "end", "duration_ns", "name", "globalTid"]
+    frames = [trace.events(k) for k in kinds if len(trace.events(k))]
+    ev = pd.concat([f[[c for c in need if c in f]] for f in frames], ignore_index=True) if frames \
+        else pd.DataFrame(columns=["start", "end", "name", "globalTid"])
     cols = ["key", "calls", "cpu_total_us", "self_cpu_us"]
     if ev.empty:
         return pd.DataFrame(columns=cols)
-    ev = ev.assign(self_ns=self_times(ev), key=ev["name"].astype(str).map(key_name))
+    names = ev["name"].astype(str)
+    keys = {n: key_name(n) for n in names.unique()}  # one regular-expression match per distinct name, not per event
+    ev = ev.assign(self_ns=self_times(ev), key=names.map(keys))
     ev = ev[ev["self_ns"].notna()]  # only children of a parent of the same name: merged into it
     if by == "thread":
         ev = ev.assign(thread=ev["globalTid"])

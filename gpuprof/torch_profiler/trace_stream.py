@@ -275,6 +275,23 @@ def read_events(path: str | Path, *, block: int = BLOCK_BYTES) -> Streamed:
         return _read(Path(path), block)
     except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:  # a damaged gzip stream, a file cut short
         raise NotStreamable(str(exc)) from None
+    finally:
+        _give_back_memory()
+
+
+def _give_back_memory() -> None:
+    """Hand the memory the parsing freed back to the system (glibc's ``malloc_trim``; a no-op elsewhere).
+
+    The blocks' millions of short-lived objects leave glibc's heap with free pages that it keeps
+    for later: 140 MiB of the 437 MiB resident after reading a 507 MB trace, counted in the
+    resident memory of everything the report does next unless they are returned.
+    """
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _read(path: Path, block: int) -> Streamed:
@@ -326,7 +343,7 @@ def _read(path: Path, block: int) -> Streamed:
             for k, evs in by_kind.items():
                 acc[k].add(evs, names, pairs)
             if fl:
-                flows["id"].append([e.get("id") for e in fl])
+                flows["id"].append(_flow_ids([e.get("id") for e in fl]))
                 flows["cat"].append(names([FLOW_CATEGORIES[str(e.get("cat")).lower()] for e in fl]))
                 flows["phase"].append(names([e.get("ph") for e in fl]))
                 flows["ts"].append(_to_ns(_numbers([e.get("ts") for e in fl])))
@@ -365,12 +382,31 @@ def _read(path: Path, block: int) -> Streamed:
                     thread_names=thread_names, process_names=process_names)
 
 
+def _flow_ids(ids: list[Any]) -> tuple[str, Any]:
+    """A block's flow ids without a Python object per id where they are all integers or all floats: ("i", int64),
+    ("f", float64), else ("o", the list). Millions of small objects kept to the end of the file would pin the
+    memory that the parsing of every block frees around them (Python's allocator returns an arena only when all
+    of it is free)."""
+    types = set(map(type, ids))
+    if types <= {int}:
+        try:
+            return ("i", np.array(ids, dtype=np.int64))
+        except OverflowError:  # beyond 64 bits: kept as they are
+            return ("o", ids)
+    if types == {float}:
+        return ("f", np.array(ids, dtype=float))
+    return ("o", ids)
+
+
 def _flow_table(flows: dict[str, list], id_types: set[type], pid_types: set[type], tid_types: set[type]) -> pd.DataFrame:
-    ids = [v for part in flows["id"] for v in part]
-    if id_types <= {int, float, type(None)}:
-        id_col: Any = np.array([np.nan if v is None else v for v in ids], dtype=float)
+    parts = flows["id"]
+    if not parts:
+        id_col: Any = np.array([], dtype=float)
+    elif id_types <= {int, float, type(None)}:
+        id_col = np.concatenate([v.astype(float) if how != "o" else np.array([np.nan if x is None else x for x in v],
+                                                                             dtype=float) for how, v in parts])
     else:
-        id_col = np.array(ids, dtype=object)
+        id_col = np.array([x for how, v in parts for x in (v.tolist() if how != "o" else v)], dtype=object)
     return pd.DataFrame({"id": id_col, "cat": _strings(_concat(flows["cat"])), "phase": _strings(_concat(flows["phase"])),
                          "ts": _concat(flows["ts"]) if flows["ts"] else np.array([], dtype=np.int64),
                          "pid": _typed(_concat(flows["pid"]), pid_types), "tid": _typed(_concat(flows["tid"]), tid_types),
