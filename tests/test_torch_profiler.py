@@ -324,3 +324,15 @@ def test_waves_of_the_longest_kernel_of_the_stored_trace():
     assert w["waves"] == pytest.approx(65_536 / 132 / 8)
     small = trace.kernels()[trace.kernels()["grid"].map(lambda g: int(np.prod(g))) < 132].iloc[0]
     assert ts.kernel_waves(trace, small)["resident"] is None and np.isnan(ts.kernel_waves(trace, small)["waves"])
+
+
+def test_a_fractional_flow_id_leaves_the_correlation_missing_not_a_crash():
+    """Kineto writes whole-number flow ids; a trace with a fractional one (hand-made, or from another writer)
+    fills no correlation from it, and the events that match whole ids still get theirs."""
+    from gpuprof.torch_profiler.kineto_schema import _correlation_from_flows
+
+    t = pd.DataFrame({"pid": [1, 1], "tid": [2, 2], "start": [100, 200]})
+    flows = pd.DataFrame({"cat": ["ac2g", "ac2g"], "phase": ["f", "f"], "pid": [1, 1], "tid": [2, 2],
+                          "ts": [100, 200], "id": [0.5, 7.0]})
+    _correlation_from_flows(t, flows, gpu=True)
+    assert t["correlationId"].isna().tolist() == [True, False] and t["correlationId"].iloc[1] == 7

@@ -66,6 +66,7 @@ def _correlation_from_flows(t: pd.DataFrame, flows: pd.DataFrame, *, gpu: bool) 
     key = pd.DataFrame({"pid": fl["pid"].astype(str), "tid": fl["tid"].astype(str), "start": fl["ts"],
                         "flow_id": pd.to_numeric(fl["id"], errors="coerce")}).drop_duplicates(["pid", "tid", "start"])
     left = pd.DataFrame({"pid": t["pid"].astype(str), "tid": t["tid"].astype(str), "start": t["start"]})
-    ids = left.merge(key, on=["pid", "tid", "start"], how="left")["flow_id"].to_numpy()
+    ids = left.merge(key, on=["pid", "tid", "start"], how="left")["flow_id"].to_numpy(dtype=float, copy=True)
+    ids[ids != np.round(ids)] = np.nan  # a fractional flow id names no launch: Kineto's are whole numbers
     have = t["correlationId"] if "correlationId" in t.columns else pd.Series(pd.NA, index=t.index, dtype="Int64")
     t["correlationId"] = have.fillna(pd.Series(ids, index=t.index)).astype("Int64")
