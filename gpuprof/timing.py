@@ -18,12 +18,12 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from .backend import Backend, choose_backend
 from .errors import GpuprofError
 
-__all__ = ["Timing", "time_call", "format_seconds"]
+__all__ = ["Timing", "time_call", "format_seconds", "Clock"]
 
 
 @dataclass(frozen=True)
@@ -136,3 +136,39 @@ def time_call(
             samples.append((time.perf_counter() - t0) / inner)
         method = "perf_counter"
     return Timing(tuple(samples), method, warmup)
+
+
+class Clock:
+    """Marks between a run's phases: CUDA events on a GPU (read after the run's synchronisation), host time on a CPU.
+
+    :func:`time_call` times one call repeated; a training step's forward/backward/optimizer, or a generation's
+    prefill and each decoding step, are different phases of one run, timed where they happen. Recording an
+    event costs no synchronisation, so marking every phase does not stall the GPU the way reading
+    ``time.perf_counter`` after a ``torch.cuda.synchronize()`` would.
+    """
+
+    def __init__(self, torch: Any, gpu: bool) -> None:
+        self.torch, self.gpu = torch, gpu
+        self.marks: list[Any] = []
+
+    @property
+    def method(self) -> str:
+        return "cuda-events" if self.gpu else "perf_counter"
+
+    def mark(self) -> None:
+        if self.gpu:
+            event = self.torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def intervals_ms(self) -> list[float]:
+        """Milliseconds between consecutive marks (call after synchronising); clears the marks."""
+        m = self.marks
+        if self.gpu:
+            out = [a.elapsed_time(b) for a, b in zip(m, m[1:])]
+        else:
+            out = [(b - a) * 1e3 for a, b in zip(m, m[1:])]
+        self.marks = []
+        return out

@@ -57,6 +57,7 @@ from gpuprof.cli import nonnegative_int, output_file, positive_int, require_memo
 from gpuprof.errors import GpuprofError, is_out_of_memory, out_of_memory_sentence  # noqa: E402
 from gpuprof.fork_runs import run_all  # noqa: E402
 from gpuprof.ranges import annotate  # noqa: E402
+from gpuprof.timing import Clock  # noqa: E402
 
 # d_model, d_ff, num_layers, num_heads: the sizes of the benchmark's assignment table, plus a tiny one.
 PRESETS: dict[str, tuple[int, int, int, int]] = {
@@ -258,32 +259,6 @@ def summary(values: list[float]) -> dict[str, float]:
     """Mean, standard deviation, min and max of a list of milliseconds."""
     return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
             "min": min(values), "max": max(values)}
-
-
-class Clock:
-    """Marks between a step's phases: CUDA events on a GPU (read after the step's synchronisation), host time on a CPU."""
-
-    def __init__(self, torch: Any, gpu: bool) -> None:
-        self.torch, self.gpu = torch, gpu
-        self.marks: list[Any] = []
-
-    def mark(self) -> None:
-        if self.gpu:
-            event = self.torch.cuda.Event(enable_timing=True)
-            event.record()
-            self.marks.append(event)
-        else:
-            self.marks.append(time.perf_counter())
-
-    def intervals_ms(self) -> list[float]:
-        """Milliseconds between consecutive marks (call after synchronising); clears the marks."""
-        m = self.marks
-        if self.gpu:
-            out = [a.elapsed_time(b) for a, b in zip(m, m[1:])]
-        else:
-            out = [(b - a) * 1e3 for a, b in zip(m, m[1:])]
-        self.marks = []
-        return out
 
 
 def run(args: argparse.Namespace, device: str) -> dict[str, Any]:
