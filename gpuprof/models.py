@@ -104,3 +104,13 @@ def require_training_memory(build: Callable[[], Any], sample_shape: tuple[int, .
 
     require_memory(training_bytes(build, sample_shape, batch, **kw), "cpu" if device == "cpu" else "cuda",
                    f"Training at batch {batch:,}", option, lower_bound=True)
+
+
+def rms_norm(x: Any, w: Any, eps: float = 1e-6) -> Any:
+    """RMSNorm as Llama's code computes it: in FP32 whatever the activations' type, cast back, then scaled by ``w``.
+
+    Shared by the examples that build a decoder by hand (weight streaming, LLM decoding), so that both
+    normalise the same way.
+    """
+    xf = x.float()
+    return (xf * (xf.pow(2).mean(-1, keepdim=True) + eps).rsqrt()).to(x.dtype) * w

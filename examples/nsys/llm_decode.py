@@ -41,7 +41,6 @@ for a GPU); ``--model 8b`` there is refused with the memory it would need.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -56,6 +55,8 @@ from gpuprof.backend import torch_device  # noqa: E402
 from gpuprof.cli import bounded_int, output_file, positive_int, require_memory  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
 from gpuprof.ranges import annotate  # noqa: E402
+from gpuprof.kernels import write_json  # noqa: E402
+from gpuprof.models import rms_norm  # noqa: E402
 from gpuprof.timing import Clock  # noqa: E402
 
 CACHES = ("dynamic", "static")
@@ -161,8 +162,7 @@ class Decoder:
         self.cos, self.sin = angles.cos().to(dtype), angles.sin().to(dtype)
 
     def rmsnorm(self, x: Any, w: Any) -> Any:
-        xf = x.float()
-        return (xf * self.torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.cfg.norm_eps)).to(x.dtype) * w
+        return rms_norm(x, w, self.cfg.norm_eps)
 
     def rope(self, x: Any, pos: int) -> Any:
         """Rotate [batch, heads, tokens, head_dim] by positions pos.. (the rotate-half form Llama's code uses)."""
@@ -363,9 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     if checked:
         tokens_agree("dynamic", tokens["dynamic"], "static", tokens["static"])
         results["tokens_identical"] = True
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
-        print(f"results written to {args.json}")
+    write_json(args.json, results)
     if checked:
         print(f"result checked: the dynamic and static caches generated the same {batch} x {new + 1} token ids")
     else:

@@ -53,6 +53,7 @@ from gpuprof import annotate, exit_on_error  # noqa: E402
 from gpuprof.backend import torch_backend_or_cpu  # noqa: E402
 from gpuprof.cli import nonnegative_int, output_file, positive_int, require_memory  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
+from gpuprof.models import rms_norm  # noqa: E402
 from gpuprof.timing import Timing  # noqa: E402
 
 MODES = ("resident", "transfer_only", "sync", "prefetch")
@@ -132,8 +133,7 @@ class Model:
         self.lm_head = (torch.randn(cfg.d_model, cfg.vocab, generator=gen, device=device) * 0.02).to(dtype)
 
     def rmsnorm(self, x, w):  # type: ignore[no-untyped-def]
-        xf = x.float()
-        return (xf * self.torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * w
+        return rms_norm(x, w, 1e-6)
 
     def layer(self, i: int, x, w, cache, pos: int):  # type: ignore[no-untyped-def]
         """One decoder layer on activations x [batch, tokens, d] at position ``pos``."""
