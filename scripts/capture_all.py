@@ -119,6 +119,11 @@ def execute_in_place(nb_path: Path, env: dict[str, str], keep_going: bool = Fals
     return seconds
 
 
+def escaped_pipes(text: str) -> str:
+    """``text`` with each ``|`` written ``\\|``: a GFM table cell's pipe, which MyST reads as ``|`` even inside code."""
+    return text.replace("|", "\\|")
+
+
 def provenance_markdown(artifacts: Path) -> str:
     """One table row per reference file: what produced it, on which GPU, with which tools."""
     rows = ["| file | GPU | driver | CUDA | libraries | tools | captured | command |",
@@ -134,7 +139,7 @@ def provenance_markdown(artifacts: Path) -> str:
                 cmd += f"; stored as {e['stored']}"
             rows.append(f"| `{prov_path.parent.name}/{name}` | {m.get('gpu_name') or 'CPU'} | {m.get('driver_version') or '-'} "
                         f"| {m.get('cuda_runtime') or '-'} | {libs} | {tools} | {e.get('captured_at', '?')} "
-                        f"| `{cmd.replace('|', chr(92) + '|')}` |")  # a table cell's pipe, escaped as GFM tables read it
+                        f"| `{escaped_pipes(cmd)}` |")
     return "\n".join(rows) + "\n"
 
 
