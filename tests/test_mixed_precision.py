@@ -339,3 +339,23 @@ def test_host_description_reads_a_machine_record():
     assert host_description({"cpu_model": "X", "cpu_count": 8, "cpu_mhz": 2100.0, "virtual_machine": True}) == \
         "X, 8 logical cores at 2.10 GHz, a virtual machine"
     assert "clock not recorded" in host_description({"cpu_model": "X", "cpu_count": 8})
+
+
+def test_census_by_group_splits_where_the_devices_differ(tmp_path):
+    """artifacts/ch10/gpu_census.json against the CPU's record: per group, and the groups add up to each record's
+    totals; a census of another model is refused, not compared."""
+    import json
+
+    from gpuprof.errors import GpuprofError
+
+    t = mp.census_by_group()
+    for device, path in (("gpu", mp.GPU_CENSUS), ("cpu", mp.CPU_CENSUS)):
+        total = json.loads(path.read_text())["census"]
+        assert t[f"below_{device}"].sum() == total["below_fp16_subnormal"]
+        assert t[f"nonzero_{device}"].sum() == total["nonzero"]
+    assert (t["below_diff"] == t["below_gpu"] - t["below_cpu"]).all()
+    other = json.loads(mp.GPU_CENSUS.read_text())
+    other["config"]["layers"] += 1
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    with pytest.raises(GpuprofError, match="different models"):
+        mp.census_by_group(tmp_path / "other.json")

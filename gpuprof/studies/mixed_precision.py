@@ -35,7 +35,7 @@ from ..runner import portable_command, python_target
 
 __all__ = ["SCRIPT", "MODES", "FAILURE", "SMALL_BATCH", "LARGE_BATCH", "ROUNDS", "BUDGET_GIB", "run_plan", "run_study",
            "timing_table", "speedup_floor", "fit_table", "loss_curves", "loss_agreement", "underflow_table",
-           "scale_history", "underflow_top", "CPU_CENSUS", "census_against_cpu", "memory_per_sequence", "capture_mode", "capture_summary", "gemm_kernels",
+           "scale_history", "underflow_top", "CPU_CENSUS", "GPU_CENSUS", "census_against_cpu", "census_by_group", "memory_per_sequence", "capture_mode", "capture_summary", "gemm_kernels",
            "matmul_work", "PHASES", "OPTIMIZER", "phase_work", "scaler_work", "CAST", "SCALER", "figure"]
 
 SCRIPT = REPO_ROOT / "examples" / "nsys" / "mixed_precision.py"
@@ -247,7 +247,36 @@ def underflow_top(data: dict[str, Any], mode: str = FAILURE, batch: int = SMALL_
 
 #: The script's ``--census`` of the FP32 reference gradient on the CPU, by parameter group (the GPU run keeps totals).
 CPU_CENSUS = REPO_ROOT / "artifacts" / "ch10" / "cpu" / "fp16_census.json"
+#: The same ``--census`` run by hand on a GPU (the training run's JSON keeps only its totals): the GPU's own split.
+GPU_CENSUS = REPO_ROOT / "artifacts" / "ch10" / "gpu_census.json"
 CENSUS_FIELDS = ("nonzero", "below_fp16_subnormal", "fp16_subnormal")
+
+
+def census_by_group(gpu_path: str | Path = GPU_CENSUS, cpu_path: str | Path = CPU_CENSUS) -> pd.DataFrame:
+    """The two ``--census`` records side by side, per parameter group: elements, non-zero and below 2^-25 on each
+    device, and GPU - CPU. It answers where the devices' totals differ, which the totals alone cannot: the training
+    run records totals only. Refuses two records of different models (their configurations, the device aside, must
+    be equal). ``attrs`` holds each record's torch version and GPU name (``None`` on the CPU)."""
+    import json
+
+    gpu, cpu = (json.loads(Path(p).read_text()) for p in (gpu_path, cpu_path))
+    same = {k: v for k, v in gpu["config"].items() if k != "cpu"} == {k: v for k, v in cpu["config"].items() if k != "cpu"}
+    if not same or set(gpu["census"]["by_group"]) != set(cpu["census"]["by_group"]):
+        raise GpuprofError(f"{gpu_path} and {cpu_path} are censuses of different models: compare like with like")
+    rows = []
+    for group, g in gpu["census"]["by_group"].items():
+        c = cpu["census"]["by_group"][group]
+        if g["elements"] != c["elements"]:
+            raise GpuprofError(f"{group}: {g['elements']:,} elements on the GPU, {c['elements']:,} on the CPU")
+        rows.append({"group": group, "elements": g["elements"], "nonzero_cpu": c["nonzero"], "nonzero_gpu": g["nonzero"],
+                     "below_cpu": c["below_fp16_subnormal"], "below_gpu": g["below_fp16_subnormal"],
+                     "max_abs_gpu": g["max_abs"]})
+    out = pd.DataFrame(rows).set_index("group")
+    out["nonzero_diff"] = out["nonzero_gpu"] - out["nonzero_cpu"]
+    out["below_diff"] = out["below_gpu"] - out["below_cpu"]
+    out.attrs.update(torch={"gpu": gpu["provenance"]["torch"], "cpu": cpu["provenance"]["torch"]},
+                     gpu_name=gpu["machine"].get("gpu_name"))
+    return out
 
 
 def census_against_cpu(data: dict[str, Any], path: str | Path = CPU_CENSUS, batch: int = SMALL_BATCH) -> pd.DataFrame:
