@@ -263,3 +263,25 @@ def test_clock_cache_durations_records_sm_l2_and_dram_clocks(monkeypatch):
     assert row["launches"] == 3 and row["median_us"] == pytest.approx(4.54)
     assert row["sm_ghz"] == pytest.approx(1.59) and row["dram_ghz"] == pytest.approx(2.62)
     assert row["l2_ghz"] == pytest.approx(1.710)
+
+
+def test_a_metric_without_a_value_reads_as_empty_not_zero():
+    """``ncu --csv --page raw`` leaves a metric empty where the report holds no value (the PM-sampling
+    ``*.TriageCompute.*`` metrics of ``--set full``: instances, no value of their own). ``ncu_report``'s ``value()``
+    gives 0.0 for them; the dump must give None, as the CLI does."""
+    from gpuprof.ncu.report_dump import _value
+
+    class Metric:
+        def __init__(self, has: bool, value: object) -> None:
+            self._has, self._value = has, value
+
+        def has_value(self) -> bool:
+            return self._has
+
+        def value(self) -> object:
+            return self._value
+
+    assert _value(Metric(False, 0.0)) is None
+    assert _value(Metric(True, 0.0)) == 0.0
+    assert _value(Metric(True, 3)) == 3.0
+    assert _value(Metric(True, "nvjet")) == "nvjet"

@@ -53,6 +53,11 @@ def find_ncu_report():  # type: ignore[no-untyped-def]
 
 
 def _value(metric):  # type: ignore[no-untyped-def]
+    """The metric's value as ``ncu --csv --page raw`` prints it: ``None`` (an empty cell) where the report holds
+    none. ``value()`` alone reads such a metric as 0.0: the PM-sampling metrics of ``--set full`` (``*.TriageCompute.*``,
+    207 samples on a cuBLAS kernel) have instances but no value of their own, and the CSV leaves them empty."""
+    if not metric.has_value():
+        return None
     v = metric.value()
     if v is None or isinstance(v, str):
         return v
