@@ -267,14 +267,16 @@ def require_fit(args: argparse.Namespace, torch: Any, world: int, device: str) -
         parts = (f"parameters {gib['parameters']:,.1f}, gradients {gib['gradients']:,.1f}, AdamW state "
                  f"{gib['optimizer_state']:,.1f}, activations {gib['activations']:,.1f}"
                  + (f", gathered units {gib['gathered_units']:,.1f}" if "gathered_units" in gib else "") + " GiB")
-        place = "this machine's host memory" if where == "cpu" else "this GPU"
-        of = f" of {total / 2**30:,.1f} GiB" if total else ""
+        place = "in host memory" if where == "cpu" else "on this GPU"
+        of = f" (of {total / 2**30:,.1f} GiB)" if total else ""
         hint = ("Shard it over more GPUs (torchrun --nproc-per-node), or choose a smaller --layers, --d-model or "
                 "--batch-size." if mode != "ddp" else
-                "Shard it (--mode fsdp_reshard), or choose a smaller --layers, --d-model or --batch-size.")
-        raise GpuprofError(f"--mode {mode} at {world} rank(s) needs at least {least / 2**30:,.1f} GiB per "
-                           f"{'process' if where == 'cpu' else 'GPU'} ({parts}{'' if least == steady else '; more while the model is built'}), "
-                           f"but {place} has {free / 2**30:,.1f} GiB free{of}.", hint)
+                "Shard it over several GPUs (--mode fsdp_reshard under torchrun --nproc-per-node N), or choose a smaller "
+                "--layers, --d-model or --batch-size.")
+        building = "" if least == steady else "; the whole model while it is built before sharding: more"
+        raise GpuprofError(f"--mode {mode} at {world} rank(s) would take at least {least / 2**30:,.1f} GiB per "
+                           f"{'process' if where == 'cpu' else 'GPU'} ({parts}{building}), "
+                           f"but only {free / 2**30:,.1f} GiB is available {place}{of}.", hint)
 
 
 def local_bytes(tensors: Any) -> int:
