@@ -99,3 +99,19 @@ def test_scaling_table_grows_the_exposed_time_with_the_ring():
     ddp = t[t["mode"] == "ddp"].set_index(["gpus", "algorithm"])["comm_ms"]
     assert ddp[(1024, "tree")] < ddp[(1024, "ring")]  # the same bandwidth term, a logarithmic latency
     assert len(st.predict_scaling(units, {2: links[2]}, scales=(2, 4))) == 4  # no link for 4: no row
+
+
+def test_units_from_a_one_process_record_put_the_root_first_and_keep_it():
+    record = {"unit_parameters": [200, 100, 100],
+              "runs": [{"mode": "ddp", "steps": [{"forward": f, "backward": 2 * f} for f in (4.0, 4.0, 40.0)]}]}
+    units = st.units_from_record(record, gather_element=2)
+    assert [u.forward_ms for u in units] == [2.0, 1.0, 1.0] and [u.backward_ms for u in units] == [4.0, 2.0, 2.0]
+    assert [u.gather_bytes for u in units] == [400, 200, 200] and [u.reduce_bytes for u in units] == [800, 400, 400]
+    assert [u.kept for u in units] == [True, False, False]
+    link = st.Link(100.0, 0.0)
+    p = st.simulate_step(units, "fsdp_reshard", 2, link, prefetch=1)
+    # all-gathers: 3 in forward, 2 in backward (the root stays gathered); reduce-scatters: 3
+    per_byte_ms = 0.5 / 100e9 * 1e3
+    assert p.comm_ms == pytest.approx((800 + 400 + 1600) * per_byte_ms)
+    with pytest.raises(GpuprofError, match="no fsdp_keep run"):
+        st.units_from_record(record, "fsdp_keep")

@@ -47,8 +47,10 @@ def test_three_modes_train_the_same_model_on_two_processes(three_modes):
     assert "result checked: the loss fell in every mode on all 2 rank(s)" in p.stdout
     assert [r["rank"] for r in ranks] == [0, 1] and combined["world_size"] == 2
     assert [r["rank"] for r in combined["ranks"]] == [0, 1]
+    assert "fsdp_reshard, fsdp_keep against ddp: rank 0's losses within" in p.stdout
     for r in ranks:
         assert r["world_size"] == 2 and r["backend"] == "gloo" and r["timing"] == "perf_counter"
+        assert sum(r["unit_parameters"]) == r["parameters"] and len(r["unit_parameters"]) == 1 + r["units"]
         runs = {run["mode"]: run for run in r["runs"]}
         assert list(runs) == ["ddp", "fsdp_reshard", "fsdp_keep"]
         assert all(len(run["steps"]) == 2 and len(run["losses"]) == 3 for run in runs.values())

@@ -225,13 +225,21 @@ def unit_bytes(args: argparse.Namespace, torch: Any, element: int) -> int:
     return max(sum(p.numel() for p in run.parameters()) for run in model.blocks) * element
 
 
+def unit_parameters(args: argparse.Namespace, torch: Any) -> list[int]:
+    """Parameters of the root (everything outside the units: embeddings, final norm, head), then of each unit."""
+    model = build(args, torch, "meta")
+    units = [sum(p.numel() for p in run.parameters()) for run in model.blocks]
+    return [sum(p.numel() for p in model.parameters()) - sum(units), *units]
+
+
 def required_bytes(args: argparse.Namespace, torch: Any, mode: str, world: int) -> dict[str, int]:
     """A lower bound on one rank's memory for ``mode``, by category, known before anything is allocated.
 
     Parameters, gradients and AdamW state from gpuprof.studies.sharded_training's arithmetic;
     the activations autograd saves in one forward (gpuprof.models.saved_tensor_bytes on the meta
-    device, halved under --mp bf16); under FSDP2, the gathered units in flight (the unit being
-    computed and the ones prefetched, at least two) with their unsharded gradients; and the whole
+    device, halved under --mp bf16); under FSDP2, the gathered units (resharding: the ones in
+    flight, the unit being computed and those prefetched, at least two; keeping: every unit, from
+    its forward to its backward) and the unsharded gradients of the units in flight; and the whole
     model in FP32 while it is built, before FSDP2 shards it.
     """
     from gpuprof.models import saved_tensor_bytes
@@ -244,7 +252,10 @@ def required_bytes(args: argparse.Namespace, torch: Any, mode: str, world: int) 
     if mode != "ddp":
         in_flight = 1 + (args.prefetch if isinstance(args.prefetch, int) else 1)
         element = 2 if args.mp == "bf16" else 4
-        need["gathered_units"] = in_flight * unit_bytes(args, torch, element) * 2  # parameters and their gradients
+        unit = unit_bytes(args, torch, element)
+        # resharding, the units in flight; keeping, every unit stays gathered from its forward to its backward
+        kept = parameter_count(args) * element if mode == "fsdp_keep" else in_flight * unit
+        need["gathered_units"] = kept + in_flight * unit  # and the unsharded gradients of the units in flight
     need["while_building"] = parameter_count(args) * 4
     return need
 
@@ -532,9 +543,12 @@ def check(results: list[dict[str, Any]], world: int) -> str:
     spread = max((abs(a - b) / abs(b) for run in runs[1:] for a, b in zip(run["losses"], first["losses"])), default=0.0)
     sums = max((abs(run["weights_sum"] - first["weights_sum"]) / max(abs(first["weights_sum"]), 1e-30) for run in runs[1:]),
                default=0.0)
-    modes = ", ".join(run["mode"] for run in runs)
-    return (f"result checked: the loss fell in every mode on all {world} rank(s); {modes}: rank 0's losses within "
-            f"{spread:.2g} of {first['mode']}'s (relative), the weights' sums within {sums:.2g}")
+    said = f"result checked: the loss fell in every mode on all {world} rank(s)"
+    if len(runs) == 1:
+        return said
+    others = ", ".join(run["mode"] for run in runs[1:])
+    return (f"{said}; {others} against {first['mode']}: rank 0's losses within {spread:.2g} (relative), "
+            f"the weights' sums within {sums:.2g}")
 
 
 def json_paths(path: Path, rank: int) -> Path:
@@ -564,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
 
         record = {"rank": rank, "world_size": world, "device": device.split(":")[0], "backend": dist.get_backend(),
                   "timing": Clock(torch, device.startswith("cuda")).method, "parameters": parameter_count(args),
-                  "units": -(-args.layers // args.unit), "runs": runs}
+                  "units": -(-args.layers // args.unit), "unit_parameters": unit_parameters(args, torch), "runs": runs}
         results: list[Any] = [None] * world
         dist.all_gather_object(results, record)
     finally:

@@ -31,7 +31,7 @@ NCCL 2.23, runs one GPU per node only), so asking for one is an error here, not 
 one network link, unit by unit (a unit is what one ``fully_shard`` call wraps): forward
 all-gathers, backward all-gathers (when the unit was resharded after forward) and
 reduce-scatters (FSDP), or one all-reduce per unit after its backward (DDP, its buckets taken
-as one per unit). Prefetch depth p issues a unit's all-gather when the unit p places earlier
+as one per unit); a unit marked ``kept`` (the root) is not gathered again in backward. Prefetch depth p issues a unit's all-gather when the unit p places earlier
 starts computing; p = 0 issues it when the unit before it has finished. The link runs the
 collectives one after another in the order they were issued. What the compute waits for is
 the exposed communication, by collective. :func:`predict_scaling` runs it at 4, 8, 64 and
@@ -54,7 +54,7 @@ from typing import Any, Iterable, Sequence
 from ..errors import GpuprofError
 
 __all__ = ["MODES", "BUS_FACTOR", "shard_numel", "memory_arithmetic", "sharded_share", "collective_ms", "latency_steps",
-           "Link", "fit_link", "UnitCost", "unit_costs", "StepPrediction", "simulate_step", "predict_scaling",
+           "Link", "fit_link", "UnitCost", "unit_costs", "units_from_record", "StepPrediction", "simulate_step", "predict_scaling",
            "memory_table", "step_table", "read_rank_results", "SCALES"]
 
 MODES = ("ddp", "fsdp_reshard", "fsdp_keep")
@@ -177,12 +177,39 @@ class UnitCost:
     backward_ms: float
     gather_bytes: float   # the unit's parameters in the all-gather's type (bf16 under MixedPrecisionPolicy)
     reduce_bytes: float   # its gradients in the reduction's type (FP32)
+    kept: bool = False    # never resharded after forward (the root): no all-gather in backward
 
 
 def unit_costs(units: int, forward_ms: float, backward_ms: float, gather_bytes: float,
                reduce_bytes: float) -> list[UnitCost]:
     """``units`` equal units sharing a step's forward and backward time and the model's bytes evenly."""
     return [UnitCost(forward_ms / units, backward_ms / units, gather_bytes / units, reduce_bytes / units)] * units
+
+
+def units_from_record(record: dict[str, Any], mode: str = "ddp", *, gather_element: int = 4,
+                      reduce_element: int = 4) -> list[UnitCost]:
+    """The units of a run of ``fsdp_training.py`` (one rank's JSON record), for :func:`simulate_step`.
+
+    The root (embeddings, final norm, head) first and kept gathered, as the script shards it,
+    then the units of layers. Each unit's forward and backward time is the run's median,
+    shared in proportion to the unit's parameters (a matrix product's work is proportional to
+    its weights per token; attention's score products, which have no weights, are shared the
+    same way, an approximation the chapter checks against the four-GPU measurement). Read the
+    compute from a run on one process (``world_size`` 1: no communication in it); element
+    sizes: 2 for BF16 all-gathers (``--mp bf16``), 4 for FP32.
+    """
+    import statistics
+
+    runs = {run["mode"]: run for run in record["runs"]}
+    if mode not in runs:
+        raise GpuprofError(f"the record has no {mode} run; it has {', '.join(runs)}.")
+    steps = runs[mode]["steps"]
+    forward = statistics.median(s["forward"] for s in steps)
+    backward = statistics.median(s["backward"] for s in steps)
+    counts = record["unit_parameters"]
+    total = sum(counts)
+    return [UnitCost(forward * c / total, backward * c / total, c * gather_element, c * reduce_element, kept=i == 0)
+            for i, c in enumerate(counts)]
 
 
 @dataclass(frozen=True)
@@ -248,12 +275,14 @@ def simulate_step(units: Sequence[UnitCost], mode: str, n: int, link: Link, *, p
     def gather_ahead(done: dict[int, float], sequence: list[int], k: int) -> None:
         """At the start of unit ``sequence[k]``'s compute, issue the next ``prefetch`` units' all-gathers, in order."""
         for ahead in range(1, prefetch + 1):
-            if k + ahead < len(sequence) and sequence[k + ahead] not in done:
+            if k + ahead < len(sequence) and sequence[k + ahead] not in done and \
+                    not (done is regathered and units[sequence[k + ahead]].kept):
                 j = sequence[k + ahead]
                 done[j] = issue("all_gather", units[j].gather_bytes, clock)
 
     forward = list(range(count))
     gathered: dict[int, float] = {}
+    regathered: dict[int, float] = {}
     for k, i in enumerate(forward):
         if sharded:
             if i not in gathered:  # the first unit, or every unit without prefetch: issued when it is reached
@@ -262,10 +291,9 @@ def simulate_step(units: Sequence[UnitCost], mode: str, n: int, link: Link, *, p
             gather_ahead(gathered, forward, k)
         clock += units[i].forward_ms
     backward = forward[::-1]
-    regathered: dict[int, float] = {}
     reduced = 0.0
     for k, i in enumerate(backward):
-        if mode == "fsdp_reshard":
+        if mode == "fsdp_reshard" and not units[i].kept:
             if i not in regathered:
                 regathered[i] = issue("all_gather", units[i].gather_bytes, clock)
             wait(regathered[i])
