@@ -13,7 +13,8 @@ from typing import Any, Callable
 
 from .errors import GpuprofError
 
-__all__ = ["small_cnn", "synthetic_batch", "train_step", "check_loss_fell", "training_bytes", "require_training_memory"]
+__all__ = ["small_cnn", "synthetic_batch", "train_step", "check_loss_fell", "training_bytes", "saved_tensor_bytes",
+           "require_training_memory", "transformer_lm", "transformer_lm_parameters"]
 
 
 def small_cnn() -> Any:
@@ -62,26 +63,20 @@ def check_loss_fell(losses: list[float]) -> str:
     return f"result checked: the loss fell from {losses[0]:.4f} to {losses[-1]:.4f} over {len(losses)} steps"
 
 
-def training_bytes(build: Callable[[], Any], sample_shape: tuple[int, ...], batch: int, *,
-                   optimizer_states: int = 2, half_precision: bool = False) -> int:
-    """A lower bound on the memory one training step of ``build()`` takes at ``batch``, computed without allocating.
+def saved_tensor_bytes(build: Callable[[], Any], make_input: Callable[[], Any]) -> tuple[int, int]:
+    """(parameter bytes, bytes of the tensors autograd saves for backward) of one forward pass, allocating nothing.
 
     The model is built on PyTorch's ``meta`` device (shapes, no storage) and run forward on
-    a meta batch, with a saved-tensor hook recording every tensor autograd keeps for
-    backward (each once). All of them are alive together when the forward pass ends, beside
-    the parameters, their gradients and ``optimizer_states`` tensors like them (Adam: 2, SGD
-    with momentum: 1, plain SGD: 0). Temporaries, gradients of activations, workspaces and
-    the allocator's rounding come on top, so a run this bound refuses cannot fit, and one it
-    allows may still run out (the scripts' error handler then says so). Checked against the
-    CPU's peak resident memory for the course's CNN: 1.27 GiB bound, 1.64 GiB measured at
-    batch 2048. ``half_precision`` (bf16 autocast) halves the activations' share.
+    ``make_input()`` (called under the meta device too), with a saved-tensor hook recording
+    every tensor autograd keeps for backward, each storage once and parameters left out (a
+    weight's transpose that a layer saves is the weight's own memory).
     """
     import torch
 
     with torch.device("meta"):
         model = build()
+        example = make_input()
     params = list(model.parameters())
-    # tensors are told apart by their storage: a weight's transpose that a layer saves is the weight's own memory
     param_storages = {p.untyped_storage()._cdata for p in params}
     saved: dict[int, int] = {}
 
@@ -92,9 +87,27 @@ def training_bytes(build: Callable[[], Any], sample_shape: tuple[int, ...], batc
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(torch.empty(batch, *sample_shape, device="meta"))
-    activations = sum(saved.values()) // (2 if half_precision else 1)
-    return sum(p.numel() * p.element_size() for p in params) * (2 + optimizer_states) + activations
+        model(example)
+    return sum(p.numel() * p.element_size() for p in params), sum(saved.values())
+
+
+def training_bytes(build: Callable[[], Any], sample_shape: tuple[int, ...], batch: int, *,
+                   optimizer_states: int = 2, half_precision: bool = False) -> int:
+    """A lower bound on the memory one training step of ``build()`` takes at ``batch``, computed without allocating.
+
+    The tensors autograd keeps for backward (:func:`saved_tensor_bytes`, on a random batch of
+    ``sample_shape``) are all alive together when the forward pass ends, beside the parameters,
+    their gradients and ``optimizer_states`` tensors like them (Adam: 2, SGD with momentum: 1,
+    plain SGD: 0). Temporaries, gradients of activations, workspaces and the allocator's
+    rounding come on top, so a run this bound refuses cannot fit, and one it allows may still
+    run out (the scripts' error handler then says so). Checked against the CPU's peak resident
+    memory for the course's CNN: 1.27 GiB bound, 1.64 GiB measured at batch 2048.
+    ``half_precision`` (bf16 autocast) halves the activations' share.
+    """
+    import torch
+
+    params, saved = saved_tensor_bytes(build, lambda: torch.empty(batch, *sample_shape))
+    return params * (2 + optimizer_states) + saved // (2 if half_precision else 1)
 
 
 def require_training_memory(build: Callable[[], Any], sample_shape: tuple[int, ...], batch: int, device: str,
@@ -114,3 +127,69 @@ def rms_norm(x: Any, w: Any, eps: float = 1e-6) -> Any:
     """
     xf = x.float()
     return (xf * (xf.pow(2).mean(-1, keepdim=True) + eps).rsqrt()).to(x.dtype) * w
+
+
+def transformer_lm(vocab: int, d_model: int, heads: int, d_ff: int, layers: int, context: int, group: int = 1) -> Any:
+    """A causal language model built from PyTorch's own ``nn.TransformerEncoderLayer`` (pre-LayerNorm, GELU, no dropout).
+
+    Token and position embeddings, ``layers`` blocks, a final LayerNorm and a vocabulary head.
+    The blocks sit in ``model.blocks`` in runs of ``group`` consecutive layers (the last run
+    shorter when ``group`` does not divide ``layers``), one module per run, so that a sharding
+    wrapper can take each run as a unit: ``group`` changes which layers share a unit, never the
+    weights (the layers are drawn in the same order whatever the grouping). PyTorch's layer
+    rather than one written here: the block a reader shards is the one they already use. Built
+    on the current default device (wrap the call in ``torch.device(...)``), from the global
+    generator, so a seed set before the call gives every process the same model.
+    """
+    import torch
+    from torch import nn
+
+    if group < 1:
+        raise GpuprofError(f"a unit holds at least one layer, not {group}.")
+
+    class Run(nn.Module):
+        """Consecutive layers that one sharding unit holds."""
+
+        def __init__(self, count: int) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList(
+                nn.TransformerEncoderLayer(d_model, heads, d_ff, dropout=0.0, activation="gelu", batch_first=True,
+                                           norm_first=True) for _ in range(count))
+
+        def forward(self, x: Any, mask: Any) -> Any:
+            for layer in self.layers:
+                x = layer(x, src_mask=mask, is_causal=True)
+            return x
+
+    class TransformerLM(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(vocab, d_model)
+            self.position = nn.Parameter(torch.randn(context, d_model) * 0.02)
+            self.blocks = nn.ModuleList(Run(min(group, layers - start)) for start in range(0, layers, group))
+            self.norm = nn.LayerNorm(d_model)
+            self.head = nn.Linear(d_model, vocab, bias=False)
+
+        def forward(self, tokens: Any) -> Any:
+            t = tokens.shape[1]
+            x = self.embed(tokens) + self.position[:t]
+            mask = nn.Transformer.generate_square_subsequent_mask(t, device=x.device, dtype=x.dtype)
+            for run in self.blocks:
+                x = run(x, mask)
+            return self.head(self.norm(x))
+
+    return TransformerLM()
+
+
+def transformer_lm_parameters(vocab: int, d_model: int, d_ff: int, layers: int, context: int) -> dict[str, int]:
+    """The parameter count of :func:`transformer_lm`, by part, from the shapes alone (checked against the model).
+
+    One block: the attention's input projection (3 d x d and 3 d biases) and output projection
+    (d x d and d), the feed-forward's two matrices (d x ff, ff x d, with ff and d biases), two
+    LayerNorms (2 d each). Outside the blocks: the embeddings (vocab x d), the positions
+    (context x d), the final LayerNorm (2 d) and the head (vocab x d, no bias).
+    """
+    d, ff = d_model, d_ff
+    block = (3 * d * d + 3 * d) + (d * d + d) + (d * ff + ff) + (ff * d + d) + 4 * d
+    return {"block": block, "blocks": layers * block, "outside_blocks": vocab * d + context * d + 2 * d + vocab * d,
+            "total": layers * block + 2 * vocab * d + context * d + 2 * d}

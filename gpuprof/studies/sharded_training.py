@@ -1,0 +1,383 @@
+"""The sharded-training chapter's arithmetic: memory per GPU by category, and a model of the collectives' cost.
+
+The chapter trains one transformer three ways (``examples/nsys/fsdp_training.py``): DDP (every
+GPU holds the whole model) and FSDP2 (``torch.distributed.fsdp.fully_shard``) with and without
+resharding after forward. This module holds what the chapter computes beside the measurements.
+
+**Memory** (:func:`memory_arithmetic`): per rank, the bytes of the parameters, their gradients
+and the optimizer's state (AdamW: two tensors shaped like each parameter). DDP keeps all of
+them on every GPU; FSDP2 keeps on rank r the rows ``torch.chunk(dim=0)`` gives it of every
+parameter (:func:`shard_numel`: FSDP2 shards each parameter on dim 0, the docs of
+``fully_shard`` say so), so about 1/N of each. Activations are not arithmetic here: the script
+measures them as the step's peak minus the rest.
+
+**Collectives** (:func:`collective_ms`): the time of an all-gather, reduce-scatter or
+all-reduce of S bytes on n ranks, as a bandwidth term plus a latency term. The bandwidth term
+uses nccl-tests' bus bandwidth (``doc/PERFORMANCE.md`` of NVIDIA/nccl-tests):
+``t = S / busbw * f(n)`` with ``f = 2 (n-1) / n`` for all-reduce and ``(n-1) / n`` for
+all-gather and reduce-scatter, S being the whole array (the gathered output, the scattered
+input), "independent of the algorithm used (ring, tree, or other)". The latency term counts
+the algorithm's steps, each costing one per-step latency: a ring takes n-1 steps for an
+all-gather or a reduce-scatter and 2 (n-1) for an all-reduce (a reduce-scatter then an
+all-gather; "the latency of ring increases linearly with the communicator size", an NCCL
+developer in NVIDIA/nccl#1712); NCCL's tree all-reduce is a reduce up a tree and a broadcast
+down it (NVIDIA/nccl#545), 2 ceil(log2 n) steps. NCCL has no tree all-gather or
+reduce-scatter ("The Tree algorithm implements multiple reduce/broadcast operations, so it
+doesn't apply to allgather/reducescatter", NVIDIA/nccl#1473; its PAT algorithm for them, from
+NCCL 2.23, runs one GPU per node only), so asking for one is an error here, not a number.
+:func:`fit_link` fits the bus bandwidth and the per-step latency to measured collectives.
+
+**Exposed communication** (:func:`simulate_step`): one training step as a compute stream and
+one network link, unit by unit (a unit is what one ``fully_shard`` call wraps): forward
+all-gathers, backward all-gathers (when the unit was resharded after forward) and
+reduce-scatters (FSDP), or one all-reduce per unit after its backward (DDP, its buckets taken
+as one per unit); a unit marked ``kept`` (the root) is not gathered again in backward. Prefetch depth p issues a unit's all-gather when the unit p places earlier
+starts computing; p = 0 issues it when the unit before it has finished. The link runs the
+collectives one after another in the order they were issued. What the compute waits for is
+the exposed communication, by collective. :func:`predict_scaling` runs it at 4, 8, 64 and
+1,024 GPUs.
+
+What the model leaves out, said once: collectives on separate streams of one communicator can
+run at once and share the link (here they queue); NCCL's kernels take SMs and memory
+bandwidth from the computation they overlap (here overlap is free); the memory limit on how
+many units FSDP2 keeps gathered; a ring that spans nodes has its intra-node steps cheaper than
+its network ones (here every step costs the link's latency, an upper bound). A prediction is
+checked against a measurement at a scale the chapter can run, never trusted past it unread.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+from ..errors import GpuprofError
+
+__all__ = ["MODES", "BUS_FACTOR", "shard_numel", "memory_arithmetic", "sharded_share", "collective_ms", "latency_steps",
+           "Link", "fit_link", "UnitCost", "unit_costs", "units_from_record", "StepPrediction", "simulate_step", "predict_scaling",
+           "memory_table", "step_table", "read_rank_results", "SCALES"]
+
+MODES = ("ddp", "fsdp_reshard", "fsdp_keep")
+SCALES = (2, 4, 8, 64, 1024)
+# nccl-tests doc/PERFORMANCE.md: busbw = algbw * factor, so t = S * factor / busbw
+BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
+              "reduce_scatter": lambda n: (n - 1) / n}
+
+
+# --- memory -----------------------------------------------------------------------------------------------------
+
+def shard_numel(shape: Sequence[int], world: int, rank: int) -> int:
+    """Elements of a parameter of ``shape`` that rank ``rank`` of ``world`` holds under FSDP2.
+
+    FSDP2 shards on dim 0 as ``torch.chunk`` does: chunks of ceil(d0 / world) rows, the last
+    ones shorter or empty when d0 does not divide (it pads them for the all-gather; the
+    padding is not the parameter's). A 0-dimensional tensor is treated as one row.
+    """
+    if world < 1 or not 0 <= rank < world:
+        raise GpuprofError(f"rank {rank} is not one of {world} rank(s).")
+    rows = shape[0] if shape else 1
+    rest = math.prod(shape[1:]) if len(shape) > 1 else 1
+    chunk = -(-rows // world)
+    return max(0, min(chunk, rows - rank * chunk)) * rest
+
+
+def memory_arithmetic(shapes: Iterable[Sequence[int]], world: int, mode: str, rank: int = 0, *,
+                      param_bytes: int = 4, optimizer_states: int = 2) -> dict[str, int]:
+    """Bytes per GPU of parameters, gradients and optimizer state for ``mode`` at ``world`` ranks, on ``rank``.
+
+    ``param_bytes``: of each stored element (FP32 4; FSDP2's MixedPrecisionPolicy keeps the
+    sharded parameters, their gradients and the optimizer's state in FP32 and casts a copy for
+    the all-gather, so 4 either way). Gradients are as large as the parameters they belong to;
+    the optimizer keeps ``optimizer_states`` tensors like each (AdamW: 2; its step counters, one
+    number per parameter, are left out).
+    """
+    if mode not in MODES:
+        raise GpuprofError(f"no mode {mode!r}; the modes are {', '.join(MODES)}.")
+    shapes = [tuple(s) for s in shapes]
+    elements = (sum(math.prod(s) for s in shapes) if mode == "ddp"
+                else sum(shard_numel(s, world, rank) for s in shapes))
+    return {"parameters": elements * param_bytes, "gradients": elements * param_bytes,
+            "optimizer_state": elements * param_bytes * optimizer_states}
+
+
+def sharded_share(shapes: Iterable[Sequence[int]], world: int) -> float:
+    """FSDP2's bytes of parameters, gradients and optimizer state per GPU over DDP's (rank 0 holds the most)."""
+    shapes = [tuple(s) for s in shapes]
+    fsdp = sum(memory_arithmetic(shapes, world, "fsdp_reshard").values())
+    return fsdp / sum(memory_arithmetic(shapes, world, "ddp").values())
+
+
+# --- collectives ------------------------------------------------------------------------------------------------
+
+def latency_steps(kind: str, n: int, algorithm: str = "ring") -> int:
+    """How many latency-bound steps ``kind`` takes on ``n`` ranks with ``algorithm`` (see the module's docstring)."""
+    if kind not in BUS_FACTOR:
+        raise GpuprofError(f"no collective {kind!r}; the collectives are {', '.join(BUS_FACTOR)}.")
+    if n < 2:
+        return 0
+    if algorithm == "ring":
+        return 2 * (n - 1) if kind == "all_reduce" else n - 1
+    if algorithm == "tree":
+        if kind != "all_reduce":
+            raise GpuprofError(f"NCCL has no tree {kind.replace('_', '-')}: its tree is a reduce and a broadcast, "
+                               "an all-reduce only (NVIDIA/nccl#1473).", "Use algorithm='ring'.")
+        return 2 * math.ceil(math.log2(n))
+    raise GpuprofError(f"no algorithm {algorithm!r}; the model knows ring and tree.")
+
+
+@dataclass(frozen=True)
+class Link:
+    """What the model knows of the GPUs' interconnect: nccl-tests' bus bandwidth and one step's latency."""
+
+    busbw_gbps: float
+    step_latency_us: float
+
+
+def collective_ms(kind: str, nbytes: float, n: int, link: Link, algorithm: str = "ring") -> float:
+    """Milliseconds of one ``kind`` collective of ``nbytes`` (the whole array) on ``n`` ranks over ``link``."""
+    if n < 2:
+        return 0.0
+    bandwidth = nbytes * BUS_FACTOR[kind](n) / (link.busbw_gbps * 1e9) * 1e3
+    return bandwidth + latency_steps(kind, n, algorithm) * link.step_latency_us / 1e3
+
+
+def fit_link(measured: Sequence[dict[str, Any]]) -> Link:
+    """The bus bandwidth and per-step latency that fit measured collectives best (least squares on the times).
+
+    Each row: ``kind``, ``n`` (ranks), ``bytes`` (the whole array) and ``ms``. The model is
+    ``ms = steps(kind, n) * latency + bytes * factor(kind, n) / busbw`` (ring), linear in
+    ``latency`` and ``1 / busbw``. Two rows that differ in bytes (or in n) are the least that
+    separates the two; with one, or all of one size, the latency is set to 0 and the whole time
+    read as bandwidth (a lower bound on the bandwidth), which the caller can see in the result.
+    """
+    import numpy as np
+
+    if not measured:
+        raise GpuprofError("no measured collective to fit the link to.")
+    steps = np.array([latency_steps(r["kind"], int(r["n"])) for r in measured], dtype=float)
+    load = np.array([r["bytes"] * BUS_FACTOR[r["kind"]](int(r["n"])) for r in measured], dtype=float)
+    seconds = np.array([r["ms"] for r in measured], dtype=float) / 1e3
+    if len({(s, l) for s, l in zip(steps, load)}) >= 2:
+        (latency_s, per_byte), *_ = np.linalg.lstsq(np.vstack([steps, load]).T, seconds, rcond=None)
+        if latency_s >= 0 and per_byte > 0:
+            return Link(busbw_gbps=float(1 / per_byte / 1e9), step_latency_us=float(latency_s * 1e6))
+    per_byte = float(np.sum(seconds * load) / np.sum(load * load))  # through the origin
+    if per_byte <= 0:
+        raise GpuprofError("the measured collectives take no time: nothing to fit.")
+    return Link(busbw_gbps=1 / per_byte / 1e9, step_latency_us=0.0)
+
+
+# --- one step, simulated ----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class UnitCost:
+    """One sharding unit: its compute (ms, per rank) and the bytes of its collectives (whole arrays)."""
+
+    forward_ms: float
+    backward_ms: float
+    gather_bytes: float   # the unit's parameters in the all-gather's type (bf16 under MixedPrecisionPolicy)
+    reduce_bytes: float   # its gradients in the reduction's type (FP32)
+    kept: bool = False    # never resharded after forward (the root): no all-gather in backward
+
+
+def unit_costs(units: int, forward_ms: float, backward_ms: float, gather_bytes: float,
+               reduce_bytes: float) -> list[UnitCost]:
+    """``units`` equal units sharing a step's forward and backward time and the model's bytes evenly."""
+    return [UnitCost(forward_ms / units, backward_ms / units, gather_bytes / units, reduce_bytes / units)] * units
+
+
+def units_from_record(record: dict[str, Any], mode: str = "ddp", *, gather_element: int = 4,
+                      reduce_element: int = 4) -> list[UnitCost]:
+    """The units of a run of ``fsdp_training.py`` (one rank's JSON record), for :func:`simulate_step`.
+
+    The root (embeddings, final norm, head) first and kept gathered, as the script shards it,
+    then the units of layers. Each unit's forward and backward time is the run's median,
+    shared in proportion to the unit's parameters (a matrix product's work is proportional to
+    its weights per token; attention's score products, which have no weights, are shared the
+    same way, an approximation the chapter checks against the four-GPU measurement). Read the
+    compute from a run on one process (``world_size`` 1: no communication in it); element
+    sizes: 2 for BF16 all-gathers (``--mp bf16``), 4 for FP32.
+    """
+    import statistics
+
+    runs = {run["mode"]: run for run in record["runs"]}
+    if mode not in runs:
+        raise GpuprofError(f"the record has no {mode} run; it has {', '.join(runs)}.")
+    steps = runs[mode]["steps"]
+    forward = statistics.median(s["forward"] for s in steps)
+    backward = statistics.median(s["backward"] for s in steps)
+    counts = record["unit_parameters"]
+    total = sum(counts)
+    return [UnitCost(forward * c / total, backward * c / total, c * gather_element, c * reduce_element, kept=i == 0)
+            for i, c in enumerate(counts)]
+
+
+@dataclass(frozen=True)
+class StepPrediction:
+    """A simulated step: compute, communication issued, and the part of it the compute waited for, per collective."""
+
+    mode: str
+    n: int
+    compute_ms: float
+    comm_ms: float
+    exposed_ms: float
+    exposed_by_collective: dict[str, float]
+    step_ms: float
+
+    @property
+    def hidden_share(self) -> float:
+        """The share of the communication that ran under compute (1 with no communication)."""
+        return 1.0 if self.comm_ms == 0 else 1 - self.exposed_ms / self.comm_ms
+
+
+def simulate_step(units: Sequence[UnitCost], mode: str, n: int, link: Link, *, prefetch: int = 1,
+                  optimizer_ms: float = 0.0, algorithm: str = "ring") -> StepPrediction:
+    """One training step of ``units`` (forward order) on ``n`` ranks: when the compute waits for the link.
+
+    ``mode``: ``ddp`` (one all-reduce per unit, issued when its backward ends), ``fsdp_reshard``
+    (all-gather before each unit's forward and again before its backward, reduce-scatter after
+    its backward) or ``fsdp_keep`` (no all-gather in backward). ``prefetch``: how many units
+    ahead an all-gather is issued (0: when the unit before has finished computing). The
+    all-reduce may use ``algorithm`` tree; all-gathers and reduce-scatters are rings.
+    Exposed time is attributed to the collective the compute waited for; the wait after the
+    last backward (the last reduce-scatters or all-reduces) to that collective.
+    """
+    if mode not in MODES:
+        raise GpuprofError(f"no mode {mode!r}; the modes are {', '.join(MODES)}.")
+    if prefetch < 0:
+        raise GpuprofError(f"prefetch must not be negative, got {prefetch}.")
+    units = list(units)
+    count = len(units)
+
+    def cost(kind: str, nbytes: float) -> float:
+        return collective_ms(kind, nbytes, n, link, algorithm if kind == "all_reduce" else "ring")
+
+    clock = link_free = 0.0
+    comm = 0.0
+    exposed = {"all_gather": 0.0, "reduce_scatter": 0.0, "all_reduce": 0.0}
+
+    def issue(kind: str, nbytes: float, at: float) -> float:
+        nonlocal link_free, comm
+        took = cost(kind, nbytes)
+        start = max(at, link_free)
+        link_free = start + took
+        comm += took
+        return link_free
+
+    def wait(until: float) -> None:
+        nonlocal clock
+        if until > clock:
+            exposed["all_gather"] += until - clock
+            clock = until
+
+    sharded = mode != "ddp"
+
+    def gather_ahead(done: dict[int, float], sequence: list[int], k: int) -> None:
+        """At the start of unit ``sequence[k]``'s compute, issue the next ``prefetch`` units' all-gathers, in order."""
+        for ahead in range(1, prefetch + 1):
+            if k + ahead < len(sequence) and sequence[k + ahead] not in done and \
+                    not (done is regathered and units[sequence[k + ahead]].kept):
+                j = sequence[k + ahead]
+                done[j] = issue("all_gather", units[j].gather_bytes, clock)
+
+    forward = list(range(count))
+    gathered: dict[int, float] = {}
+    regathered: dict[int, float] = {}
+    for k, i in enumerate(forward):
+        if sharded:
+            if i not in gathered:  # the first unit, or every unit without prefetch: issued when it is reached
+                gathered[i] = issue("all_gather", units[i].gather_bytes, clock)
+            wait(gathered[i])
+            gather_ahead(gathered, forward, k)
+        clock += units[i].forward_ms
+    backward = forward[::-1]
+    reduced = 0.0
+    for k, i in enumerate(backward):
+        if mode == "fsdp_reshard" and not units[i].kept:
+            if i not in regathered:
+                regathered[i] = issue("all_gather", units[i].gather_bytes, clock)
+            wait(regathered[i])
+            gather_ahead(regathered, backward, k)
+        clock += units[i].backward_ms
+        reduced = issue("all_reduce" if mode == "ddp" else "reduce_scatter", units[i].reduce_bytes, clock)
+    reduction = "all_reduce" if mode == "ddp" else "reduce_scatter"
+    if reduced > clock:
+        exposed[reduction] += reduced - clock
+    compute = sum(u.forward_ms + u.backward_ms for u in units) + optimizer_ms
+    kinds = ("all_reduce",) if mode == "ddp" else ("all_gather", "reduce_scatter")
+    total_exposed = sum(exposed.values())
+    return StepPrediction(mode, n, compute, comm, total_exposed, {k: exposed[k] for k in kinds}, compute + total_exposed)
+
+
+def predict_scaling(units: Sequence[UnitCost], links: dict[int, Link], *, modes: Sequence[str] = MODES,
+                    scales: Sequence[int] = SCALES, prefetch: int = 1, optimizer_ms: float = 0.0) -> Any:
+    """A table of simulated steps, one row per mode and number of GPUs (and algorithm, for DDP's all-reduce).
+
+    ``links`` maps a number of GPUs to the link its collectives run over (the intra-node link
+    fitted on two GPUs for up to a node, an inter-node one beyond); a scale with no link gives
+    no row. The per-rank compute is the same at every scale (each GPU keeps its batch: weak
+    scaling), so what changes is the collectives' cost alone.
+    """
+    import pandas as pd
+
+    rows = []
+    for n in scales:
+        if n not in links:
+            continue
+        for mode in modes:
+            for algorithm in (("ring", "tree") if mode == "ddp" else ("ring",)):
+                p = simulate_step(units, mode, n, links[n], prefetch=prefetch, optimizer_ms=optimizer_ms, algorithm=algorithm)
+                rows.append({"gpus": n, "mode": mode, "algorithm": algorithm, "compute_ms": p.compute_ms,
+                             "comm_ms": p.comm_ms, "exposed_ms": p.exposed_ms, "hidden_share": p.hidden_share,
+                             "step_ms": p.step_ms, **{f"exposed_{k}_ms": v for k, v in p.exposed_by_collective.items()}})
+    return pd.DataFrame(rows)
+
+
+# --- the script's results ---------------------------------------------------------------------------------------
+
+def read_rank_results(paths: Iterable[Any]) -> list[dict[str, Any]]:
+    """The per-rank JSON files ``fsdp_training.py --json`` writes, sorted by rank."""
+    import json
+    from pathlib import Path
+
+    out = [json.loads(Path(p).read_text()) for p in paths]
+    if not out:
+        raise GpuprofError("no per-rank results to read.")
+    return sorted(out, key=lambda d: d["rank"])
+
+
+def memory_table(results: Sequence[dict[str, Any]]) -> Any:
+    """Per mode and rank: each memory category measured (MiB) beside the arithmetic, and the peak."""
+    import pandas as pd
+
+    rows = []
+    for r in results:
+        for run in r["runs"]:
+            m = run["memory"]
+            row = {"mode": run["mode"], "rank": r["rank"]}
+            for cat in ("parameters", "gradients", "optimizer_state"):
+                row[f"{cat}_mib"] = m["measured"][cat] / 2**20
+                row[f"{cat}_arith_mib"] = m["arithmetic"][cat] / 2**20
+            row["activations_mib"] = None if m.get("activations") is None else m["activations"] / 2**20
+            row["peak_mib"] = None if m.get("peak") is None else m["peak"] / 2**20
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def step_table(results: Sequence[dict[str, Any]]) -> Any:
+    """Per mode and rank: median step, forward, backward and optimizer times (ms) and the last loss."""
+    import statistics
+
+    import pandas as pd
+
+    rows = []
+    for r in results:
+        for run in r["runs"]:
+            steps = run["steps"]
+            row = {"mode": run["mode"], "rank": r["rank"]}
+            for k in ("step", "forward", "backward", "optimizer"):
+                row[f"{k}_ms"] = statistics.median(s[k] for s in steps)
+            row["last_loss"] = steps[-1]["loss"]
+            rows.append(row)
+    return pd.DataFrame(rows)
+
