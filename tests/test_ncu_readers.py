@@ -285,3 +285,63 @@ def test_a_metric_without_a_value_reads_as_empty_not_zero():
     assert _value(Metric(True, 0.0)) == 0.0
     assert _value(Metric(True, 3)) == 3.0
     assert _value(Metric(True, "nvjet")) == "nvjet"
+
+
+_PREFIX = {"K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+_TIME_NS = {"us": 1e3, "ms": 1e6, "s": 1e9}
+
+
+def _scale(csv_unit: str, rep_unit: str) -> float | None:
+    """How many of the report's units one of the CLI's display units holds (Gbyte -> byte: 1e9); None where the
+    two are not a prefix apart on the numerator (per-Kbyte ratios, unknown pairs: not compared)."""
+    if csv_unit == rep_unit:
+        return 1.0
+    if rep_unit == "ns" and csv_unit in _TIME_NS:
+        return _TIME_NS[csv_unit]
+    if csv_unit[:1] in _PREFIX and csv_unit[1:].lower() == rep_unit.lower() and "/K" not in csv_unit:
+        return _PREFIX[csv_unit[:1]]
+    return None
+
+
+def test_the_report_reads_as_the_cli_prints_it(tmp_path):
+    """Issue 38 item 4, on kernels the course did not write (cuBLAS nvjet, cuDNN xmma, PyTorch elementwise and
+    softmax; tests/data/ncu/README.md): every metric of the .ncu-rep against ``ncu --import R --csv --page raw`` of
+    the same report. An empty CSV cell is NaN on both sides (never 0.0); a number agrees to the CLI's printed digits
+    once the display unit is undone."""
+    import gzip
+    import lzma
+    import math
+
+    from gpuprof.ncu.csv_reader import read_raw
+
+    data = REPO_ROOT / "tests" / "data" / "ncu"
+    rep = tmp_path / "foreign.ncu-rep"
+    rep.write_bytes(lzma.decompress((data / "foreign_kernels.ncu-rep.xz").read_bytes()))
+    csv = tmp_path / "raw.csv"
+    csv.write_bytes(gzip.decompress((data / "foreign_kernels_raw.csv.gz").read_bytes()))
+    cli, units = read_raw(csv)
+    printed = pd.read_csv(csv, dtype=str, keep_default_na=False).iloc[1:].reset_index(drop=True)  # the digits shown
+    got = nr.metrics(rep)
+    values = got.pivot_table(index="id", columns="metric", values="value", aggfunc="first", dropna=False)
+    rep_units = got.groupby("metric")["unit"].first()
+    assert len(cli) == len(values) == 4
+    empty = compared = skipped = 0
+    for name in cli.columns.intersection(values.columns):
+        for i in range(len(cli)):
+            shown, read = cli[name].iloc[i], values[name].iloc[i]
+            if isinstance(shown, str):
+                continue  # text metrics (names, device attributes)
+            if math.isnan(shown):
+                empty += 1
+                assert math.isnan(read), f"{name}: the CLI prints it empty, the report reads {read!r}"
+                continue
+            scale = _scale(units.get(name, ""), rep_units.get(name) or "")
+            if scale is None:
+                skipped += 1
+                continue
+            compared += 1
+            text = printed[name].iloc[i].replace(",", "")
+            half_digit = 0.5 * 10.0 ** -(len(text.split(".")[1]) if "." in text else 0)
+            assert abs(shown * scale - read) <= (half_digit + 1e-9) * scale + 1e-9 * abs(read), (name, i, text, read)
+    assert empty >= 4 * 11, "the PmSampling metrics without a value (11 per kernel) are the point of this test"
+    assert compared >= 0.9 * (compared + skipped) and compared > 2500

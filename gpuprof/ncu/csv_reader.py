@@ -100,6 +100,8 @@ def parse_raw(text: str, source: str = "this output") -> tuple[pd.DataFrame, dic
         nums = _numbers(df[col])
         if len(df) and present.any() and nums[present].notna().all():
             df[col] = nums.where(present)
+        elif len(df) and not present.any() and col in units:
+            df[col] = float("nan")  # a metric (it has a unit) that no launch has a value for: missing everywhere
     return df, units
 
 
