@@ -64,19 +64,25 @@ def api_name(name: str) -> str:
 __all__ = ["api_name", "merge_intervals", "busy_fraction", "idle_gaps", "gap_calls", "HOST_CODE", "calls_with_work", "outside",
            "copy_summary", "copy_compute_overlap", "launch_latency", "launch_delays", "covered_lengths",
            "sync_wait_share", "window_of", "range_window", "last_repeat_window", "inside", "calls_by_range", "copy_curve",
-           "exposed_copy_fraction", "exposed_ns", "attribute_kernels", "ATTRIBUTION_RULES", "find_steps", "step_ranges",
+           "exposed_copy_fraction", "exposed_ns", "attribute_kernels", "launches_of", "is_sorted", "ATTRIBUTION_RULES", "find_steps", "step_ranges",
            "STEP_NUMBERED", "STEP_REPEATED", "NUMBERED_STEP", "overlap_ns", "issue_order", "ServiceOrder", "service_order"]
 
 SYNC_API = r"Synchronize"
+
+
+def is_sorted(values: np.ndarray) -> bool:
+    """Whether ``values`` never decrease (then a stable sort would leave them, and what goes with them, in place)."""
+    return bool(len(values) < 2 or (values[1:] >= values[:-1]).all())
 
 
 def merge_intervals(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Union of [start, end) intervals as sorted, disjoint arrays."""
     if len(starts) == 0:
         return np.array([], dtype=np.int64), np.array([], dtype=np.int64)
-    order = np.argsort(starts, kind="stable")
-    s = np.asarray(starts, dtype=np.int64)[order]
-    e = np.asarray(ends, dtype=np.int64)[order]
+    s, e = np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64)
+    if not is_sorted(s):  # kernels and calls come sorted by start: no index array and no sorted copies then
+        order = np.argsort(s, kind="stable")
+        s, e = s[order], e[order]
     run_end = np.maximum.accumulate(e)
     new = np.empty(len(s), dtype=bool)
     new[0] = True
@@ -146,8 +152,9 @@ def idle_gaps(kernels: pd.DataFrame, runtime: pd.DataFrame | None = None, *, min
     gaps["cpu_call"], gaps["cpu_call_share"], gaps["covered_share"] = "", 0.0, 0.0
     if runtime is not None and not runtime.empty and not gaps.empty:
         rs, re_, names = runtime["start"].to_numpy(), runtime["end"].to_numpy(), runtime["name"].to_numpy()
-        order = np.argsort(rs, kind="stable")
-        rs, re_, names = rs[order], re_[order], names[order]
+        if not is_sorted(rs):
+            order = np.argsort(rs, kind="stable")
+            rs, re_, names = rs[order], re_[order], names[order]
         longest = np.maximum.accumulate(re_ - rs).max() if len(rs) else 0
         calls = np.full(len(gaps), "", dtype=object)  # filled in arrays, assigned once: a cell-by-cell
         shares = np.zeros(len(gaps))                    # DataFrame write cost a second per 40,000 gaps
@@ -517,8 +524,16 @@ def exposed_ns(shown: pd.DataFrame, hiding: pd.DataFrame, window: tuple[int, int
 ATTRIBUTION_RULES = ("thread", "window")
 
 
+def launches_of(kernels: pd.DataFrame, runtime: pd.DataFrame) -> pd.DataFrame:
+    """Each kernel row beside the call that launched it (same ``correlationId``): its columns plus
+    ``launch_start`` and ``launch_tid``; what :func:`attribute_kernels` pairs with ranges."""
+    return kernels.merge(runtime[["correlationId", "start", "globalTid"]]
+                         .rename(columns={"start": "launch_start", "globalTid": "launch_tid"}),
+                         on="correlationId", how="inner")
+
+
 def attribute_kernels(kernels: pd.DataFrame, runtime: pd.DataFrame, ranges: pd.DataFrame, *,
-                      rule: str) -> pd.DataFrame:
+                      rule: str, launches: pd.DataFrame | None = None) -> pd.DataFrame:
     """Pair every kernel with each of ``ranges`` whose span holds the CPU call that launched it.
 
     A kernel runs after the CPU launches it, often after the range has closed, so the
@@ -540,7 +555,8 @@ def attribute_kernels(kernels: pd.DataFrame, runtime: pd.DataFrame, ranges: pd.D
     ``range_text``, ``range_index`` (0 for the first occurrence of that name, in time
     order), ``range_start``, ``range_end``, ``launch_start`` and ``launch_tid``. All
     ranges are handled in one pass over sorted launches: thousands of ranges cost a
-    binary search each, not a read of the file each.
+    binary search each, not a read of the file each. ``launches``: :func:`launches_of` of the same
+    tables, where the caller has it already (it is the largest table built here).
     """
     if rule not in ATTRIBUTION_RULES:
         raise ValueError(f"rule must be one of {ATTRIBUTION_RULES}, not {rule!r}")
@@ -550,10 +566,17 @@ def attribute_kernels(kernels: pd.DataFrame, runtime: pd.DataFrame, ranges: pd.D
         for c in extra:
             out[c] = pd.Series(dtype="int64" if c != "range_text" else object)
         return out
-    launches = kernels.merge(runtime[["correlationId", "start", "globalTid"]]
-                             .rename(columns={"start": "launch_start", "globalTid": "launch_tid"}),
-                             on="correlationId", how="inner")
+    if launches is None:
+        launches = launches_of(kernels, runtime)
     ranges = ranges.sort_values("start", kind="stable").reset_index(drop=True)
+    # launches no range can hold (before the first range opens, after the last closes, or, by nsys's rule, on a
+    # thread without ranges) leave now, keeping their row labels: the rows picked below are the same
+    t = launches["launch_start"].to_numpy()
+    keep = (t >= ranges["start"].min()) & (t <= ranges["end"].max())
+    if rule == "thread":
+        keep &= np.isin(launches["launch_tid"].to_numpy(), ranges["globalTid"].unique())
+    if not keep.all():
+        launches = launches[keep]
     occurrence = ranges.groupby("text", sort=False).cumcount().to_numpy()
     picked: list[np.ndarray] = []
     owner: list[np.ndarray] = []
