@@ -64,10 +64,40 @@ def api_name(name: str) -> str:
 __all__ = ["api_name", "merge_intervals", "busy_fraction", "idle_gaps", "gap_calls", "HOST_CODE", "calls_with_work", "outside",
            "copy_summary", "copy_compute_overlap", "launch_latency", "launch_delays", "covered_lengths",
            "sync_wait_share", "window_of", "range_window", "last_repeat_window", "inside", "calls_by_range", "copy_curve",
-           "exposed_copy_fraction", "exposed_ns", "attribute_kernels", "launches_of", "is_sorted", "ATTRIBUTION_RULES", "find_steps", "step_ranges",
+           "exposed_copy_fraction", "exposed_ns", "attribute_kernels", "launches_of", "is_sorted", "name_codes", "ATTRIBUTION_RULES", "find_steps", "step_ranges",
            "STEP_NUMBERED", "STEP_REPEATED", "NUMBERED_STEP", "overlap_ns", "issue_order", "ServiceOrder", "service_order"]
 
 SYNC_API = r"Synchronize"
+
+
+FACTORIZE_CHUNK_ROWS = 1 << 20
+_NA = object()  # the one key of every missing name, as pandas counts NaN and None as one value
+
+
+def name_codes(values: pd.Series | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``pd.factorize(values, use_na_sentinel=False)`` (codes in order of first appearance, and the distinct values)
+    in steps of :data:`FACTORIZE_CHUNK_ROWS` rows.
+
+    pandas sizes its hash table for every row: 26 bytes a row of a column of kernel names, 129 MB at 5 million
+    kernels for a few hundred names. Here each step's table is sized for one step, and the distinct values of
+    the steps are joined in a dict."""
+    arr = values.to_numpy() if isinstance(values, pd.Series) else np.asarray(values)
+    codes = np.empty(len(arr), dtype=np.int64)
+    index: dict = {}
+    uniques: list = []
+    for a in range(0, len(arr), FACTORIZE_CHUNK_ROWS):
+        c, u = pd.factorize(arr[a:a + FACTORIZE_CHUNK_ROWS], use_na_sentinel=False)
+        remap = np.empty(len(u), dtype=np.int64)
+        for j, v in enumerate(u):
+            key = _NA if pd.isna(v) is True else v
+            if key not in index:
+                index[key] = len(uniques)
+                uniques.append(v)
+            remap[j] = index[key]
+        codes[a:a + FACTORIZE_CHUNK_ROWS] = remap[c]
+    out = np.empty(len(uniques), dtype=object)
+    out[:] = uniques
+    return codes, out
 
 
 def is_sorted(values: np.ndarray) -> bool:
@@ -526,7 +556,24 @@ ATTRIBUTION_RULES = ("thread", "window")
 
 def launches_of(kernels: pd.DataFrame, runtime: pd.DataFrame) -> pd.DataFrame:
     """Each kernel row beside the call that launched it (same ``correlationId``): its columns plus
-    ``launch_start`` and ``launch_tid``; what :func:`attribute_kernels` pairs with ranges."""
+    ``launch_start`` and ``launch_tid``; what :func:`attribute_kernels` pairs with ranges.
+
+    An inner merge on the id, kernels' order kept. Where every call has its own integer id (nsys's runtime
+    table), it is done on arrays: the kernels' columns are shared, not copied, and pandas' join tables (about
+    250 MB at 5 million kernels) are not built; the rows are the merge's, in its order."""
+    kc, rc = kernels["correlationId"].to_numpy(), runtime["correlationId"].to_numpy()
+    if kc.dtype.kind in "iu" and rc.dtype.kind in "iu" and len(rc) and len(kc):
+        order = np.argsort(rc, kind="stable")
+        ids = rc[order]
+        if (ids[1:] != ids[:-1]).all():  # one call per id: each kernel meets at most one
+            pos = np.clip(np.searchsorted(ids, kc), 0, len(ids) - 1)
+            hit = ids[pos] == kc
+            rows = order[pos[hit]]
+            del order, ids, pos
+            out = (kernels.copy(deep=False) if hit.all() else kernels[hit]).reset_index(drop=True)
+            out["launch_start"] = runtime["start"].to_numpy()[rows]
+            out["launch_tid"] = runtime["globalTid"].to_numpy()[rows]
+            return out
     return kernels.merge(runtime[["correlationId", "start", "globalTid"]]
                          .rename(columns={"start": "launch_start", "globalTid": "launch_tid"}),
                          on="correlationId", how="inner")

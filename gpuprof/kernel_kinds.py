@@ -42,7 +42,9 @@ def is_communication(name: str | pd.Series) -> bool | pd.Series:
     """Whether a kernel is communication (NCCL's), by :data:`COMMUNICATION_RULE`; for a Series of
     names, a boolean Series on its index. The one rule for every "is this NCCL?" in gpuprof."""
     if isinstance(name, pd.Series):  # each distinct name matched once: a long capture repeats a few hundred
-        codes, uniq = pd.factorize(name, use_na_sentinel=False)
+        from .activity import name_codes
+
+        codes, uniq = name_codes(name)
         hit = np.array([_COMMUNICATION.match(str(u)) is not None for u in uniq], dtype=bool)
         return pd.Series(hit[codes] if len(uniq) else np.zeros(0, dtype=bool), index=name.index)
     return _COMMUNICATION.match(name) is not None

@@ -261,13 +261,27 @@ def _inside(df: pd.DataFrame, segs: list[tuple[int, int]]) -> pd.DataFrame:
     """Rows that start inside one of ``segs`` (sorted, disjoint)."""
     if df.empty or not segs:
         return df.iloc[0:0]
+    t = df["start"].to_numpy(dtype=np.int64)
+    if len(segs) == 1:  # one stretch: two comparisons, no index arrays
+        ok = (t >= segs[0][0]) & (t < segs[0][1])
+        return df.copy(deep=False) if ok.all() else df[ok]
     lo = np.array([a for a, _ in segs], dtype=np.int64)
     hi = np.array([b for _, b in segs], dtype=np.int64)
-    t = df["start"].to_numpy(dtype=np.int64)
     i = np.searchsorted(lo, t, side="right") - 1
     ok = (i >= 0) & (t < hi[np.clip(i, 0, None)])
     # every row (a capture without steps: the window is the work's span): a shallow copy, not a second table
     return df.copy(deep=False) if ok.all() else df[ok]
+
+
+def _count_inside(df: pd.DataFrame, segs: list[tuple[int, int]]) -> int:
+    """``len(_inside(df, segs))``, without the copy of the rows."""
+    if df.empty or not segs:
+        return 0
+    t = df["start"].to_numpy(dtype=np.int64)
+    lo = np.array([a for a, _ in segs], dtype=np.int64)
+    hi = np.array([b for _, b in segs], dtype=np.int64)
+    i = np.searchsorted(lo, t, side="right") - 1
+    return int(((i >= 0) & (t < hi[np.clip(i, 0, None)])).sum())
 
 
 def _gap_lengths(merged: tuple[np.ndarray, np.ndarray], seg: tuple[int, int]) -> np.ndarray:
@@ -328,9 +342,14 @@ def _work_union(view: ActivityView) -> tuple[np.ndarray, np.ndarray]:
     built per table and then merged: each table comes sorted, so no concatenated copy of the work is sorted."""
     parts = [activity.merge_intervals(d["start"].to_numpy(), d["end"].to_numpy())
              for d in (view.kernels, view.copies, view.memsets) if len(d)]
-    if len(parts) <= 1:
-        return parts[0] if parts else (np.array([], dtype=np.int64), np.array([], dtype=np.int64))
-    return activity.merge_intervals(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
+    if not parts:
+        return np.array([], dtype=np.int64), np.array([], dtype=np.int64)
+    parts.sort(key=lambda p: -len(p[0]))
+    s, e = parts[0]
+    for ps, pe in parts[1:]:  # the smaller unions inserted in order (the union does not depend on ties' order)
+        at = np.searchsorted(s, ps, side="right")
+        s, e = np.insert(s, at, ps), np.insert(e, at, pe)
+    return activity.merge_intervals(s, e) if len(parts) > 1 else (s, e)
 
 
 def _busy_ns(df: pd.DataFrame | tuple[np.ndarray, np.ndarray], segs: list[tuple[int, int]]) -> int:
@@ -343,9 +362,10 @@ def _busy_ns(df: pd.DataFrame | tuple[np.ndarray, np.ndarray], segs: list[tuple[
     else:
         s, e = activity.merge_intervals(df["start"].to_numpy(), df["end"].to_numpy())
     total = 0
-    for lo, hi in segs:
-        a, b = np.clip(s, lo, hi), np.clip(e, lo, hi)
-        total += int((b - a)[b > a].sum())
+    for lo, hi in segs:  # the intervals that reach into [lo, hi), their ends clipped: no clipped copy of them all
+        i, j = int(np.searchsorted(e, lo, side="right")), int(np.searchsorted(s, hi, side="left"))
+        if j > i:
+            total += int((e[i:j] - s[i:j]).sum()) - max(0, lo - int(s[i])) - max(0, int(e[j - 1]) - hi)
     return total
 
 
@@ -401,7 +421,7 @@ def headline(view: ActivityView) -> dict[str, float]:
         "gpu_busy": busy / span if span else 0.0, "kernel_busy": _busy_ns(view.kernels, segs) / span if span else 0.0,
         "idle_ms": (span - busy) / 1e6, "copies": len(c), "copy_ms": float(c["duration_ns"].sum()) / 1e6 if len(c) else 0.0,
         "copy_exposed_ms": _exposed_ns(view.copies, view.kernels, segs) / 1e6,
-        "copy_bytes": float(c["bytes"].sum(min_count=1)) if len(c) else 0.0, "api_calls": len(_inside(view.runtime, segs)),
+        "copy_bytes": float(c["bytes"].sum(min_count=1)) if len(c) else 0.0, "api_calls": _count_inside(view.runtime, segs),
     }
     comm = is_communication(view.kernels["name"]) if len(view.kernels) else pd.Series(dtype=bool)
     if comm.any():
@@ -496,7 +516,7 @@ def _first_rows(keys: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.nd
 
 def _name_matches(names: pd.Series, pattern: re.Pattern) -> np.ndarray:
     """``names.astype(str).str.contains(pattern)`` as a boolean array, each distinct name tested once."""
-    codes, uniq = pd.factorize(names, use_na_sentinel=False)
+    codes, uniq = activity.name_codes(names)
     hit = np.array([pattern.search(str(u)) is not None for u in uniq], dtype=bool)
     return hit[codes] if len(uniq) else np.zeros(len(names), dtype=bool)
 
