@@ -109,3 +109,25 @@ def test_kernels_outside_every_range_grouped_by_one_key_as_by_three(monkeypatch)
     assert (fast["NVTX Range"] == "").sum() > 5 and fast["TID"].nunique() == 2
     monkeypatch.setattr(stats, "_outside_groups", lambda launches, away: None)  # the three-key grouping
     pd.testing.assert_frame_equal(fast, stats.nvtx_kern_summary(k, r, g))
+
+
+def test_gaps_answered_together_equal_gaps_answered_one_by_one():
+    rng = np.random.default_rng(5)
+    ks = np.sort(rng.integers(0, 2_000_000, 3_000))
+    kernels = pd.DataFrame({"start": ks, "end": ks + rng.integers(1, 400, 3_000)})
+    cs = np.sort(rng.integers(0, 2_000_000, 6_000))
+    dur = np.where(rng.random(6_000) < 0.01, rng.integers(20_000, 300_000, 6_000), rng.integers(0, 900, 6_000))
+    dur[::97] = 0  # calls of no length
+    runtime = pd.DataFrame({"start": cs, "end": cs + dur, "name": rng.choice(["cudaLaunchKernel", "cudaMemcpyAsync_v3020",
+                                                                              "cudaStreamSynchronize"], 6_000)})
+    long = runtime[dur > 10_000]  # a twin of each long call, another name: overlaps that tie, the first kept
+    runtime = pd.concat([runtime, long.assign(name="cudaDeviceSynchronize")]).sort_values("start", kind="stable",
+                                                                                         ignore_index=True)
+    cs, dur = runtime["start"].to_numpy(), (runtime["end"] - runtime["start"]).to_numpy()
+    together = activity.idle_gaps(kernels, runtime, min_gap_ns=1_000)
+    # float times take the call-by-call path, the one every gap took before
+    one_by_one = activity.idle_gaps(kernels, runtime.assign(start=cs.astype(float), end=(cs + dur).astype(float)),
+                                    min_gap_ns=1_000)
+    pd.testing.assert_frame_equal(together, one_by_one)
+    assert (together["cpu_call"] != "").sum() > 200 and (together["covered_share"] > together["cpu_call_share"]).any()
+    assert (together["cpu_call"] == "cudaDeviceSynchronize").sum() == 0  # a twin never wins its tie
