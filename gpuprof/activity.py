@@ -42,7 +42,7 @@ from __future__ import annotations
 import re
 import warnings
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -64,19 +64,55 @@ def api_name(name: str) -> str:
 __all__ = ["api_name", "merge_intervals", "busy_fraction", "idle_gaps", "gap_calls", "HOST_CODE", "calls_with_work", "outside",
            "copy_summary", "copy_compute_overlap", "launch_latency", "launch_delays", "covered_lengths",
            "sync_wait_share", "window_of", "range_window", "last_repeat_window", "inside", "calls_by_range", "copy_curve",
-           "exposed_copy_fraction", "exposed_ns", "attribute_kernels", "ATTRIBUTION_RULES", "find_steps", "step_ranges",
+           "exposed_copy_fraction", "exposed_ns", "attribute_kernels", "launches_of", "is_sorted", "name_codes", "ATTRIBUTION_RULES", "find_steps", "step_ranges",
            "STEP_NUMBERED", "STEP_REPEATED", "NUMBERED_STEP", "overlap_ns", "issue_order", "ServiceOrder", "service_order"]
 
 SYNC_API = r"Synchronize"
+
+
+FACTORIZE_CHUNK_ROWS = 1 << 20
+_NA = object()  # the one key of every missing name, as pandas counts NaN and None as one value
+
+
+def name_codes(values: pd.Series | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``pd.factorize(values, use_na_sentinel=False)`` (codes in order of first appearance, and the distinct values)
+    in steps of :data:`FACTORIZE_CHUNK_ROWS` rows.
+
+    pandas sizes its hash table for every row: 26 bytes a row of a column of kernel names, 129 MB at 5 million
+    kernels for a few hundred names. Here each step's table is sized for one step, and the distinct values of
+    the steps are joined in a dict."""
+    arr = values.to_numpy() if isinstance(values, pd.Series) else np.asarray(values)
+    codes = np.empty(len(arr), dtype=np.int64)
+    index: dict = {}
+    uniques: list = []
+    for a in range(0, len(arr), FACTORIZE_CHUNK_ROWS):
+        c, u = pd.factorize(arr[a:a + FACTORIZE_CHUNK_ROWS], use_na_sentinel=False)
+        remap = np.empty(len(u), dtype=np.int64)
+        for j, v in enumerate(u):
+            key = _NA if pd.isna(v) is True else v
+            if key not in index:
+                index[key] = len(uniques)
+                uniques.append(v)
+            remap[j] = index[key]
+        codes[a:a + FACTORIZE_CHUNK_ROWS] = remap[c]
+    out = np.empty(len(uniques), dtype=object)
+    out[:] = uniques
+    return codes, out
+
+
+def is_sorted(values: np.ndarray) -> bool:
+    """Whether ``values`` never decrease (then a stable sort would leave them, and what goes with them, in place)."""
+    return bool(len(values) < 2 or (values[1:] >= values[:-1]).all())
 
 
 def merge_intervals(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Union of [start, end) intervals as sorted, disjoint arrays."""
     if len(starts) == 0:
         return np.array([], dtype=np.int64), np.array([], dtype=np.int64)
-    order = np.argsort(starts, kind="stable")
-    s = np.asarray(starts, dtype=np.int64)[order]
-    e = np.asarray(ends, dtype=np.int64)[order]
+    s, e = np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64)
+    if not is_sorted(s):  # kernels and calls come sorted by start: no index array and no sorted copies then
+        order = np.argsort(s, kind="stable")
+        s, e = s[order], e[order]
     run_end = np.maximum.accumulate(e)
     new = np.empty(len(s), dtype=bool)
     new[0] = True
@@ -146,30 +182,82 @@ def idle_gaps(kernels: pd.DataFrame, runtime: pd.DataFrame | None = None, *, min
     gaps["cpu_call"], gaps["cpu_call_share"], gaps["covered_share"] = "", 0.0, 0.0
     if runtime is not None and not runtime.empty and not gaps.empty:
         rs, re_, names = runtime["start"].to_numpy(), runtime["end"].to_numpy(), runtime["name"].to_numpy()
-        order = np.argsort(rs, kind="stable")
-        rs, re_, names = rs[order], re_[order], names[order]
-        longest = np.maximum.accumulate(re_ - rs).max() if len(rs) else 0
+        if not is_sorted(rs):
+            order = np.argsort(rs, kind="stable")
+            rs, re_, names = rs[order], re_[order], names[order]
         calls = np.full(len(gaps), "", dtype=object)  # filled in arrays, assigned once: a cell-by-cell
         shares = np.zeros(len(gaps))                    # DataFrame write cost a second per 40,000 gaps
         covered = np.zeros(len(gaps))
-        for i, (gs, ge) in enumerate(zip(gaps["start"].to_numpy(), gaps["end"].to_numpy())):
-            first = np.searchsorted(rs, gs - longest)
-            last = np.searchsorted(rs, ge)
-            if last <= first:
-                continue
-            cs, ce = np.maximum(rs[first:last], gs), np.minimum(re_[first:last], ge)
-            ov = ce - cs
-            j = int(np.argmax(ov))
-            if ov[j] > 0:
-                calls[i] = api_name(str(names[first + j]))
-                shares[i] = float(ov[j]) / (ge - gs)
-                hit = ov > 0  # starts are sorted, so the clipped intervals' union is one pass
-                us, ue = merge_intervals(cs[hit], ce[hit])
-                covered[i] = float((ue - us).sum()) / (ge - gs)
+        gs_all, ge_all = gaps["start"].to_numpy(), gaps["end"].to_numpy()
+        if all(a.dtype.kind in "iu" for a in (rs, re_, gs_all, ge_all)):
+            _gap_calls(rs, re_, names, gs_all, ge_all, calls, shares, covered)
+        else:  # times that are not integers (a missing one is NaN): call by call, as always
+            longest = np.maximum.accumulate(re_ - rs).max() if len(rs) else 0
+            for i, (gs, ge) in enumerate(zip(gs_all, ge_all)):
+                first = np.searchsorted(rs, gs - longest)
+                _one_gap(rs, re_, names, i, gs, ge, first, np.searchsorted(rs, ge), calls, shares, covered)
         gaps["cpu_call"], gaps["cpu_call_share"], gaps["covered_share"] = calls, shares, covered
     gaps["label"] = np.select([gaps["cpu_call_share"].to_numpy() >= 0.5, gaps["covered_share"].to_numpy() < 0.5],
                               [gaps["cpu_call"].to_numpy(dtype=object), HOST_CODE], "several CUDA calls")
     return gaps.sort_values("duration_ns", ascending=False, ignore_index=True)[cols]
+
+
+GAP_CALLS_AT_ONCE = 16
+"""Gaps overlapped by at most this many CUDA calls are answered together, one array operation per call rank
+(:func:`_gap_calls`); a gap that more calls overlap (inside a long synchronize) is answered on its own."""
+
+
+def _one_gap(rs: np.ndarray, re_: np.ndarray, names: np.ndarray, i: int, gs: int, ge: int, first: int, last: int,
+             calls: np.ndarray, shares: np.ndarray, covered: np.ndarray) -> None:
+    """Gap ``i`` = [gs, ge) against the calls ``first:last`` (sorted by start): the call that overlaps it most (the
+    first of equals), its share, and the share of the gap inside any call."""
+    if last <= first:
+        return
+    cs, ce = np.maximum(rs[first:last], gs), np.minimum(re_[first:last], ge)
+    ov = ce - cs
+    j = int(np.argmax(ov))
+    if ov[j] > 0:
+        calls[i] = api_name(str(names[first + j]))
+        shares[i] = float(ov[j]) / (ge - gs)
+        hit = ov > 0  # starts are sorted, so the clipped intervals' union is one pass
+        us, ue = merge_intervals(cs[hit], ce[hit])
+        covered[i] = float((ue - us).sum()) / (ge - gs)
+
+
+def _gap_calls(rs: np.ndarray, re_: np.ndarray, names: np.ndarray, gs: np.ndarray, ge: np.ndarray,
+               calls: np.ndarray, shares: np.ndarray, covered: np.ndarray) -> None:
+    """:func:`_one_gap` for every gap, on integer times: the calls a gap can meet start at the first call whose
+    running maximum of ends passes the gap's start (none before it reaches into the gap) and stop before the gap's
+    end. Gaps that at most :data:`GAP_CALLS_AT_ONCE` calls can meet are answered together: for the k-th call of
+    each, its overlap (the largest so far kept, the first of equals, as argmax keeps) and its part of the union
+    (calls sorted by start: what passes the union's end so far). A million gaps cost one Python step each
+    otherwise (19 s at 20 million kernels)."""
+    run_end = np.maximum.accumulate(re_)
+    first = np.searchsorted(run_end, gs, side="right")
+    count = np.maximum(np.searchsorted(rs, ge, side="left") - first, 0)
+    few = count <= GAP_CALLS_AT_ONCE
+    best = np.zeros(len(gs), dtype=np.int64)
+    best_at = np.full(len(gs), -1, dtype=np.int64)
+    union = np.zeros(len(gs), dtype=np.int64)
+    reach = gs.astype(np.int64).copy()  # the union's end so far, per gap
+    for k in range(int(count[few].max()) if few.any() else 0):
+        g = np.flatnonzero(few & (count > k))
+        at = first[g] + k
+        a, b = np.maximum(rs[at], gs[g]), np.minimum(re_[at], ge[g])
+        ov = b - a
+        better = ov > best[g]
+        best[g[better]], best_at[g[better]] = ov[better], at[better]
+        union[g] += np.maximum(0, b - np.maximum(a, reach[g]))
+        reach[g] = np.maximum(reach[g], b)
+    hit = best > 0
+    length = ge - gs
+    shares[hit] = best[hit] / length[hit]
+    covered[hit] = union[hit] / length[hit]
+    short_names: dict[Any, str] = {}
+    calls[hit] = [short_names.setdefault(n, api_name(str(n))) if n.__hash__ is not None else api_name(str(n))
+                  for n in names[best_at[hit]]]
+    for i in np.flatnonzero(~few):
+        _one_gap(rs, re_, names, int(i), gs[i], ge[i], int(first[i]), int(first[i] + count[i]), calls, shares, covered)
 
 
 def gap_calls(gap: tuple[int, int], runtime: pd.DataFrame) -> pd.DataFrame:
@@ -517,8 +605,33 @@ def exposed_ns(shown: pd.DataFrame, hiding: pd.DataFrame, window: tuple[int, int
 ATTRIBUTION_RULES = ("thread", "window")
 
 
+def launches_of(kernels: pd.DataFrame, runtime: pd.DataFrame) -> pd.DataFrame:
+    """Each kernel row beside the call that launched it (same ``correlationId``): its columns plus
+    ``launch_start`` and ``launch_tid``; what :func:`attribute_kernels` pairs with ranges.
+
+    An inner merge on the id, kernels' order kept. Where every call has its own integer id (nsys's runtime
+    table), it is done on arrays: the kernels' columns are shared, not copied, and pandas' join tables (about
+    250 MB at 5 million kernels) are not built; the rows are the merge's, in its order."""
+    kc, rc = kernels["correlationId"].to_numpy(), runtime["correlationId"].to_numpy()
+    if kc.dtype.kind in "iu" and rc.dtype.kind in "iu" and len(rc) and len(kc):
+        order = np.argsort(rc, kind="stable")
+        ids = rc[order]
+        if (ids[1:] != ids[:-1]).all():  # one call per id: each kernel meets at most one
+            pos = np.clip(np.searchsorted(ids, kc), 0, len(ids) - 1)
+            hit = ids[pos] == kc
+            rows = order[pos[hit]]
+            del order, ids, pos
+            out = (kernels.copy(deep=False) if hit.all() else kernels[hit]).reset_index(drop=True)
+            out["launch_start"] = runtime["start"].to_numpy()[rows]
+            out["launch_tid"] = runtime["globalTid"].to_numpy()[rows]
+            return out
+    return kernels.merge(runtime[["correlationId", "start", "globalTid"]]
+                         .rename(columns={"start": "launch_start", "globalTid": "launch_tid"}),
+                         on="correlationId", how="inner")
+
+
 def attribute_kernels(kernels: pd.DataFrame, runtime: pd.DataFrame, ranges: pd.DataFrame, *,
-                      rule: str) -> pd.DataFrame:
+                      rule: str, launches: pd.DataFrame | None = None) -> pd.DataFrame:
     """Pair every kernel with each of ``ranges`` whose span holds the CPU call that launched it.
 
     A kernel runs after the CPU launches it, often after the range has closed, so the
@@ -540,7 +653,8 @@ def attribute_kernels(kernels: pd.DataFrame, runtime: pd.DataFrame, ranges: pd.D
     ``range_text``, ``range_index`` (0 for the first occurrence of that name, in time
     order), ``range_start``, ``range_end``, ``launch_start`` and ``launch_tid``. All
     ranges are handled in one pass over sorted launches: thousands of ranges cost a
-    binary search each, not a read of the file each.
+    binary search each, not a read of the file each. ``launches``: :func:`launches_of` of the same
+    tables, where the caller has it already (it is the largest table built here).
     """
     if rule not in ATTRIBUTION_RULES:
         raise ValueError(f"rule must be one of {ATTRIBUTION_RULES}, not {rule!r}")
@@ -550,10 +664,17 @@ def attribute_kernels(kernels: pd.DataFrame, runtime: pd.DataFrame, ranges: pd.D
         for c in extra:
             out[c] = pd.Series(dtype="int64" if c != "range_text" else object)
         return out
-    launches = kernels.merge(runtime[["correlationId", "start", "globalTid"]]
-                             .rename(columns={"start": "launch_start", "globalTid": "launch_tid"}),
-                             on="correlationId", how="inner")
+    if launches is None:
+        launches = launches_of(kernels, runtime)
     ranges = ranges.sort_values("start", kind="stable").reset_index(drop=True)
+    # launches no range can hold (before the first range opens, after the last closes, or, by nsys's rule, on a
+    # thread without ranges) leave now, keeping their row labels: the rows picked below are the same
+    t = launches["launch_start"].to_numpy()
+    keep = (t >= ranges["start"].min()) & (t <= ranges["end"].max())
+    if rule == "thread":
+        keep &= np.isin(launches["launch_tid"].to_numpy(), ranges["globalTid"].unique())
+    if not keep.all():
+        launches = launches[keep]
     occurrence = ranges.groupby("text", sort=False).cumcount().to_numpy()
     picked: list[np.ndarray] = []
     owner: list[np.ndarray] = []

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from typing import overload
 
+import numpy as np
 import pandas as pd
 
 __all__ = ["COMMUNICATION_RULE", "is_communication", "KIND_RULES", "kernel_kind", "time_by_kind", "PRECISION_RULES", "precision", "time_by_precision",
@@ -40,8 +41,12 @@ def is_communication(name: pd.Series) -> pd.Series: ...
 def is_communication(name: str | pd.Series) -> bool | pd.Series:
     """Whether a kernel is communication (NCCL's), by :data:`COMMUNICATION_RULE`; for a Series of
     names, a boolean Series on its index. The one rule for every "is this NCCL?" in gpuprof."""
-    if isinstance(name, pd.Series):
-        return name.astype(str).str.match(_COMMUNICATION)
+    if isinstance(name, pd.Series):  # each distinct name matched once: a long capture repeats a few hundred
+        from .activity import name_codes
+
+        codes, uniq = name_codes(name)
+        hit = np.array([_COMMUNICATION.match(str(u)) is not None for u in uniq], dtype=bool)
+        return pd.Series(hit[codes] if len(uniq) else np.zeros(0, dtype=bool), index=name.index)
     return _COMMUNICATION.match(name) is not None
 
 
@@ -88,15 +93,24 @@ def time_by_kind(kernels: pd.DataFrame, name_column: str = "name", demangled_col
     """
     if kernels.empty:
         return pd.DataFrame(columns=["kind", "kernels", "time_ms", "share", "names"])
-    # Each distinct (name, demangled) pair is classified once: a long trace repeats a few hundred names
-    # millions of times, and the rules are regular expressions.
-    names = kernels[name_column].tolist()
-    demangled = kernels[demangled_column].tolist() if demangled_column in kernels else [None] * len(names)
-    seen: dict[tuple, str] = {}
-    kinds = [seen[p] if p in seen else seen.setdefault(p, kernel_kind(*p)) for p in zip(names, demangled)]
-    k = kernels.assign(kind=kinds)
-    out = (k.groupby("kind").agg(kernels=("duration_ns", "size"), time_ms=("duration_ns", "sum"),
-                                 names=(name_column, "nunique")).reset_index())
+    if pd.api.types.is_integer_dtype(kernels["duration_ns"]):
+        # Integer durations: summed per distinct (name, demangled) pair first, each pair classified once, then per
+        # kind; integer sums do not depend on their order, so the totals are those of one sum over the rows. A long
+        # trace repeats a few hundred names millions of times, and the rules are regular expressions.
+        keys = [name_column] + ([demangled_column] if demangled_column in kernels else [])
+        g = kernels.groupby(keys, sort=False, dropna=False)["duration_ns"]
+        pairs = pd.DataFrame({"n": g.size(), "t": g.sum()}).reset_index()
+        dem = pairs[demangled_column] if demangled_column in kernels else [None] * len(pairs)
+        pairs["kind"] = [kernel_kind(n, d) for n, d in zip(pairs[name_column], dem)]
+        out = (pairs.groupby("kind").agg(kernels=("n", "sum"), time_ms=("t", "sum"),
+                                         names=(name_column, "nunique")).reset_index())
+    else:  # float durations: one sum over the rows, in their order, as always
+        names = kernels[name_column].tolist()
+        demangled = kernels[demangled_column].tolist() if demangled_column in kernels else [None] * len(names)
+        seen: dict[tuple, str] = {}
+        kinds = [seen[p] if p in seen else seen.setdefault(p, kernel_kind(*p)) for p in zip(names, demangled)]
+        out = (kernels.assign(kind=kinds).groupby("kind").agg(kernels=("duration_ns", "size"), time_ms=("duration_ns", "sum"),
+                                                              names=(name_column, "nunique")).reset_index())
     out["time_ms"] = out["time_ms"] / 1e6
     out["share"] = out["time_ms"] / out["time_ms"].sum()
     return out.sort_values("time_ms", ascending=False, ignore_index=True)[["kind", "kernels", "time_ms", "share", "names"]]

@@ -157,21 +157,50 @@ def _strings(conn: sqlite3.Connection) -> dict[int, str]:
     return dict(conn.execute("SELECT id, value FROM StringIds").fetchall())
 
 
-def _read_table(conn: sqlite3.Connection, table: str, columns: list[str]) -> pd.DataFrame:
-    """Read integer columns fast: straight into one int64 array, skipping pandas' type inference.
+READ_CHUNK_ROWS = 1 << 20
+"""Rows read from SQLite per step (of :func:`_read_table`): each step's values pass through one temporary array
+of this many rows, so reading a table of 20 million rows holds the finished columns and one step, not a second
+copy of the whole table."""
+
+
+def _read_table(conn: sqlite3.Connection, table: str, columns: list[str], where: str = "",
+                params: Sequence[Any] = ()) -> pd.DataFrame:
+    """Read integer columns fast: straight into one int64 array per column, skipping pandas' type inference.
 
     nsys stores times, ids and name references as integers; where an older export holds
-    text (or NULLs) in one of the columns, fall back to pandas' general reader.
+    text (or NULLs) in one of the columns, fall back to pandas' general reader. The rows come
+    in steps of :data:`READ_CHUNK_ROWS` into arrays sized by the table's rowid range (SQLite's
+    rowids only grow, so it bounds the row count; pages never written are never resident), so the
+    peak is the finished columns plus one step. ``where``: an SQL condition with ``?`` for ``params``.
     """
     import itertools
 
-    sql = f"SELECT {', '.join(columns)} FROM {table}"
-    try:  # the rows' values streamed into one int64 array: no list of tuples, no per-row conversion
-        flat = np.fromiter(itertools.chain.from_iterable(conn.execute(sql)), dtype=np.int64)
+    sql = f"SELECT {', '.join(columns)} FROM {table}" + (f" WHERE {where}" if where else "")
+    lo, hi = conn.execute(f"SELECT min(rowid), max(rowid) FROM {table}").fetchone()
+    capacity = 0 if lo is None else int(hi) - int(lo) + 1
+    out = [np.empty(capacity, dtype=np.int64) for _ in columns]
+    n = 0
+    try:  # the rows' values streamed into int64 arrays: no list of tuples, no per-row conversion
+        cursor = conn.execute(sql, tuple(params))
+        while True:
+            flat = np.fromiter(itertools.chain.from_iterable(itertools.islice(cursor, READ_CHUNK_ROWS)), dtype=np.int64)
+            if len(flat) == 0:
+                break
+            rows = flat.reshape(-1, len(columns))
+            for col, dest in zip(rows.T, out):
+                dest[n:n + len(rows)] = col
+            n += len(rows)
     except (TypeError, ValueError, OverflowError):  # a NULL or a text value: the general reader
-        return pd.DataFrame.from_records(conn.execute(sql).fetchall(), columns=columns)
-    arr = flat.reshape(-1, len(columns))
-    return pd.DataFrame({c: arr[:, i] for i, c in enumerate(columns)})
+        return pd.DataFrame.from_records(conn.execute(sql, tuple(params)).fetchall(), columns=columns)
+    # a copy only where most rows were left out (a WHERE): pages past n were never touched, so never resident
+    return pd.DataFrame({c: (a[:n] if 2 * n > capacity else a[:n].copy()) for c, a in zip(columns, out)}, copy=False)
+
+
+def _window_sql(window: tuple[int, int] | None) -> tuple[str, tuple[int, ...]]:
+    """The SQL condition for rows that overlap ``window`` (end after its start, start before its end)."""
+    if window is None:
+        return "", ()
+    return "end > ? AND start < ?", (int(window[0]), int(window[1]))
 
 
 def _resolve(ids: pd.Series, strings: dict[int, str]) -> pd.Series:
@@ -181,10 +210,15 @@ def _resolve(ids: pd.Series, strings: dict[int, str]) -> pd.Series:
     """
     if not pd.api.types.is_integer_dtype(ids):
         return ids
-    # A capture has a million kernels but a few hundred names: look up each distinct id once.
-    uniq, inverse = np.unique(ids.to_numpy(), return_inverse=True)
-    names = np.array([strings.get(int(u), str(u)) for u in uniq], dtype=object)
-    return pd.Series(names[inverse], index=ids.index, dtype=object)
+    # A capture has a million kernels but a few hundred names: look up each distinct id once per step of
+    # READ_CHUNK_ROWS rows (a sort of every id at once cost three more arrays of the column's size).
+    values = ids.to_numpy()
+    out = np.empty(len(values), dtype=object)
+    for a in range(0, len(values), READ_CHUNK_ROWS):
+        uniq, inverse = np.unique(values[a:a + READ_CHUNK_ROWS], return_inverse=True)
+        names = np.array([strings.get(int(u), str(u)) for u in uniq], dtype=object)
+        out[a:a + READ_CHUNK_ROWS] = names[inverse.ravel()]
+    return pd.Series(out, index=ids.index, dtype=object)
 
 
 LAUNCH_COLUMNS = ("gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ", "registersPerThread",
@@ -194,7 +228,8 @@ LAUNCH_COLUMNS = ("gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ", "regi
 KERNEL_BASE_COLUMNS = ("start", "end", "deviceId", "streamId", "correlationId", "globalPid", "name", "demangled")
 
 
-def kernels(path: str | Path, *, launch: bool = True, only: Sequence[str] | None = None) -> pd.DataFrame:
+def kernels(path: str | Path, *, launch: bool = True, only: Sequence[str] | None = None,
+            window: tuple[int, int] | None = None) -> pd.DataFrame:
     """One row per kernel: start, end, duration_ns, name (short), demangled (full), stream, device,
     correlation id, and its launch configuration: grid and block sizes (``gridX`` ... ``blockZ``),
     ``registersPerThread``, ``staticSharedMemory`` and ``dynamicSharedMemory`` (bytes per block),
@@ -208,7 +243,9 @@ def kernels(path: str | Path, *, launch: bool = True, only: Sequence[str] | None
     which halves the time to read a large export when only times and names are needed.
     ``only`` reads just the columns it names (of :data:`KERNEL_BASE_COLUMNS`; ``start`` and
     ``end`` always, and ``duration_ns``): reading costs about 0.1 s per column per million
-    kernels, so a per-name summary of a large export reads ``only=("name",)``.
+    kernels, so a per-name summary of a large export reads ``only=("name",)``. ``window`` (start, end in ns)
+    reads only the kernels that overlap it, SQLite filtering, so a figure of one step of a long capture does not
+    hold every kernel in Python.
     """
     with closing(open_export(path)) as conn:
         if KERNEL_TABLE not in table_names(conn):
@@ -230,7 +267,7 @@ def kernels(path: str | Path, *, launch: bool = True, only: Sequence[str] | None
         wanted = [c for c in ("start", "end", "deviceId", "streamId", "correlationId", "globalPid", *extra)
                   if c in cols and (c in keep or c in extra)]
         names = sorted({c for c, want in ((short, "name"), (full, "demangled")) if c and want in keep})
-        df = _read_table(conn, KERNEL_TABLE, wanted + names)
+        df = _read_table(conn, KERNEL_TABLE, wanted + names, *_window_sql(window))
         strings = _strings(conn)
 
     def text(col: str | None) -> pd.Series:
@@ -377,14 +414,19 @@ def gpu_metric_means(path: str | Path, window: tuple[int, int]) -> pd.DataFrame:
     return out.reset_index()
 
 
-def runtime_calls(path: str | Path) -> pd.DataFrame:
-    """CUDA runtime API calls (launches, copies, syncs): start, end, name, correlation id, thread."""
+def runtime_calls(path: str | Path, *, window: tuple[int, int] | None = None) -> pd.DataFrame:
+    """CUDA runtime API calls (launches, copies, syncs): start, end, name, correlation id, thread;
+    ``window`` (start, end in ns): only the calls that overlap it (see :func:`kernels`)."""
     with closing(open_export(path)) as conn:
         if RUNTIME_TABLE not in table_names(conn):
             return pd.DataFrame(columns=["start", "end", "name", "correlationId", "globalTid"])
-        df = _read_table(conn, RUNTIME_TABLE, ["start", "end", "nameId", "correlationId", "globalTid"])
+        df = _read_table(conn, RUNTIME_TABLE, ["start", "end", "nameId", "correlationId", "globalTid"],
+                         *_window_sql(window))
         strings = _strings(conn)
     df["name"] = _resolve(df.pop("nameId"), strings)
+    start = df["start"].to_numpy()
+    if len(start) < 2 or (start[1:] > start[:-1]).all():  # in order, no two at one time: any sort leaves it as it is
+        return df.reset_index(drop=True)
     return df.sort_values("start", ignore_index=True)
 
 

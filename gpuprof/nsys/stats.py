@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..activity import api_name
+from ..activity import api_name, name_codes
 from .sqlite import pid_of, tid_of
 
 __all__ = ["kernel_summary", "nvtx_summary", "nvtx_kern_summary", "memop_time_summary", "memop_size_summary", "api_summary", "api_name",
@@ -98,39 +98,92 @@ def nvtx_kern_summary(kernels: pd.DataFrame, runtime: pd.DataFrame, ranges: pd.D
     function (users compose it from ``nvtx_sum`` and ``cuda_gpu_kern_sum``, which cannot
     say which range launched what); this one is tested cell by cell against nsys's CSV.
     """
-    from ..activity import attribute_kernels
+    from ..activity import attribute_kernels, launches_of
 
     cols = ["NVTX Range", "Style", "PID", "TID", "NVTX Inst", "Kern Inst", "Total Time (ns)", "Avg (ns)", "Med (ns)",
             "Min (ns)", "Max (ns)", "StdDev (ns)", "Kernel Name"]
-    k = kernels.dropna(subset=["correlationId"])
+    # only the columns read below: at 5 million kernels every column more was 40 MB in each of two merges
+    k = kernels[["start", "correlationId", "duration_ns", "demangled"]].dropna(subset=["correlationId"])
     if k.empty or runtime.empty:
         return pd.DataFrame(columns=cols)
     ranges = ranges.reset_index(drop=True)
     # A CUDA graph launch is one call with one correlation id for all its kernels: kernels are
     # told apart by their row (_kid), never by correlation id.
     k = k.assign(_kid=np.arange(len(k)))
-    hits = attribute_kernels(k, runtime, ranges.assign(text=np.arange(len(ranges)).astype(str)), rule="thread")
-    launches = k.merge(runtime[["correlationId", "globalTid"]], on="correlationId", how="inner")
+    launches = launches_of(k, runtime)  # once, for the kernels inside ranges and those outside
+    hits = attribute_kernels(k, runtime, ranges.assign(text=np.arange(len(ranges)).astype(str)), rule="thread",
+                             launches=launches)
     rid = hits["range_text"].astype(int).to_numpy()
     r = ranges.loc[rid]
     inside = hits[["_kid", "duration_ns", "demangled"]].assign(
         globalTid=hits["launch_tid"].to_numpy(), instance=rid,
         range=[f"{d}:{t}" for d, t in zip(r["domain"].where(r["domain"] != "default", ""), r["text"])],
         style=r["style"].to_numpy() if "style" in r else "PushPop")
-    outside = launches.loc[~launches["_kid"].isin(hits["_kid"]), ["_kid", "duration_ns", "demangled", "globalTid"]]
-    launches = pd.concat([inside, outside.assign(range="", style="", instance=-1)], ignore_index=True)
-    tid = launches["globalTid"].to_numpy(dtype=np.int64)  # nsys packs the process and thread ids into one
-    launches["PID"], launches["TID"] = pid_of(tid), tid_of(tid)
+    away = ~launches["_kid"].isin(hits["_kid"]).to_numpy()
+    del hits
+    outside_part = _outside_groups(launches, away)  # None: grouped as the kernels inside are, below
+    outside = (launches.loc[away, ["_kid", "duration_ns", "demangled", "launch_tid"]].rename(columns={"launch_tid": "globalTid"})
+               if outside_part is None else launches.iloc[0:0])
+    del launches
+    # Inside and outside every range are grouped apart (no group holds both: an inside row's range is never "",
+    # and the final sort is by every key), so the kernels outside, millions in a long capture, never get range,
+    # style and instance columns of their own.
     keys = ["range", "style", "PID", "TID", "demangled"]
-    g = launches.groupby(keys, sort=False)
-    d = g["duration_ns"]
-    out = pd.DataFrame({"NVTX Inst": g["instance"].agg(lambda x: int((x.unique() >= 0).sum())),
-                        "Kern Inst": d.size(), "Total Time (ns)": d.sum(), "Avg (ns)": d.mean(), "Med (ns)": d.median(),
-                        "Min (ns)": d.min(), "Max (ns)": d.max(), "StdDev (ns)": d.std(ddof=1).fillna(0.0)}).reset_index()
+    parts = []
+    for rows, fixed in ((inside, None), (outside, {"range": "", "style": ""})):
+        if fixed is not None and outside_part is not None:
+            if len(outside_part):
+                parts.append(outside_part.assign(range="", style=""))
+            continue
+        if rows.empty:
+            continue
+        tid = rows["globalTid"].to_numpy(dtype=np.int64)  # nsys packs the process and thread ids into one
+        rows = rows.assign(PID=pid_of(tid), TID=tid_of(tid))
+        g = rows.groupby(keys if fixed is None else keys[2:], sort=False)
+        d = g["duration_ns"]
+        nvtx_inst = (g["instance"].agg(lambda x: int((x.unique() >= 0).sum())) if fixed is None
+                     else pd.Series(0, index=d.size().index))
+        part = pd.DataFrame({"NVTX Inst": nvtx_inst,
+                             "Kern Inst": d.size(), "Total Time (ns)": d.sum(), "Avg (ns)": d.mean(), "Med (ns)": d.median(),
+                             "Min (ns)": d.min(), "Max (ns)": d.max(), "StdDev (ns)": d.std(ddof=1).fillna(0.0)}).reset_index()
+        if fixed is not None:
+            part.insert(0, "style", fixed["style"])
+            part.insert(0, "range", fixed["range"])
+        parts.append(part)
+    if not parts:
+        return pd.DataFrame(columns=cols)
+    out = pd.concat(parts, ignore_index=True)
     out = out.rename(columns={"range": "NVTX Range", "style": "Style", "demangled": "Kernel Name"})
     out = out.sort_values(["NVTX Range", "Style", "PID", "TID", "Total Time (ns)", "Kernel Name"],
                           ascending=[True, True, True, True, False, True], kind="stable", ignore_index=True)
     return out[cols]
+
+
+def _outside_groups(launches: pd.DataFrame, away: np.ndarray) -> pd.DataFrame | None:
+    """The statistics of :func:`nvtx_kern_summary`'s kernels outside every range, grouped by one integer key per
+    (thread, demangled name) instead of by PID, TID and the name's text: pandas then builds one hash table of
+    integers, not three (one of strings), over millions of rows. The groups, and the rows in each, in their
+    order, are those of the three keys; None where two threads' ids share a (PID, TID) (then they are not).
+    ``away``: which rows of ``launches`` (:func:`gpuprof.activity.launches_of`) are outside every range; they
+    are not copied out first."""
+    tid_code, tids = name_codes(launches["launch_tid"].to_numpy(dtype=np.int64))
+    tids = tids.astype(np.int64)
+    if len({(int(p), int(t)) for p, t in zip(pid_of(tids), tid_of(tids))}) != len(tids):
+        return None
+    dem_code, dems = name_codes(launches["demangled"])
+    away = away & ~pd.isna(dems)[dem_code]  # groupby leaves a missing name out
+    key = tid_code[away] * len(dems) + dem_code[away]
+    del tid_code, dem_code
+    d = pd.DataFrame({"key": key, "v": launches["duration_ns"].to_numpy()[away]}, copy=False).groupby("key", sort=False)["v"]
+    out = pd.DataFrame({"Kern Inst": d.size(), "Total Time (ns)": d.sum(), "Avg (ns)": d.mean(), "Med (ns)": d.median(),
+                        "Min (ns)": d.min(), "Max (ns)": d.max(), "StdDev (ns)": d.std(ddof=1).fillna(0.0)})
+    k = out.index.to_numpy()
+    tid = tids[k // len(dems)]
+    out.insert(0, "NVTX Inst", 0)
+    out.insert(0, "demangled", dems[k % len(dems)])
+    out.insert(0, "TID", tid_of(tid))
+    out.insert(0, "PID", pid_of(tid))
+    return out.reset_index(drop=True)
 
 
 def memop_operations(copies: pd.DataFrame, memsets: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -162,7 +215,9 @@ def memop_size_summary(copies: pd.DataFrame, memsets: pd.DataFrame | None = None
 
 def api_summary(runtime: pd.DataFrame) -> pd.DataFrame:
     """CPU time per CUDA API function, like ``cuda_api_sum``."""
-    names = runtime["name"].astype(str).map(api_name)
+    codes, uniq = name_codes(runtime["name"])  # api_name once per distinct name
+    mapped = np.array([api_name(str(u)) for u in uniq], dtype=object)
+    names = pd.Series(mapped[codes] if len(uniq) else np.array([], dtype=object), index=runtime.index)
     return _summary(runtime["end"] - runtime["start"], names, "Name", count="Num Calls")
 
 

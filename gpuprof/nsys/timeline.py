@@ -99,19 +99,21 @@ def draw_timeline(path: str | Path, *, window: Window | None = None, ax: Axes | 
     ``stream_labels`` names stream rows (``{7: "compute"}``; others stay ``stream N``);
     ``max_depth`` keeps only the outer NVTX rows when ranges nest deeply.
     """
-    kernels = _safe(ns.kernels, path)
     copies = ns.memcpy(path)
     sets = ns.memset(path)
     ranges = ns.nvtx_ranges(path)
-    runtime = ns.runtime_calls(path)
-    every = [d for d in (kernels, copies, sets) if not d.empty]
     if window is None:
+        kernels = _safe(ns.kernels, path)
+        every = [d for d in (kernels, copies, sets) if not d.empty]
         spans = every + ([ranges] if not ranges.empty else [])
         if not spans:
             raise ValueError(f"{path} holds nothing to draw")
         lo, hi = (min(int(d["start"].min()) for d in spans), max(int(d["end"].max()) for d in spans))
     else:
         lo, hi = resolve_window(ranges, window)
+        # only the window's kernels and calls leave SQLite: a step of a capture of millions of kernels
+        kernels = _safe(lambda p: ns.kernels(p, window=(lo, hi)), path)
+    runtime = ns.runtime_calls(path, window=(lo, hi))
 
     def inside(df: pd.DataFrame) -> pd.DataFrame:
         return df[(df["end"] > lo) & (df["start"] < hi)] if not df.empty else df

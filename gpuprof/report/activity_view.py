@@ -90,9 +90,24 @@ class ActivityView:
 
     @property
     def work(self) -> pd.DataFrame:
-        """Kernels, copies and memsets in one table (start, end, correlationId): everything the GPU ran."""
+        """Kernels, copies and memsets in one table (start, end, correlationId): everything the GPU ran.
+
+        Built anew at each use, not kept: at 5 million kernels it is 120 MB. What needs only whether
+        there is work, or its span, asks :attr:`has_work` or :attr:`work_span`, which build nothing."""
         parts = [d[["start", "end", "correlationId"]] for d in (self.kernels, self.copies, self.memsets) if not d.empty]
         return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["start", "end", "correlationId"])
+
+    @property
+    def has_work(self) -> bool:
+        """Whether the GPU ran anything: a kernel, a copy or a memset."""
+        return any(len(d) for d in (self.kernels, self.copies, self.memsets))
+
+    @property
+    def work_span(self) -> tuple[int, int]:
+        """The first start and the last end of everything the GPU ran (:func:`gpuprof.activity.window_of` of
+        :attr:`work`); needs :attr:`has_work`."""
+        parts = [d for d in (self.kernels, self.copies, self.memsets) if len(d)]
+        return min(int(d["start"].min()) for d in parts), max(int(d["end"].max()) for d in parts)
 
     @property
     def window(self) -> tuple[int, int] | None:
@@ -120,8 +135,8 @@ class ActivityView:
 def _nsys(path: Path) -> ActivityView:
     from ..nsys import sqlite as ns
 
-    try:
-        kernels = ns.kernels(path, launch=False)
+    try:  # the columns the report reads (not globalPid: the steps' process comes from the launching thread)
+        kernels = ns.kernels(path, launch=False, only=("deviceId", "streamId", "correlationId", "name", "demangled"))
     except ns.NoKernelRows:  # a capture of a program that launched no kernel (or of the CPU only)
         kernels = pd.DataFrame(columns=["start", "end", "duration_ns", "name", "demangled", "correlationId", "streamId"])
     info = ns.gpu_info(path)
@@ -208,6 +223,8 @@ def _step_work(view: ActivityView) -> tuple[np.ndarray, np.ndarray, np.ndarray |
     made inside a step (None when the capture cannot tell: no steps, or no CUDA API calls)."""
     n = len(view.steps)
     first, last = np.full(n, np.nan), np.full(n, np.nan)
+    if n == 0:
+        return first, last, None
     work = view.work.dropna(subset=["correlationId"])
     runtime = view.runtime.dropna(subset=["correlationId"]) if not view.runtime.empty else view.runtime
     if n == 0 or work.empty or runtime.empty:
@@ -229,8 +246,7 @@ def _step_work(view: ActivityView) -> tuple[np.ndarray, np.ndarray, np.ndarray |
 
 def _segments(view: ActivityView) -> list[tuple[int, int]]:
     if view.steps.empty:
-        w = view.work
-        return [] if w.empty else [activity.window_of(w)]
+        return [view.work_span] if view.has_work else []
     st = view.steps
     run = st["run"] if "run" in st else pd.Series(np.zeros(len(st), dtype=np.int64))
     lo = st.groupby(run)["start"].min()
@@ -245,20 +261,36 @@ def _inside(df: pd.DataFrame, segs: list[tuple[int, int]]) -> pd.DataFrame:
     """Rows that start inside one of ``segs`` (sorted, disjoint)."""
     if df.empty or not segs:
         return df.iloc[0:0]
+    t = df["start"].to_numpy(dtype=np.int64)
+    if len(segs) == 1:  # one stretch: two comparisons, no index arrays
+        ok = (t >= segs[0][0]) & (t < segs[0][1])
+        return df.copy(deep=False) if ok.all() else df[ok]
     lo = np.array([a for a, _ in segs], dtype=np.int64)
     hi = np.array([b for _, b in segs], dtype=np.int64)
-    t = df["start"].to_numpy(dtype=np.int64)
     i = np.searchsorted(lo, t, side="right") - 1
     ok = (i >= 0) & (t < hi[np.clip(i, 0, None)])
-    return df[ok]
+    # every row (a capture without steps: the window is the work's span): a shallow copy, not a second table
+    return df.copy(deep=False) if ok.all() else df[ok]
 
 
-def _gap_lengths(work: pd.DataFrame, seg: tuple[int, int]) -> np.ndarray:
-    """Every stretch of ``seg`` in which no row of ``work`` ran (clipped to it), as in :func:`gpuprof.activity.idle_gaps`."""
+def _count_inside(df: pd.DataFrame, segs: list[tuple[int, int]]) -> int:
+    """``len(_inside(df, segs))``, without the copy of the rows."""
+    if df.empty or not segs:
+        return 0
+    t = df["start"].to_numpy(dtype=np.int64)
+    lo = np.array([a for a, _ in segs], dtype=np.int64)
+    hi = np.array([b for _, b in segs], dtype=np.int64)
+    i = np.searchsorted(lo, t, side="right") - 1
+    return int(((i >= 0) & (t < hi[np.clip(i, 0, None)])).sum())
+
+
+def _gap_lengths(merged: tuple[np.ndarray, np.ndarray], seg: tuple[int, int]) -> np.ndarray:
+    """Every stretch of ``seg`` in which no interval of ``merged`` (the work's union, :func:`gpuprof.activity.merge_intervals`)
+    ran, clipped to it, as in :func:`gpuprof.activity.idle_gaps`."""
     lo, hi = seg
-    if work.empty:
+    s, e = merged
+    if len(s) == 0:
         return np.array([hi - lo], dtype=np.int64)
-    s, e = activity.merge_intervals(work["start"].to_numpy(), work["end"].to_numpy())
     s2, e2 = np.clip(s, lo, hi), np.clip(e, lo, hi)
     keep = e2 > s2
     s2, e2 = s2[keep], e2[keep]
@@ -305,15 +337,35 @@ def step_table(view: ActivityView) -> pd.DataFrame:
     return out[cols]
 
 
-def _busy_ns(df: pd.DataFrame, segs: list[tuple[int, int]]) -> int:
-    """Nanoseconds of ``segs`` covered by at least one row of ``df`` (the union, clipped to each stretch)."""
-    if df.empty:
+def _work_union(view: ActivityView) -> tuple[np.ndarray, np.ndarray]:
+    """The union of everything the GPU ran (:func:`gpuprof.activity.merge_intervals` of :attr:`ActivityView.work`),
+    built per table and then merged: each table comes sorted, so no concatenated copy of the work is sorted."""
+    parts = [activity.merge_intervals(d["start"].to_numpy(), d["end"].to_numpy())
+             for d in (view.kernels, view.copies, view.memsets) if len(d)]
+    if not parts:
+        return np.array([], dtype=np.int64), np.array([], dtype=np.int64)
+    parts.sort(key=lambda p: -len(p[0]))
+    s, e = parts[0]
+    for ps, pe in parts[1:]:  # the smaller unions inserted in order (the union does not depend on ties' order)
+        at = np.searchsorted(s, ps, side="right")
+        s, e = np.insert(s, at, ps), np.insert(e, at, pe)
+    return activity.merge_intervals(s, e) if len(parts) > 1 else (s, e)
+
+
+def _busy_ns(df: pd.DataFrame | tuple[np.ndarray, np.ndarray], segs: list[tuple[int, int]]) -> int:
+    """Nanoseconds of ``segs`` covered by at least one row of ``df`` (the union, clipped to each stretch); ``df``
+    may be a union already (starts, ends)."""
+    if isinstance(df, tuple):
+        s, e = df
+    elif df.empty:
         return 0
-    s, e = activity.merge_intervals(df["start"].to_numpy(), df["end"].to_numpy())
+    else:
+        s, e = activity.merge_intervals(df["start"].to_numpy(), df["end"].to_numpy())
     total = 0
-    for lo, hi in segs:
-        a, b = np.clip(s, lo, hi), np.clip(e, lo, hi)
-        total += int((b - a)[b > a].sum())
+    for lo, hi in segs:  # the intervals that reach into [lo, hi), their ends clipped: no clipped copy of them all
+        i, j = int(np.searchsorted(e, lo, side="right")), int(np.searchsorted(s, hi, side="left"))
+        if j > i:
+            total += int((e[i:j] - s[i:j]).sum()) - max(0, lo - int(s[i])) - max(0, int(e[j - 1]) - hi)
     return total
 
 
@@ -357,7 +409,7 @@ def headline(view: ActivityView) -> dict[str, float]:
         return {"window_ms": 0.0, "steps": 0, "kernels": 0}
     k, c = view.in_steps(view.kernels), view.in_steps(view.copies)
     span = sum(b - a for a, b in segs)
-    busy = _busy_ns(view.work, segs)
+    busy = _busy_ns(_work_union(view), segs)
     out: dict[str, float] = {"window_ms": span / 1e6}
     runs = int(view.steps.groupby(view.steps["pid"].astype(str))["run"].nunique().max()) \
         if "run" in view.steps and len(view.steps) else 0  # per process: a sweep's restarts, not a job's ranks
@@ -369,7 +421,7 @@ def headline(view: ActivityView) -> dict[str, float]:
         "gpu_busy": busy / span if span else 0.0, "kernel_busy": _busy_ns(view.kernels, segs) / span if span else 0.0,
         "idle_ms": (span - busy) / 1e6, "copies": len(c), "copy_ms": float(c["duration_ns"].sum()) / 1e6 if len(c) else 0.0,
         "copy_exposed_ms": _exposed_ns(view.copies, view.kernels, segs) / 1e6,
-        "copy_bytes": float(c["bytes"].sum(min_count=1)) if len(c) else 0.0, "api_calls": len(_inside(view.runtime, segs)),
+        "copy_bytes": float(c["bytes"].sum(min_count=1)) if len(c) else 0.0, "api_calls": _count_inside(view.runtime, segs),
     }
     comm = is_communication(view.kernels["name"]) if len(view.kernels) else pd.Series(dtype=bool)
     if comm.any():
@@ -442,24 +494,72 @@ def _call_cause(names: pd.Series) -> np.ndarray:
                       call != ""], [CAUSES["sync"], CAUSES["copy"], CAUSES["launch"], CAUSES["other"]], CAUSES["host"])
 
 
+def _first_rows(keys: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each of ``wanted`` (floats, NaN for none): the index of the first row of ``keys`` equal to it, and whether
+    there is one. The lookup ``drop_duplicates(key).set_index(key).reindex(wanted)`` does, on arrays: only the rows
+    whose key is wanted are sorted, not a copy of the whole table."""
+    found = np.zeros(len(wanted), dtype=bool)
+    index = np.zeros(len(wanted), dtype=np.int64)
+    want = np.unique(wanted[np.isfinite(wanted)])
+    if len(want) == 0 or len(keys) == 0:
+        return index, found
+    pos = np.clip(np.searchsorted(want, keys), 0, len(want) - 1)
+    rows = np.flatnonzero(want[pos] == keys)           # rows whose key is wanted, in table order
+    uniq, first = np.unique(keys[rows], return_index=True)  # the first of each key
+    if len(uniq) == 0:
+        return index, found
+    at = np.clip(np.searchsorted(uniq, np.nan_to_num(wanted, nan=-np.inf)), 0, len(uniq) - 1)
+    found = uniq[at] == wanted
+    index[found] = rows[first[at[found]]]
+    return index, found
+
+
+def _name_matches(names: pd.Series, pattern: re.Pattern) -> np.ndarray:
+    """``names.astype(str).str.contains(pattern)`` as a boolean array, each distinct name tested once."""
+    codes, uniq = activity.name_codes(names)
+    hit = np.array([pattern.search(str(u)) is not None for u in uniq], dtype=bool)
+    return hit[codes] if len(uniq) else np.zeros(len(names), dtype=bool)
+
+
 def _launch_pace(view: ActivityView, gaps: pd.DataFrame, factor: float) -> tuple[np.ndarray, np.ndarray]:
     """Per gap: whether the GPU work that ended it had been launched before the gap began (its launching
-    call had returned), and whether it was issued at the CPU's usual pace (see :data:`LAUNCH_PACE_FACTOR`)."""
+    call had returned), and whether it was issued at the CPU's usual pace (see :data:`LAUNCH_PACE_FACTOR`).
+
+    On arrays, not copies of the work and call tables: at 5 million kernels the copies were the report's peak."""
     n = len(gaps)
     queued, paced = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
-    work = view.work.dropna(subset=["correlationId"])
-    calls = view.runtime.dropna(subset=["correlationId"])
-    if n == 0 or work.empty or calls.empty:
+    tables = [d for d in (view.kernels, view.copies, view.memsets) if len(d)]  # the work's rows, in its order
+    w_corr = (np.concatenate([d["correlationId"].to_numpy(dtype=float, na_value=np.nan) for d in tables])
+              if tables else np.array([]))
+    r_corr = view.runtime["correlationId"].to_numpy(dtype=float, na_value=np.nan) if len(view.runtime) else np.array([])
+    w_ok, r_ok = np.isfinite(w_corr), np.isfinite(r_corr)
+    if n == 0 or not w_ok.any() or not r_ok.any():
         return queued, paced
-    # the operation that ends each gap: the first to start at the gap's end
-    enders = work.sort_values("start", kind="stable").drop_duplicates("start").set_index("start")["correlationId"]
-    call = calls.drop_duplicates("correlationId").set_index("correlationId")
-    cid = enders.reindex(gaps["end"].to_numpy()).to_numpy()
-    c_start = call["start"].reindex(cid).to_numpy(dtype=float)
-    c_end = call["end"].reindex(cid).to_numpy(dtype=float)
+    # the operation that ends each gap: the first (in time, then table order) to start at the gap's end
+    w_start = np.concatenate([d["start"].to_numpy(dtype=np.int64) for d in tables])[w_ok]
+    order = np.argsort(w_start, kind="stable")
+    starts_sorted = w_start[order]
+    ends = gaps["end"].to_numpy(dtype=np.int64)
+    at = np.clip(np.searchsorted(starts_sorted, ends, side="left"), 0, len(starts_sorted) - 1)
+    cid = np.where(starts_sorted[at] == ends, w_corr[w_ok][order[at]], np.nan)
+    del order, starts_sorted
+    # its launching call: the first call with that correlation id
+    r_rows = np.flatnonzero(r_ok)
+    first, found = _first_rows(r_corr[r_ok], cid)
+    call_row = r_rows[first]
+    c_start = np.where(found, view.runtime["start"].to_numpy()[call_row].astype(float), np.nan)
+    c_end = np.where(found, view.runtime["end"].to_numpy()[call_row].astype(float), np.nan)
     queued = np.nan_to_num(c_end, nan=np.inf) <= gaps["start"].to_numpy(dtype=float)
-    issue = view.runtime[view.runtime["name"].astype(str).str.contains(_ISSUE_CALL)]
-    starts = np.sort(_inside(issue, view.segments)["start"].to_numpy(dtype=np.int64))
+    issue = _name_matches(view.runtime["name"], _ISSUE_CALL)
+    starts = view.runtime["start"].to_numpy(dtype=np.int64)[issue]
+    if not view.segments:
+        starts = starts[:0]
+    elif len(starts):
+        lo = np.array([a for a, _ in view.segments], dtype=np.int64)
+        hi = np.array([b for _, b in view.segments], dtype=np.int64)
+        i = np.searchsorted(lo, starts, side="right") - 1
+        starts = starts[(i >= 0) & (starts < hi[np.clip(i, 0, None)])]
+    starts = np.sort(starts)
     if len(starts) < 3:
         return queued, paced
     usual = float(np.median(np.diff(starts)))
@@ -495,14 +595,22 @@ def idle_by_cause(view: ActivityView, *, min_gap_ns: int = IDLE_MIN_GAP_NS,
     """
     cols = ["cause", "gaps", "idle_ms", "share"]
     segs = view.segments
-    if not segs or view.work.empty:  # no GPU work: nothing ended a gap, so nothing to ask about
+    if not segs or not view.has_work:  # no GPU work: nothing ended a gap, so nothing to ask about
         return pd.DataFrame(columns=cols)
-    lengths = np.concatenate([_gap_lengths(view.work, seg) for seg in segs])
+    merged = _work_union(view)
+    lengths = np.concatenate([_gap_lengths(merged, seg) for seg in segs])
     short = lengths[lengths < min_gap_ns]
-    parts = [pd.DataFrame({"cause": CAUSES["short"].replace("10 us", f"{min_gap_ns / 1e3:g} us"),
-                           "ns": short.astype(float), "gap": -1 - np.arange(len(short))})]
-    gaps = pd.concat([activity.idle_gaps(view.work, view.runtime, min_gap_ns=min_gap_ns, window=seg) for seg in segs],
+    del lengths
+    # the short gaps are one row: counted and summed here, not a table row each (millions in a long capture)
+    short_cause = CAUSES["short"].replace("10 us", f"{min_gap_ns / 1e3:g} us")
+    short_row = {"gaps": int((short > 0).sum()), "ns": int(short.sum())}
+    del short
+    union = pd.DataFrame({"start": merged[0], "end": merged[1]})  # idle_gaps merges again: the union is its own union
+    del merged
+    parts: list[pd.DataFrame] = []
+    gaps = pd.concat([activity.idle_gaps(union, view.runtime, min_gap_ns=min_gap_ns, window=seg) for seg in segs],
                      ignore_index=True)
+    del union
     if len(gaps):
         dur = gaps["duration_ns"].to_numpy(dtype=float)
         ids = np.arange(len(gaps))
@@ -516,12 +624,16 @@ def idle_by_cause(view: ActivityView, *, min_gap_ns: int = IDLE_MIN_GAP_NS,
             parts += [pd.DataFrame({"cause": whole[~split], "ns": dur[~split], "gap": ids[~split]}),
                       pd.DataFrame({"cause": _call_cause(gaps["cpu_call"])[split], "ns": covered[split], "gap": ids[split]}),
                       pd.DataFrame({"cause": CAUSES["host"], "ns": (dur - covered)[split], "gap": ids[split]})]
-    parts = pd.concat(parts, ignore_index=True)
+    parts = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame({"cause": [], "ns": [], "gap": []})
     parts = parts[parts["ns"] > 0]
-    if parts.empty:
-        return pd.DataFrame(columns=cols)
     g = parts.groupby("cause")
-    out = pd.DataFrame({"gaps": g["gap"].nunique(), "idle_ms": g["ns"].sum() / 1e6}).reset_index()
+    out = pd.DataFrame({"gaps": g["gap"].nunique(), "idle_ms": g["ns"].sum() / 1e6})
+    if short_row["gaps"]:  # in its place in the causes' order, as a group of its own rows would be
+        row = pd.DataFrame({"gaps": [short_row["gaps"]], "idle_ms": [short_row["ns"] / 1e6]}, index=[short_cause])
+        out = pd.concat([out, row]).sort_index() if len(out) else row
+    if out.empty:
+        return pd.DataFrame(columns=cols)
+    out = out.rename_axis("cause").reset_index()
     out["share"] = out["idle_ms"] / out["idle_ms"].sum()
     return out.sort_values("idle_ms", ascending=False, ignore_index=True)[cols]
 

@@ -60,7 +60,7 @@ def parse_window(text: str, view: ActivityView) -> tuple[int, int]:
     (its last occurrence), or ``step`` (the last step)."""
     m = re.fullmatch(r"\s*([\d.]+)\s*:\s*([\d.]+)\s*", text)
     if m:
-        t0 = int(view.work["start"].min())
+        t0 = view.work_span[0] if view.has_work else int(view.work["start"].min())
         lo, hi = t0 + int(float(m.group(1)) * 1e6), t0 + int(float(m.group(2)) * 1e6)
         if hi <= lo:
             raise ValueError(f"--window {text}: the end must come after the start.")
@@ -183,7 +183,7 @@ def timeline_page(view: ActivityView, *, window: str | None = None, top: int = 1
     gpus = ", ".join(f"{n} x {name}" if n > 1 else str(name) for name, n in counts.items()) or "not recorded"
     w = view.window
     lines = [f"GPU: {gpus}.", f"Steps: {view.step_rule}."]
-    if w is not None and not view.work.empty:
+    if w is not None and view.has_work:
         if not len(view.steps):
             where = "the span of the GPU's work (no steps)"
         elif facts.get("runs", 1) > 1:
@@ -210,7 +210,7 @@ def timeline_page(view: ActivityView, *, window: str | None = None, top: int = 1
                       "a kernel that waits for a late peer included; nccl_exposed_ms: the part of the window in which "
                       "an NCCL kernel ran on that GPU and no other kernel did (communication overlap did not hide); "
                       "compute_ms: kernel_ms - nccl_ms, summed durations.")
-    if w is None or view.work.empty:
+    if w is None or not view.has_work:
         _operators(page, view, top)
         return page
 
@@ -292,7 +292,7 @@ The course's captures hold at most 20,790 operations, so their figures are uncha
 def _recent_window(view: ActivityView, w: tuple[int, int]) -> tuple[tuple[int, int], bool]:
     """The window ``w``, or its end from the start of the TIMELINE_MAX_OPS-th last GPU operation where it holds
     more; and whether it was cut."""
-    starts = view.work["start"].to_numpy(dtype=np.int64)
+    starts = np.concatenate([d["start"].to_numpy(dtype=np.int64) for d in (view.kernels, view.copies, view.memsets)])
     if len(starts) <= TIMELINE_MAX_OPS:
         return w, False
     k = len(starts) - TIMELINE_MAX_OPS
