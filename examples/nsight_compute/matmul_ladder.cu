@@ -561,9 +561,11 @@ extern "C" __global__ void __launch_bounds__(384, 1) ladder_8_wgmma_overlap(cons
 // tiles b, b + gridDim.x, b + 2 gridDim.x, ... of a grouped order: GROUP_M rows of tiles
 // walk together along N (tile t's row is t mod GROUP_M inside its group, its column t div
 // GROUP_M), so the 132 tiles in flight at a time cover GROUP_M rows and about 132 / GROUP_M
-// columns: at GROUP_M = 16, 2,048 rows of A and 2,112 of W instead of 528 and 8,192. And a
-// block that loops over tiles overlaps one tile's epilogue with the next tile's loads: the
-// producer runs ahead into the stages the consumers have released while they store C.
+// columns: at 8192^3 and GROUP_M = 16 the first 132 tiles need 2,048 rows of A and 2,304 of W,
+// where blockIdx order's first wave needs 640 rows of A and all 8,192 of W (the test suite
+// counts both). And a block that loops over tiles overlaps one tile's epilogue with the next
+// tile's loads: the producer runs ahead into the stages the consumers have released while
+// they store C.
 //
 // Rung 10, a cluster of two blocks sharing W. Two blocks of a cluster (two SMs of a GPC)
 // take the tiles of rows 2p and 2p + 1 in the same column: both need the same 256 x 64 slice

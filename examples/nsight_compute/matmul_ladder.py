@@ -26,7 +26,7 @@ Rungs 9 and 10 are the next rungs of issue 39, written for the large shapes (819
 where that issue measured rung 8 at 64% of cuBLAS and below on an H100; the chapter's tables
 and figures show rungs 1-8 (gpuprof.studies.matmul_ladder passes --rung 1,2,3,4,5,6,7,8). Their grid is sized from the GPU (SMs,
 and for rung 10 the clusters that fit at once), and the check also runs them on a grid of
-3 blocks (rung 10: 2 clusters) so that every block loops over several tiles.
+3 blocks (rung 10: 3 clusters, 6 blocks), so that every block loops over several tiles.
 
 Every run first checks each rung on three shapes, two of them not a multiple of any tile,
 against cuBLAS's FP32 product of the same BF16 values (CuPy's matmul, TF32 off), then times
