@@ -5,13 +5,13 @@
 // cuBLAS in the same run.
 //
 // Rungs 1-4 run on the CUDA cores (FFMA), with the BF16 inputs widened to FP32 as they are
-// read; rungs 5-6 on the tensor cores through mma.sync (any GPU from sm_80); rung 7 through
-// Hopper's wgmma, fed by the tensor memory accelerator (TMA), and rung 8 keeps one
-// group of those in flight; both build only for sm_90a.
-// Every rung handles any M and N; rungs 3-7 load 16 bytes (8 values) at a time, so they
+// read; rungs 5-6 on the tensor cores through mma.sync (any GPU from sm_80); rungs 7-10
+// through Hopper's wgmma, fed by the tensor memory accelerator (TMA): rung 8 keeps one group
+// in flight, 9 is persistent with an L2-friendly tile order, 10 shares W across a cluster.
+// Every rung handles any M and N; rungs 3-10 load 16 bytes (8 values) at a time, so they
 // need K and N to be multiples of 8 (the script checks). Edges are masked (or, for TMA,
-// filled with zeros by the copy engine), so a shape that is not a multiple of the tile is
-// computed exactly like one that is.
+// filled with zeros by the TMA unit), so a shape that is not a multiple of the tile is
+// computed exactly like one that is. Rungs 7-10 build only for sm_90a.
 
 #include <cuda_bf16.h>
 #include <stdint.h>
@@ -19,9 +19,9 @@
 __device__ __forceinline__ float ld_bf16(const __nv_bfloat16* p) { return __bfloat162float(*p); }
 
 // Rung 1: one output per thread. A 16 x 16 block of threads covers a 16 x 16 patch of C;
-// threadIdx.x runs along a row of C. Every product term is read from global memory
-// (through L1/L2): 2 loads per multiply-add, and a warp's 32 loads of W come from 32
-// different rows of W (K values apart), so each lands in a sector of its own.
+// threadIdx.x runs along a row of C. Every product term is read from global memory (mostly
+// hits in L1): 2 loads per multiply-add; a warp (2 rows of 16) reads 16 rows of W, K values
+// apart, each by 2 threads and in a sector of its own, and 2 addresses of A.
 extern "C" __global__ void ladder_1_naive(const __nv_bfloat16* __restrict__ A, const __nv_bfloat16* __restrict__ W,
                                           float* __restrict__ C, int M, int N, int K) {
     const int col = blockIdx.x * 16 + threadIdx.x, row = blockIdx.y * 16 + threadIdx.y;
