@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -81,3 +83,110 @@ def test_line_claims_on_the_reference_lines():
     assert "(checked: at least 40%)" in claims["7->8"]["text"] and claims["5"]["text"].endswith("(checked: at least 25%)")
     hot = ml.hot_lines(rows)
     assert set(hot["rung"]) == set(ml.LINE_RUNGS)
+
+
+# ---- issue 39's rungs 9 and 10: what the CPU can hold of them (the GPU check is the lead's) ----
+
+LADDER = REPO_ROOT / "examples" / "nsight_compute" / "matmul_ladder.py"
+CU = LADDER.with_name("matmul_ladder.cu")
+NVCC = __import__("shutil").which("nvcc")
+
+
+@pytest.fixture(scope="module")
+def script():
+    from gpuprof.runner import load_script
+
+    return load_script(LADDER)
+
+
+@pytest.mark.parametrize("tiles_m, tiles_n, group_m", [(5, 3, 2), (64, 32, 16), (64, 43, 16), (7, 3, 16), (1, 9, 4),
+                                                       (13, 1, 4), (32, 16, 1)])
+def test_the_grouped_tile_order_takes_every_tile_once_group_by_group(script, tiles_m, tiles_n, group_m):
+    order = script.tile_order(tiles_m, tiles_n, group_m)
+    assert sorted(order) == [(m, n) for m in range(tiles_m) for n in range(tiles_n)]
+    # tile t's group is t // (group_m * tiles_n); inside it the rows run fastest, then the columns
+    for t, (m, n) in enumerate(order):
+        group, in_group = divmod(t, group_m * tiles_n)
+        rows = min(tiles_m - group * group_m, group_m)
+        assert (m - group * group_m, n) == (in_group % rows, in_group // rows)
+    if group_m == 1:  # a group of one row is the row-by-row order of rungs 7-8's blockIdx
+        assert order == [(m, n) for m in range(tiles_m) for n in range(tiles_n)]
+
+
+def test_the_grouped_order_by_hand():
+    from gpuprof.runner import load_script
+
+    order = load_script(LADDER).tile_order(5, 3, 2)
+    assert order == [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2), (2, 0), (3, 0), (2, 1), (3, 1), (2, 2), (3, 2),
+                     (4, 0), (4, 1), (4, 2)]
+    with pytest.raises(ValueError):
+        load_script(LADDER).tile_order(5, 3, 0)
+
+
+def test_the_grouped_order_keeps_a_wave_of_132_tiles_on_fewer_rows_of_a_and_w(script):
+    """At 8192^3 (64 x 32 tiles of 128 x 256) the first 132 tiles, one per SM of an H100, need these
+    rows of A and W in L2: the .cu's comment on rung 9 quotes them."""
+    def footprint(order):
+        wave = order[:132]
+        return len({m for m, _ in wave}) * 128, len({n for _, n in wave}) * 256
+
+    assert footprint(script.tile_order(64, 32, 1)) == (640, 8192)  # blockIdx order: 5 rows, all 32 columns
+    assert footprint(script.tile_order(64, 32, script.GROUP_M)) == (2048, 2304)  # 16 rows, 9 columns
+    text = CU.read_text()
+    assert "2,048 rows of A and 2,304 of W" in text and "640 rows of A and all 8,192 of W" in text
+
+
+@pytest.mark.parametrize("rung", [9, 10])
+@pytest.mark.parametrize("m, n", [(512, 512), (1000, 1000), (777, 520), (8192, 8192), (8192, 11008), (16384, 16384)])
+def test_every_block_of_a_persistent_rung_stores_each_tile_once(script, rung, m, n):
+    spec = script.RUNGS[rung]
+    tiles_m, tiles_n = -(-m // spec.tile[0]), -(-n // spec.tile[1])
+    rows, cols = script.unit_grid(rung, m, n)
+    for clusters in (min(rows * cols, 132 // spec.cluster), script.SMALL_GRID):
+        blocks = script.block_tiles(rung, m, n, clusters)
+        assert len(blocks) == clusters * spec.cluster
+        stored = [tile for block in blocks for tile in block]
+        assert sorted(stored) == [(i, j) for i in range(tiles_m) for j in range(tiles_n)]
+        if spec.cluster == 2:  # the two blocks of a cluster: rows 2p and 2p + 1 of one column (the second
+            for first, second in zip(blocks[0::2], blocks[1::2]):  # stores nothing past M's edge)
+                assert all(m0 % 2 == 0 for m0, _ in first)
+                assert [(m1 - 1, n1) for m1, n1 in second] == [(m0, n0) for m0, n0 in first if m0 + 1 < tiles_m]
+
+
+def test_the_new_rungs_in_the_help_and_their_shape_rules(script):
+    assert {9, 10} <= set(script.RUNGS) and script.RUNGS[10].cluster == 2 and script.RUNGS[9].persistent
+    out = subprocess.run([sys.executable, str(LADDER), "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0
+    for r in (9, 10):
+        assert f" {r}  {script.RUNGS[r].kernel} " in out.stdout.replace("\n", " ")
+    assert "--group-m" in out.stdout
+    # a persistent rung has no gridDim.y limit: M of 65,535 x 128 + 1 rows is a shape it takes
+    assert script.fits(9, 65535 * 128 + 1, 256, 64) is None and "65,535" in script.fits(7, 65535 * 128 + 1, 256, 64)
+    assert "multiples of 8" in script.fits(10, 64, 64, 60)
+
+
+@pytest.mark.skipif(not NVCC, reason="nvcc is not installed here")
+def test_the_cuda_tile_order_is_the_python_model(script, tmp_path):
+    """grouped_tile in matmul_ladder.cu, compiled for the CPU (no GPU needed), gives tile_order's answer."""
+    main = tmp_path / "order.cu"
+    main.write_text(f'#include "{CU}"\n#include <cstdio>\n#include <cstdlib>\n'
+                    "int main(int argc, char** argv) {\n"
+                    "  const int tm = atoi(argv[1]), tn = atoi(argv[2]), g = atoi(argv[3]);\n"
+                    "  for (int t = 0; t < tm * tn; ++t) { int a, b; grouped_tile(t, tm, tn, g, &a, &b); "
+                    'printf("%d %d\\n", a, b); }\n  return 0;\n}\n')
+    exe = tmp_path / "order"
+    build = subprocess.run([NVCC, "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-o", str(exe), str(main)],
+                           capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr
+    for shape in [(5, 3, 2), (64, 43, 16), (7, 3, 16), (43, 7, 8), (4, 5, 1)]:
+        out = subprocess.run([str(exe), *map(str, shape)], capture_output=True, text=True, timeout=60, check=True)
+        got = [tuple(map(int, line.split())) for line in out.stdout.splitlines()]
+        assert got == script.tile_order(*shape), shape
+
+
+def test_the_check_table_keeps_the_worse_of_a_persistent_rungs_two_grids():
+    checks = [{"rung": 9, "shape": [512, 512, 512], "relative_error": 1e-7, "ok": True, "grid_blocks": 8},
+              {"rung": 9, "shape": [512, 512, 512], "relative_error": 2e-3, "ok": False, "grid_blocks": 3},
+              {"rung": 8, "shape": [512, 512, 512], "relative_error": 0.0, "ok": True}]
+    table = ml.check_table({"runs": [{"checks": checks}]})
+    assert table.loc[9, "512 x 512 x 512"] == 2e-3 and table.loc[8, "512 x 512 x 512"] == 0.0

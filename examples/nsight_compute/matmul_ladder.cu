@@ -5,13 +5,13 @@
 // cuBLAS in the same run.
 //
 // Rungs 1-4 run on the CUDA cores (FFMA), with the BF16 inputs widened to FP32 as they are
-// read; rungs 5-6 on the tensor cores through mma.sync (any GPU from sm_80); rung 7 through
-// Hopper's wgmma, fed by the tensor memory accelerator (TMA), and rung 8 keeps one
-// group of those in flight; both build only for sm_90a.
-// Every rung handles any M and N; rungs 3-7 load 16 bytes (8 values) at a time, so they
+// read; rungs 5-6 on the tensor cores through mma.sync (any GPU from sm_80); rungs 7-10
+// through Hopper's wgmma, fed by the tensor memory accelerator (TMA): rung 8 keeps one group
+// in flight, 9 is persistent with an L2-friendly tile order, 10 shares W across a cluster.
+// Every rung handles any M and N; rungs 3-10 load 16 bytes (8 values) at a time, so they
 // need K and N to be multiples of 8 (the script checks). Edges are masked (or, for TMA,
-// filled with zeros by the copy engine), so a shape that is not a multiple of the tile is
-// computed exactly like one that is.
+// filled with zeros by the TMA unit), so a shape that is not a multiple of the tile is
+// computed exactly like one that is. Rungs 7-10 build only for sm_90a.
 
 #include <cuda_bf16.h>
 #include <stdint.h>
@@ -19,9 +19,9 @@
 __device__ __forceinline__ float ld_bf16(const __nv_bfloat16* p) { return __bfloat162float(*p); }
 
 // Rung 1: one output per thread. A 16 x 16 block of threads covers a 16 x 16 patch of C;
-// threadIdx.x runs along a row of C. Every product term is read from global memory
-// (through L1/L2): 2 loads per multiply-add, and a warp's 32 loads of W come from 32
-// different rows of W (K values apart), so each lands in a sector of its own.
+// threadIdx.x runs along a row of C. Every product term is read from global memory (mostly
+// hits in L1): 2 loads per multiply-add; a warp (2 rows of 16) reads 16 rows of W, K values
+// apart, each by 2 threads and in a sector of its own, and 2 addresses of A.
 extern "C" __global__ void ladder_1_naive(const __nv_bfloat16* __restrict__ A, const __nv_bfloat16* __restrict__ W,
                                           float* __restrict__ C, int M, int N, int K) {
     const int col = blockIdx.x * 16 + threadIdx.x, row = blockIdx.y * 16 + threadIdx.y;
@@ -547,4 +547,227 @@ extern "C" __global__ void __launch_bounds__(384, 1) ladder_8_wgmma_overlap(cons
                                                                              const void* __restrict__ tmap_w,
                                                                              float* __restrict__ C, int M, int N, int K) {
     wgmma_tma_body<1>(tmap_a, tmap_w, C, M, N, K);
+}
+
+// ---------------------------------------------------------------------------------------
+// Rungs 9 and 10: rung 8's warpgroups and main loop, in a persistent grid that walks the
+// tiles in an order that keeps A and W in L2.
+//
+// Rung 9, tile order and persistence. Rungs 7-8 launch one block per 128 x 256 tile and
+// the hardware starts them in blockIdx order: along a row of tiles, then the next row. At
+// 8192^3 a wave of 132 blocks then covers 4 rows of tiles and all 32 columns: it streams
+// 1/16 of A and all of W (128 MB, more than the L2's 50 MB) past the L2 once per wave.
+// Here the grid has one block per SM (the host passes min(tiles, SMs)); block b takes
+// tiles b, b + gridDim.x, b + 2 gridDim.x, ... of a grouped order: GROUP_M rows of tiles
+// walk together along N (tile t's row is t mod GROUP_M inside its group, its column t div
+// GROUP_M), so the 132 tiles in flight at a time cover GROUP_M rows and about 132 / GROUP_M
+// columns: at 8192^3 and GROUP_M = 16 the first 132 tiles need 2,048 rows of A and 2,304 of W,
+// where blockIdx order's first wave needs 640 rows of A and all 8,192 of W (the test suite
+// counts both). And a block that loops over tiles overlaps one tile's epilogue with the next
+// tile's loads: the producer runs ahead into the stages the consumers have released while
+// they store C.
+//
+// Rung 10, a cluster of two blocks sharing W. Two blocks of a cluster (two SMs of a GPC)
+// take the tiles of rows 2p and 2p + 1 in the same column: both need the same 256 x 64 slice
+// of W at every step. Each block's producer loads its own A (128 x 64) and one half of W's
+// slice (128 x 64), multicast by the TMA into the shared memory of both blocks: every block
+// still receives 48 KB per slice, but asks the L2 for 32 KB of it (a third less L2 -> SM
+// traffic). The price is coupling: a stage may be refilled only when the consumers of both
+// blocks are done with it (empty[s] counts 2 x 2 arrivals, sent across the cluster), and no
+// block may exit while its partner can still write to it or arrive on its barriers.
+
+// Tile t of the grouped order over a tiles_m x tiles_n grid of tiles (host and device: the
+// test suite compiles this function for the CPU and compares it with matmul_ladder.py's
+// tile_order). Groups of group_m rows of tiles (the last group may have fewer) are taken one
+// after the other; inside a group, t runs down the rows first, then to the next column.
+__host__ __device__ inline void grouped_tile(int t, int tiles_m, int tiles_n, int group_m, int* tm, int* tn) {
+    const int per_group = group_m * tiles_n;
+    const int group = t / per_group, first = group * group_m, in_group = t - group * per_group;
+    const int rows = tiles_m - first < group_m ? tiles_m - first : group_m;
+    *tm = first + in_group % rows;
+    *tn = in_group / rows;
+}
+
+#ifdef LADDER_HOPPER
+__device__ __forceinline__ uint32_t cluster_rank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ uint32_t cluster_id_x() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%clusterid.x;\n" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ uint32_t clusters_x() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%nclusterid.x;\n" : "=r"(r));
+    return r;
+}
+// Every thread of every block of the cluster arrives and waits (release / acquire at cluster scope).
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+// Arrive on barrier `bar` of the cluster's block `rank` (the same offset in its shared memory).
+__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t rank) {
+    asm volatile(
+        "{\n .reg .b32 remote;\n"
+        " mapa.shared::cluster.u32 remote, %0, %1;\n"
+        " mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_addr(bar)),
+        "r"(rank)
+        : "memory");
+}
+// One box, written at the same offset into the shared memory of every block in `mask`, each
+// block's barrier at `bar`'s offset counting the bytes that land in that block.
+__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const void* tmap, uint64_t* bar, int k, int r,
+                                                      uint16_t mask) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster "
+        "[%0], [%1, {%3, %4}], [%2], %5;\n" ::"r"(smem_addr(dst)),
+        "l"(tmap), "r"(smem_addr(bar)), "r"(k), "r"(r), "h"(mask)
+        : "memory");
+}
+#endif
+
+// The body of rungs 9 (CLUSTER 1) and 10 (CLUSTER 2). A unit of work is CLUSTER tiles of one
+// column, rows CLUSTER u .. CLUSTER u + CLUSTER - 1 of tiles; block `rank` of a cluster takes
+// the unit's tile rank. Units are numbered in the grouped order (group_m rows of tiles, i.e.
+// group_m / CLUSTER units), and cluster c of the grid takes units c, c + clusters, ...
+// The stage ring runs on across tiles: g counts every slice this block has loaded (producer)
+// or multiplied (consumers), so stage g % HSTAGES and its phase parity (g / HSTAGES) & 1 need
+// no reset between tiles. Each slice's stage is released exactly once: the slice before
+// after wait_group 1 (as in rung 8), and a tile's last slice after its wait_group 0.
+template <int CLUSTER>
+__device__ __forceinline__ void persistent_body(const void* __restrict__ tmap_a, const void* __restrict__ tmap_w,
+                                                float* __restrict__ C, int M, int N, int K, int group_m) {
+#ifdef LADDER_HOPPER
+    __shared__ __align__(8) uint64_t full[HSTAGES], empty[HSTAGES];
+    extern __shared__ unsigned char smem9_raw[];
+    unsigned char* smem9 = smem9_raw + ((1024 - (smem_addr(smem9_raw) & 1023)) & 1023);
+    __nv_bfloat16* sA = reinterpret_cast<__nv_bfloat16*>(smem9);                          // HSTAGES x 128 x 64
+    __nv_bfloat16* sW = reinterpret_cast<__nv_bfloat16*>(smem9 + HSTAGES * H_A_BYTES);  // HSTAGES x 256 x 64
+    const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
+    const int slices = (K + HBK - 1) / HBK;
+    const int tiles_m = (M + HBM - 1) / HBM, tiles_n = (N + HBN - 1) / HBN;
+    const int unit_rows = (tiles_m + CLUSTER - 1) / CLUSTER, units = unit_rows * tiles_n;
+    const int group = group_m / CLUSTER > 0 ? group_m / CLUSTER : 1;
+    const uint32_t rank = CLUSTER > 1 ? cluster_rank() : 0;
+    const int first_unit = CLUSTER > 1 ? (int)cluster_id_x() : (int)blockIdx.x;
+    const int unit_step = CLUSTER > 1 ? (int)clusters_x() : (int)gridDim.x;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < HSTAGES; ++s) {
+            mbar_init(&full[s], 1);              // this block's producer's one arrive (plus the bytes)
+            mbar_init(&empty[s], 2 * CLUSTER);   // both consumers of every block that writes into stage s
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    if (CLUSTER > 1)
+        cluster_sync();  // the partner's barriers are initialised before anyone signals them
+    else
+        __syncthreads();
+    if (wg == 0) {  // producer
+        // 56, not rung 8's 40: ptxas holds the code after setmaxnreg to its count, and at 40
+        // rung 10's producer loop spilled 8 bytes
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
+        if (t == 0) {
+            asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(tmap_a) : "memory");
+            asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(tmap_w) : "memory");
+            uint32_t g = 0;
+            for (int u = first_unit; u < units; u += unit_step) {
+                int um, tn;
+                grouped_tile(u, unit_rows, tiles_n, group, &um, &tn);
+                // A box or W half that would lie wholly past the matrix's edge (the second tile
+                // of a unit at an odd last row, the second half of a narrow last column) is
+                // read from the last row instead: those results are never stored.
+                int row0 = (um * CLUSTER + (int)rank) * HBM;
+                row0 = row0 < M ? row0 : M - 1;
+                int wrow = tn * HBN + (int)rank * (HBN / CLUSTER);
+                wrow = wrow < N ? wrow : N - 1;
+                for (int i = 0; i < slices; ++i, ++g) {
+                    const uint32_t s = g % HSTAGES, round = g / HSTAGES;
+                    if (round > 0) mbar_wait(&empty[s], (round - 1) & 1);
+                    mbar_expect_tx(&full[s], H_A_BYTES + H_W_BYTES);  // all of it lands here, half from the partner
+                    tma_load_2d(sA + s * (HBM * HBK), tmap_a, &full[s], i * HBK, row0);
+                    if (CLUSTER > 1)
+                        tma_load_2d_multicast(sW + s * (HBN * HBK) + rank * (HBN / CLUSTER) * HBK, tmap_w, &full[s],
+                                              i * HBK, wrow, (uint16_t)((1u << CLUSTER) - 1));
+                    else
+                        tma_load_2d(sW + s * (HBN * HBK), tmap_w, &full[s], i * HBK, wrow);
+                }
+            }
+        }
+        if (CLUSTER > 1) cluster_sync();  // (each thread arrives once; the consumers' call is below)
+    } else {  // consumers: warpgroup c multiplies rows 64 (c - 1) .. + 63 of each tile
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");  // 128 x 56 + 256 x 224 = 64,512 = 384 x 168
+        const int c = wg - 1, warp = t / 32, lane = t % 32;
+        float d[16][8];
+        uint32_t g = 0;
+        for (int u = first_unit; u < units; u += unit_step) {
+            int um, tn;
+            grouped_tile(u, unit_rows, tiles_n, group, &um, &tn);
+            const int row0 = (um * CLUSTER + (int)rank) * HBM, col0 = tn * HBN;
+#pragma unroll
+            for (int j = 0; j < 16; ++j)
+#pragma unroll
+                for (int e = 0; e < 8; ++e) d[j][e] = 0.f;
+            for (int i = 0; i < slices; ++i, ++g) {
+                const uint32_t s = g % HSTAGES;
+                mbar_wait(&full[s], (g / HSTAGES) & 1);
+                const __nv_bfloat16* a = sA + s * (HBM * HBK) + c * 64 * HBK;
+                const __nv_bfloat16* w = sW + s * (HBN * HBK);
+                asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+                for (int k = 0; k < HBK / 16; ++k) wgmma_m64n256k16(d, wgmma_desc(a + k * 16), wgmma_desc(w + k * 16));
+                asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+                asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+                if (t == 0 && i > 0) {  // the slice before is complete: release its stage in every block
+                    for (uint32_t b = 0; b < CLUSTER; ++b) {
+                        if (CLUSTER > 1) mbar_arrive_cluster(&empty[(g - 1) % HSTAGES], b);
+                        else mbar_arrive(&empty[(g - 1) % HSTAGES]);
+                    }
+                }
+            }
+            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+            if (t == 0) {  // the tile's last slice; the producer may already be loading the next tile
+                for (uint32_t b = 0; b < CLUSTER; ++b) {
+                    if (CLUSTER > 1) mbar_arrive_cluster(&empty[(g - 1) % HSTAGES], b);
+                    else mbar_arrive(&empty[(g - 1) % HSTAGES]);
+                }
+            }
+            // The epilogue of rungs 7-8 (same accumulator layout), from registers to C.
+            const int r = row0 + c * 64 + warp * 16 + lane / 4;
+#pragma unroll
+            for (int j = 0; j < 16; ++j)
+#pragma unroll
+                for (int e = 0; e < 8; e += 2) {
+                    const int rr = r + ((e / 2) % 2) * 8, cc = col0 + 16 * j + 2 * (lane % 4) + (e / 4) * 8;
+                    if (rr < M && cc < N)
+                        *reinterpret_cast<float2*>(&C[(size_t)rr * N + cc]) = make_float2(d[j][e], d[j][e + 1]);
+                }
+        }
+        if (CLUSTER > 1) cluster_sync();  // no block leaves while its partner may still write to it or signal it
+    }
+#endif
+}
+
+// Rung 9: rung 8 in a persistent grid (one block per SM), tiles in grouped order.
+extern "C" __global__ void __launch_bounds__(384, 1) ladder_9_persistent(const void* __restrict__ tmap_a,
+                                                                          const void* __restrict__ tmap_w,
+                                                                          float* __restrict__ C, int M, int N, int K,
+                                                                          int group_m) {
+    persistent_body<1>(tmap_a, tmap_w, C, M, N, K, group_m);
+}
+
+// Rung 10: rung 9 in clusters of two blocks that share each slice of W (TMA multicast). The
+// cluster shape is fixed at compile time, so an ordinary launch makes the clusters; the grid
+// must be a multiple of 2. (Older GPUs have no clusters: there the kernel builds, empty, without.)
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+#define LADDER_CLUSTER_OF_2 __cluster_dims__(2, 1, 1)
+#else
+#define LADDER_CLUSTER_OF_2
+#endif
+extern "C" __global__ void LADDER_CLUSTER_OF_2 __launch_bounds__(384, 1)
+    ladder_10_cluster_multicast(const void* __restrict__ tmap_a, const void* __restrict__ tmap_w,
+                                float* __restrict__ C, int M, int N, int K, int group_m) {
+    persistent_body<2>(tmap_a, tmap_w, C, M, N, K, group_m);
 }

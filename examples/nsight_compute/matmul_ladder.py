@@ -15,8 +15,20 @@ compiled with -lineinfo (so that ncu's source page maps counters to lines):
                              consumers (sm_90a: H100, H200)
   8  ladder_8_wgmma_overlap  rung 7 with one group of wgmma kept in flight (what rung 7's
                              source page pointed to)
+  9  ladder_9_persistent     rung 8 in a persistent grid (one block per SM, each looping over
+                             tiles), the tiles in grouped order (--group-m rows of tiles walk
+                             along N together) so that A and W stay in L2
+ 10  ladder_10_cluster_multicast  rung 9 in clusters of two blocks (two tiles of one column)
+                             that share each slice of W: each block loads half of it and the
+                             TMA multicasts it into both (a third less L2 -> SM traffic)
 
-Every run first checks each rung on three shapes, one of them not a multiple of any tile,
+Rungs 9 and 10 are the next rungs of issue 39, written for the large shapes (8192^3 and up),
+where that issue measured rung 8 at 64% of cuBLAS and below on an H100; the chapter's tables
+and figures show rungs 1-8 (gpuprof.studies.matmul_ladder passes --rung 1,2,3,4,5,6,7,8). Their grid is sized from the GPU (SMs,
+and for rung 10 the clusters that fit at once), and the check also runs them on a grid of
+3 blocks (rung 10: 3 clusters, 6 blocks), so that every block loops over several tiles.
+
+Every run first checks each rung on three shapes, two of them not a multiple of any tile,
 against cuBLAS's FP32 product of the same BF16 values (CuPy's matmul, TF32 off), then times
 the rungs and cuBLAS at --size, in one run: cuBLAS computing the same product (BF16 in,
 FP32 out, cublasGemmEx) and, when PyTorch is installed, torch.matmul's BF16 product (BF16
@@ -46,7 +58,7 @@ import numpy as np  # noqa: E402
 
 from gpuprof import Backend, exit_on_error  # noqa: E402
 from gpuprof import kernels as gk  # noqa: E402
-from gpuprof.cli import require_memory  # noqa: E402
+from gpuprof.cli import positive_int, require_memory  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
 
 CU = Path(__file__).with_name("matmul_ladder.cu")
@@ -64,6 +76,8 @@ class Rung:
     dynamic_smem: int = 0  # bytes of dynamic shared memory per block
     min_cc: int = 0  # compute capability it needs, e.g. 80 for mma.sync
     tensor_maps: bool = False  # launched with TMA tensor maps instead of A and W's addresses
+    persistent: bool = False  # a grid sized from the GPU, each block looping over tiles in grouped order
+    cluster: int = 1  # blocks per cluster (the .cu fixes it with __cluster_dims__); W's box is tile[1] / cluster
 
 
 RUNGS = {
@@ -78,13 +92,63 @@ RUNGS = {
             dynamic_smem=4 * (128 + 256) * 64 * 2 + 1024, min_cc=90, tensor_maps=True),
     8: Rung("ladder_8_wgmma_overlap", "8 rung 7, one wgmma group in flight", (384,), (128, 256), 8,
             dynamic_smem=4 * (128 + 256) * 64 * 2 + 1024, min_cc=90, tensor_maps=True),
+    9: Rung("ladder_9_persistent", "9 rung 8, persistent, grouped tile order", (384,), (128, 256), 8,
+            dynamic_smem=4 * (128 + 256) * 64 * 2 + 1024, min_cc=90, tensor_maps=True, persistent=True),
+    10: Rung("ladder_10_cluster_multicast", "10 rung 9, 2-block clusters, W multicast", (384,), (128, 256), 8,
+             dynamic_smem=4 * (128 + 256) * 64 * 2 + 1024, min_cc=90, tensor_maps=True, persistent=True, cluster=2),
 }
+GROUP_M = 16  # rows of tiles that walk along N together (rungs 9-10); see tile_order
+SMALL_GRID = 3  # the check also runs the persistent rungs on this many blocks (rung 10: clusters), looping over tiles
 CHECK_SHAPES = [(512, 512, 512), (1000, 1000, 1000), (777, 520, 264)]  # (M, N, K); the last two fit no tile
 TOLERANCE = 1e-3  # largest difference over the largest value of cuBLAS's FP32 product of the same inputs
 
 
 INT_LIMIT = 2**31  # the kernels take M, N and K as 32-bit ints
 NOTHING_RAN = 3  # the exit status when no rung ran
+
+
+def tile_order(tiles_m: int, tiles_n: int, group_m: int = GROUP_M) -> list[tuple[int, int]]:
+    """The grouped order in which rungs 9 and 10 take tiles: (tile row, tile column) of tile t.
+
+    The same arithmetic as ``grouped_tile`` in matmul_ladder.cu (the test suite compiles that
+    function for the CPU and compares). Groups of ``group_m`` rows of tiles (the last group
+    may have fewer) come one after the other; inside a group t runs down the rows first, then
+    to the next column. So any ``group_m`` x c consecutive tiles use only ``group_m`` rows of
+    tiles of A and c columns of tiles of W: with one block per SM, the tiles in flight at once
+    share their slices of A and W in L2 instead of each row of blocks streaming all of W.
+    """
+    if min(tiles_m, tiles_n, group_m) < 1:
+        raise ValueError(f"tile counts and group_m must be positive, not {tiles_m}, {tiles_n}, {group_m}")
+    order = []
+    for t in range(tiles_m * tiles_n):
+        group, in_group = divmod(t, group_m * tiles_n)
+        first = group * group_m
+        rows = min(tiles_m - first, group_m)
+        order.append((first + in_group % rows, in_group // rows))
+    return order
+
+
+def unit_grid(rung: int, m: int, n: int) -> tuple[int, int]:
+    """Rows and columns of a persistent rung's units of work: tiles (rung 9) or a cluster's
+    ``cluster`` tiles of one column (rung 10: rows 2p and 2p + 1 of tiles)."""
+    spec = RUNGS[rung]
+    tiles_m, tiles_n = -(-m // spec.tile[0]), -(-n // spec.tile[1])
+    return -(-tiles_m // spec.cluster), tiles_n
+
+
+def block_tiles(rung: int, m: int, n: int, clusters: int, group_m: int = GROUP_M) -> list[list[tuple[int, int]]]:
+    """What each block of a persistent rung stores, in order: block b's list of (tile row, tile
+    column). ``clusters`` is the grid in clusters (rung 9: in blocks); cluster c takes units c,
+    c + clusters, ... of the grouped order over units, and its block r the unit's tile r."""
+    spec = RUNGS[rung]
+    rows, cols = unit_grid(rung, m, n)
+    order = tile_order(rows, cols, max(1, group_m // spec.cluster))
+    tiles_m = -(-m // spec.tile[0])
+    out: list[list[tuple[int, int]]] = []
+    for c in range(clusters):
+        for r in range(spec.cluster):
+            out.append([(um * spec.cluster + r, tn) for um, tn in order[c::clusters] if um * spec.cluster + r < tiles_m])
+    return out
 
 
 def shape(text: str) -> tuple[int, int, int]:
@@ -117,6 +181,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the timed product's shape (default: 4096,4096,4096)")
     p.add_argument("--no-check", action="store_true", help="skip the three-shape check (under ncu: one launch per rung)")
     p.add_argument("--no-cublas", action="store_true", help="time the rungs only (under ncu: no library kernels)")
+    p.add_argument("--group-m", type=positive_int, default=GROUP_M, metavar="G",
+                   help=f"rungs 9-10: rows of tiles that walk along N together (default: {GROUP_M}; 1 is row by row)")
     gk.add_bench_arguments(p)
     cpu = next(a for a in p._actions if "--cpu" in a.option_strings)
     cpu.help = "run nothing even where a GPU is available (there is no CPU stand-in: see the exit status below)"
@@ -141,6 +207,11 @@ def fits(rung: int, m: int, n: int, k: int) -> str | None:
     step = RUNGS[rung].multiple
     if step > 1 and (k % step or n % step):
         return f"rung {rung} loads 8 values at a time: K and N must be multiples of {step} (got N={n}, K={k})"
+    if RUNGS[rung].persistent:
+        rows, cols = unit_grid(rung, m, n)
+        if rows * cols >= INT_LIMIT:
+            return f"rung {rung} numbers its {rows * cols:,} units of work with 32-bit ints"
+        return None
     rows = grid_for(rung, m, n)[1]
     if rows > 65535:  # CUDA's limit on gridDim.y, which counts the tiles down M
         return (f"rung {rung} covers M with {rows:,} rows of tiles, more than CUDA's 65,535 for a grid's y dimension "
@@ -193,24 +264,70 @@ def tensor_map(cp, x, rows: int, k: int, box_rows: int):  # type: ignore[no-unty
     return cp.asarray(raw)
 
 
+def max_active_clusters(kernel, rung: int) -> int | None:  # type: ignore[no-untyped-def]
+    """How many clusters of ``rung``'s kernel fit on the GPU at once (the driver's
+    cuOccupancyMaxActiveClusters), or None where the driver cannot say. A persistent grid of
+    more clusters than fit would run the extra ones after the others: a second, mostly empty wave."""
+    import ctypes
+
+    class LaunchConfig(ctypes.Structure):  # cuda.h's CUlaunchConfig
+        _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared", ctypes.c_uint),
+                    ("stream", ctypes.c_void_p), ("attrs", ctypes.c_void_p), ("num_attrs", ctypes.c_uint)]
+
+    spec = RUNGS[rung]
+    config = LaunchConfig((ctypes.c_uint * 3)(spec.cluster * 64, 1, 1), (ctypes.c_uint * 3)(spec.block[0], 1, 1),
+                          spec.dynamic_smem, None, None, 0)
+    count = ctypes.c_int(0)
+    try:
+        rc = ctypes.CDLL("libcuda.so.1").cuOccupancyMaxActiveClusters(ctypes.byref(count), ctypes.c_void_p(kernel.ptr),
+                                                                      ctypes.byref(config))
+    except (OSError, AttributeError):
+        return None
+    return count.value if rc == 0 and count.value > 0 else None
+
+
 class Launcher:
-    """Launches one rung on given A, W and C (building rung 7's tensor maps once per set of inputs)."""
+    """Launches one rung on given A, W and C (building rungs 7-10's tensor maps once per set of inputs).
 
-    def __init__(self, cp, kernels: dict) -> None:  # type: ignore[no-untyped-def]
-        self.cp, self.kernels = cp, kernels
+    Persistent rungs (9, 10) get a grid sized from the GPU: one block per SM (rung 9) or as many
+    clusters as fit at once (rung 10), never more than there are units of work; ``grid``
+    overrides it (in clusters) and ``group_m`` sets the tile order's group."""
+
+    def __init__(self, cp, kernels: dict, group_m: int = GROUP_M) -> None:  # type: ignore[no-untyped-def]
+        self.cp, self.kernels, self.group_m = cp, kernels, group_m
         self._maps: dict[tuple, tuple] = {}
+        self.sms = int(cp.cuda.Device().attributes["MultiProcessorCount"])
+        self.clusters: dict[int, int] = {}  # per persistent rung: clusters (rung 9: blocks) resident at once
+        for r, spec in RUNGS.items():
+            if spec.persistent and spec.kernel in kernels:
+                fit = max_active_clusters(kernels[spec.kernel], r) if spec.cluster > 1 else None
+                if spec.cluster > 1 and fit is None:
+                    print(f"  (the driver did not say how many clusters of rung {r} fit at once: assuming "
+                          f"{self.sms // spec.cluster}, the SMs over {spec.cluster})")
+                self.clusters[r] = fit or self.sms // spec.cluster
 
-    def __call__(self, rung: int, a, w, c, m: int, n: int, k: int) -> None:  # type: ignore[no-untyped-def]
+    def grid(self, rung: int, m: int, n: int) -> int:
+        """Clusters (rung 9: blocks) a persistent rung launches at this shape."""
+        rows, cols = unit_grid(rung, m, n)
+        return min(rows * cols, self.clusters[rung])
+
+    def __call__(self, rung: int, a, w, c, m: int, n: int, k: int,  # type: ignore[no-untyped-def]
+                 grid: int | None = None) -> None:
         spec = RUNGS[rung]
         if spec.tensor_maps:
-            key = (a.data.ptr, w.data.ptr, m, n, k)
+            key = (a.data.ptr, w.data.ptr, m, n, k, spec.cluster)
             if key not in self._maps:
-                self._maps[key] = (tensor_map(self.cp, a, m, k, spec.tile[0]), tensor_map(self.cp, w, n, k, spec.tile[1]))
+                self._maps[key] = (tensor_map(self.cp, a, m, k, spec.tile[0]),
+                                   tensor_map(self.cp, w, n, k, spec.tile[1] // spec.cluster))
             first, second = self._maps[key]
         else:
             first, second = a, w
-        self.kernels[spec.kernel](grid_for(rung, m, n), spec.block, (first, second, c, np.int32(m), np.int32(n), np.int32(k)),
-                                  shared_mem=spec.dynamic_smem)
+        args = (first, second, c, np.int32(m), np.int32(n), np.int32(k))
+        if spec.persistent:
+            blocks = (grid or self.grid(rung, m, n)) * spec.cluster
+            self.kernels[spec.kernel]((blocks,), spec.block, args + (np.int32(self.group_m),), shared_mem=spec.dynamic_smem)
+        else:
+            self.kernels[spec.kernel](grid_for(rung, m, n), spec.block, args, shared_mem=spec.dynamic_smem)
 
 
 def check_rungs(cp, launch: Launcher, rungs: list[int]) -> list[dict]:  # type: ignore[no-untyped-def]
@@ -225,13 +342,20 @@ def check_rungs(cp, launch: Launcher, rungs: list[int]) -> list[dict]:  # type: 
             if why:
                 rows.append({"rung": rung, "shape": [m, n, k], "skipped": why})
                 continue
-            c = cp.full((m, n), cp.nan, dtype=cp.float32)
-            launch(rung, a, w, c, m, n, k)
-            err = float(cp.abs(c - want).max()) / scale
-            ok = bool(err <= TOLERANCE)  # a NaN (an element never written) fails too
-            rows.append({"rung": rung, "shape": [m, n, k], "relative_error": err, "ok": ok})
-            print(f"  check rung {rung} on {m} x {n} x {k}: largest difference {err:.1e} of the largest value "
-                  f"({'within' if ok else 'OVER'} {TOLERANCE:.0e})")
+            # a persistent rung twice: on its own grid, and on SMALL_GRID clusters, each looping over tiles
+            for grid in ([None, SMALL_GRID] if RUNGS[rung].persistent else [None]):
+                c = cp.full((m, n), cp.nan, dtype=cp.float32)
+                launch(rung, a, w, c, m, n, k, grid=grid)
+                err = float(cp.abs(c - want).max()) / scale
+                ok = bool(err <= TOLERANCE)  # a NaN (an element never written) fails too
+                row = {"rung": rung, "shape": [m, n, k], "relative_error": err, "ok": ok}
+                where = ""
+                if RUNGS[rung].persistent:
+                    row["grid_blocks"] = (grid or launch.grid(rung, m, n)) * RUNGS[rung].cluster
+                    where = f" on {row['grid_blocks']} blocks"
+                rows.append(row)
+                print(f"  check rung {rung} on {m} x {n} x {k}{where}: largest difference {err:.1e} of the largest "
+                      f"value ({'within' if ok else 'OVER'} {TOLERANCE:.0e})")
     failed = [r for r in rows if r.get("ok") is False]
     if failed:
         raise GpuprofError(f"{len(failed)} rung/shape check(s) failed: "
@@ -286,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
                    "--size")
     kernels = gk.compile_kernels(CU, [RUNGS[r].kernel for r in rungs], cp, arch="sm_90a" if cc == 90 else None,
                                  max_dynamic_shared={RUNGS[r].kernel: RUNGS[r].dynamic_smem for r in rungs})
-    launch = Launcher(cp, kernels)
+    launch = Launcher(cp, kernels, args.group_m)
     print(f"matmul_ladder: C = A W^T, {m} x {n} x {k}, BF16 in, FP32 accumulate and out, "
           f"{2 * m * n * k / 1e9:,.0f} GFLOP per product")
     checks = [] if args.no_check else check_rungs(cp, launch, rungs)
@@ -295,7 +419,9 @@ def main(argv: list[str] | None = None) -> int:
     backend = Backend("cupy", "cuda", cp)
     flops = 2 * m * n * k
     variants = [gk.Variant(RUNGS[r].kernel, RUNGS[r].label, lambda r=r: launch(r, a, w, c, m, n, k), flops,
-                           unit="TFLOP/s", extra={"rung": r}) for r in rungs]
+                           unit="TFLOP/s", extra={"rung": r, **({"grid_blocks": launch.grid(r, m, n) * RUNGS[r].cluster,
+                                                                 "group_m": args.group_m} if RUNGS[r].persistent else {})})
+                for r in rungs]
     if not args.no_cublas:
         try:
             gemm = cublas_fp32_out(cp, a, w, c, m, n, k)
