@@ -245,3 +245,12 @@ def test_trim_reference_keeps_given_windows_and_the_named_calls(tmp_path):
         export_edit.trim_reference(path, keep_windows=[(0, 1)], keep_kernels_in="step_0")
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT count(*) FROM NVTX_EVENTS").fetchone()[0] > 0
+
+
+def test_arrival_skew_on_the_reference_names_the_rank_that_waited(modes):
+    skew = st.arrival_skew(modes).set_index(["mode", "kind"])
+    assert len(skew) == 5 and (skew["rank"] == 1).all() and (skew["collectives"] > 0).all()
+    keep = skew.loc[("fsdp_keep", "reduce_scatter")]
+    # in fsdp_keep rank 0 reached its reduce-scatters first nearly every time, by about a millisecond
+    assert keep["rank0_first_share"] > 0.9 and keep["rank0_minus_rank_ms"] < -0.5
+    assert abs(skew.loc[("fsdp_reshard", "all_gather"), "rank0_minus_rank_ms"]) < 0.1

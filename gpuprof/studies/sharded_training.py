@@ -68,7 +68,7 @@ from ..errors import GpuprofError
 __all__ = ["MODES", "BUS_FACTOR", "shard_numel", "memory_arithmetic", "sharded_share", "collective_ms", "latency_steps",
            "Link", "fit_link", "UnitCost", "unit_costs", "units_from_record", "StepPrediction", "simulate_step", "predict_scaling",
            "memory_table", "step_table", "read_rank_results", "SCALES", "COLLECTIVES", "mode_steps", "collective_table",
-           "overlap_summary", "exposed_collectives", "hta_beside", "unit_order", "transfer_times", "link_rows",
+           "overlap_summary", "exposed_collectives", "arrival_skew", "hta_beside", "unit_order", "transfer_times", "link_rows",
            "predict_by_scale"]
 
 MODES = ("ddp", "fsdp_reshard", "fsdp_keep")
@@ -498,6 +498,37 @@ def exposed_collectives(data: dict[int, Any], mode: str, *, top: int = 5) -> Any
     t = pd.DataFrame(rows).groupby(["rank", "kind", "position", "of"], sort=False)[["comm_ms", "exposed_ms"]].median()
     t = t.reset_index().sort_values(["rank", "exposed_ms"], ascending=[True, False], kind="stable")
     return t.groupby("rank", sort=False).head(top).reset_index(drop=True)
+
+
+def arrival_skew(data: dict[int, Any]) -> Any:
+    """Per mode, collective kind and rank (other than the first): how much earlier or later than the first rank each
+    collective's kernel started (median over the timed steps' collectives, ms; negative: the first rank started
+    first) and the share of them the first rank started first. A rank that starts a collective first waits inside
+    it for the others, and that wait counts as its kernel time."""
+    import pandas as pd
+
+    from ..nsys.ranks import collective_kernels
+
+    first = min(data)
+    starts: dict[tuple[int, str, str], list[int]] = {}
+    for rank, d in data.items():
+        for s in mode_steps(d).itertuples():
+            per = collective_kernels(d, (s.start, s.end)).sort_values("start", kind="stable")
+            for kind, g in per.groupby("kind", sort=False):
+                starts.setdefault((rank, s.mode, kind), []).extend(g["start"].tolist())
+    rows = []
+    for (rank, mode, kind), mine in starts.items():
+        if rank == first:
+            continue
+        ref = starts.get((first, mode, kind), [])
+        if len(ref) != len(mine):
+            raise GpuprofError(f"rank {rank} ran {len(mine)} {kind} kernels in {mode} and rank {first} {len(ref)}: "
+                               "they cannot be matched by order.")
+        skew = [(a - b) / 1e6 for a, b in zip(ref, mine)]  # first rank's start minus this rank's
+        rows.append({"mode": mode, "kind": kind, "rank": rank, "collectives": len(skew),
+                     f"rank{first}_minus_rank_ms": float(pd.Series(skew).median()),
+                     f"rank{first}_first_share": float(sum(x < 0 for x in skew) / len(skew))})
+    return pd.DataFrame(rows)
 
 
 def hta_beside(data: dict[int, Any]) -> Any:
