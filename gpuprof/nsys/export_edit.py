@@ -81,13 +81,21 @@ def keep_callchains(path: str | Path, correlation_ids: Sequence[int]) -> int:
     return len(keep)
 
 
-def trim_reference(path: str | Path, *, drop_tables: Sequence[str] = (), keep_kernels_in: str | None = None) -> str:
+def trim_reference(path: str | Path, *, drop_tables: Sequence[str] = (), keep_kernels_in: str | None = None,
+                   keep_windows: Sequence[tuple[int, int]] | None = None, keep_calls: str | None = None) -> str:
     """Make an export small enough to keep as a course reference: drop whole tables a chapter does not read, and
     keep only the kernels that start inside an NVTX range whose text matches ``keep_kernels_in`` (a regex, e.g.
     ``step_\\d+``). Returns a sentence saying what was removed, to append to the file's provenance, because a
     reader comparing the reference with the tool's own report must know it was cut. Only for references: a reader's
     own capture is never changed.
+
+    ``keep_windows`` keeps the kernels that start inside one of these (start, end) windows (ns, on the export's own
+    clock) instead: a step's GPU work runs past its NVTX range when the CPU runs ahead, so a chapter that measures
+    steps on the GPU passes their GPU windows. ``keep_calls`` keeps only the CUDA API calls whose name matches
+    (a regex searched in the name, e.g. ``Synchronize``) and deletes the rest of the runtime table.
     """
+    if keep_kernels_in is not None and keep_windows is not None:
+        raise ValueError("give keep_kernels_in or keep_windows, not both")
     path = Path(path)
     before = path.stat().st_size
     notes = []
@@ -99,20 +107,35 @@ def trim_reference(path: str | Path, *, drop_tables: Sequence[str] = (), keep_ke
         if dropped:
             notes.append("the tables this chapter does not read were dropped: " + ", ".join(dropped))
         conn.commit()
-    if keep_kernels_in is not None:
-        ranges = nvtx_ranges(path)
-        keep = ranges[ranges["text"].astype(str).map(lambda t: re.fullmatch(keep_kernels_in, t) is not None)]
+    if keep_calls is not None:
+        with closing(sqlite3.connect(path)) as conn:
+            if RUNTIME_TABLE in table_names(conn):
+                rx = re.compile(keep_calls)
+                conn.create_function("keep_call", 1, lambda s: s is not None and rx.search(s) is not None)
+                total = conn.execute(f"SELECT count(*) FROM {RUNTIME_TABLE}").fetchone()[0]
+                conn.execute(f"DELETE FROM {RUNTIME_TABLE} WHERE NOT keep_call((SELECT value FROM StringIds "
+                             f"WHERE StringIds.id = {RUNTIME_TABLE}.nameId))")
+                kept = conn.execute(f"SELECT count(*) FROM {RUNTIME_TABLE}").fetchone()[0]
+                conn.commit()
+                notes.append(f"only the CUDA API calls whose name matches {keep_calls!r} were kept, {kept} of {total}")
+    if keep_kernels_in is not None or keep_windows is not None:
+        if keep_windows is None:
+            ranges = nvtx_ranges(path)
+            keep = ranges[ranges["text"].astype(str).map(lambda t: re.fullmatch(keep_kernels_in, t) is not None)]
+            windows = [(int(a), int(b)) for a, b in zip(keep["start"], keep["end"])]
+            said = f"inside an NVTX range matching {keep_kernels_in!r}"
+        else:
+            windows = [(int(a), int(b)) for a, b in keep_windows]
+            said = f"inside {len(windows)} given GPU windows"
         with closing(sqlite3.connect(path)) as conn:
             total = conn.execute(f"SELECT count(*) FROM {KERNEL_TABLE}").fetchone()[0]
             conn.execute("CREATE TEMP TABLE keep_windows (lo INTEGER, hi INTEGER)")
-            conn.executemany("INSERT INTO keep_windows VALUES (?, ?)",
-                             [(int(a), int(b)) for a, b in zip(keep["start"], keep["end"])])
+            conn.executemany("INSERT INTO keep_windows VALUES (?, ?)", windows)
             conn.execute(f"DELETE FROM {KERNEL_TABLE} WHERE NOT EXISTS (SELECT 1 FROM keep_windows "
                          f"WHERE {KERNEL_TABLE}.start >= lo AND {KERNEL_TABLE}.start <= hi)")
             kept = conn.execute(f"SELECT count(*) FROM {KERNEL_TABLE}").fetchone()[0]
             conn.commit()
-        notes.append(f"only the kernels that start inside an NVTX range matching {keep_kernels_in!r} were kept, "
-                     f"{kept} of {total}")
+        notes.append(f"only the kernels that start {said} were kept, {kept} of {total}")
     with closing(sqlite3.connect(path)) as conn:
         conn.execute("VACUUM")
     after = path.stat().st_size

@@ -7,8 +7,13 @@ rank, so :func:`rank_data` reads the reports into one :class:`RankData` per rank
 kernels (NCCL's flagged by :func:`gpuprof.kernel_kinds.is_communication`) and its NVTX
 ranges, shifted onto the earliest report's clock. :func:`collective_end_skew` checks that
 shift; :func:`overlap_by_rank` and :func:`comm_overlap` measure how much communication time
-compute kernels hid. Nothing here depends on what the program is: a process's rank comes
-from a ``rank_R`` NVTX range when the program opens one, else from PID order.
+compute kernels hid. :func:`collective_kernels` answers the same per NCCL kernel, with its
+collective (:func:`collective_kind`: all-gather, reduce-scatter, all-reduce ... read from the
+kernel's name), so a sharded job's all-gathers and reduce-scatters are told apart;
+:func:`synced_windows` gives a CPU range's GPU window (to the end of the synchronisation that
+follows it), since the GPU runs behind the CPU's ranges. Nothing here depends on what the
+program is: a process's rank comes from a ``rank_R`` NVTX range when the program opens one,
+else from PID order.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ from ..errors import GpuprofError
 from ..kernel_kinds import is_communication
 from . import sqlite as ns
 
-__all__ = ["RANK_RANGE", "RankData", "rank_data", "collective_end_skew", "comm_overlap", "overlap_by_rank"]
+__all__ = ["RANK_RANGE", "RankData", "rank_data", "collective_end_skew", "comm_overlap", "overlap_by_rank",
+           "collective_kind", "collective_kernels", "synced_windows"]
 
 RANK_RANGE = re.compile(r"rank_(\d+)")
 
@@ -40,6 +46,7 @@ class RankData:
     kernels: pd.DataFrame
     ranges: pd.DataFrame
     source: str
+    runtime: pd.DataFrame | None = None  # the process's CUDA API calls, when rank_data(..., runtime=True) read them
 
     @property
     def nccl(self) -> pd.DataFrame:
@@ -50,7 +57,7 @@ class RankData:
         return self.kernels[~self.kernels["nccl"]]
 
 
-def rank_data(paths: str | Path | Sequence[str | Path]) -> dict[int, RankData]:
+def rank_data(paths: str | Path | Sequence[str | Path], *, runtime: bool = False) -> dict[int, RankData]:
     """Every rank found in one report or in several (one per rank), keyed by rank.
 
     A process's rank is read from the ``rank_R`` range the course's scripts open around
@@ -60,6 +67,8 @@ def rank_data(paths: str | Path | Sequence[str | Path]) -> dict[int, RankData]:
     Each report counts time from its own session's start; several reports are put on one
     axis (the earliest report's) by shifting each by its session start time
     (:func:`gpuprof.nsys.sqlite.session_start`), which nsys takes from the host's clock.
+    ``runtime=True`` also reads each process's CUDA API calls (large: only when a measure needs
+    them, such as :func:`synced_windows`).
     """
     if isinstance(paths, (str, Path)):
         paths = [paths]
@@ -70,7 +79,8 @@ def rank_data(paths: str | Path | Sequence[str | Path]) -> dict[int, RankData]:
         shift = (start - min(known)) if start is not None and len(known) == len(paths) else 0
         kernels = ns.kernels(path)
         ranges = ns.nvtx_ranges(path)
-        for df in (kernels, ranges):
+        calls = ns.runtime_calls(path) if runtime else None
+        for df in (kernels, ranges) if calls is None else (kernels, ranges, calls):
             df["start"] += shift
             df["end"] += shift
         kernels["nccl"] = is_communication(kernels["name"])
@@ -83,8 +93,10 @@ def rank_data(paths: str | Path | Sequence[str | Path]) -> dict[int, RankData]:
         for pid, rank in ranks.items():
             if rank in out:
                 raise ValueError(f"rank {rank} appears twice (in {Path(out[rank].source).name} and {Path(path).name})")
+            own_calls = None if calls is None else \
+                calls[ns.pid_of(calls["globalTid"].astype("int64")) == pid].reset_index(drop=True)
             out[rank] = RankData(rank, pid, kernels[kpid == pid].reset_index(drop=True),
-                                 ranges[ranges["pid"] == pid].reset_index(drop=True), str(path))
+                                 ranges[ranges["pid"] == pid].reset_index(drop=True), str(path), own_calls)
     return dict(sorted(out.items()))
 
 
@@ -141,3 +153,78 @@ def overlap_by_rank(data: dict[int, RankData], window: tuple[int, int] | None = 
         rows.append({"rank": rank, "nccl_kernels": len(nccl), **comm_overlap(nccl, compute),
                      "compute_ms": float(compute["duration_ns"].sum()) / 1e6})
     return pd.DataFrame(rows)
+
+
+_NCCL_KERNEL = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")
+
+
+def collective_kind(names: pd.Series) -> pd.Series:
+    """The collective each NCCL kernel runs, from its name, in snake case: ``ncclDevKernel_AllGather_RING_LL``
+    (NCCL 2.19 and later) and ``ncclKernel_AllGather_RING_LL_Sum_int8_t`` (earlier) give ``all_gather``;
+    ``reduce_scatter``, ``all_reduce``, ``broadcast``, ``send_recv`` likewise. A name that is not an NCCL
+    kernel's gives ``None``; an NCCL kernel named otherwise, ``other``."""
+    names = names.astype(str)
+    word = names.str.extract(_NCCL_KERNEL, expand=False)
+    kind = word.map(lambda w: re.sub(r"(?<!^)(?=[A-Z])", "_", w).lower(), na_action="ignore")
+    out = kind.astype(object).where(word.notna(), pd.Series(np.where(is_communication(names), "other", None),
+                                                            index=names.index, dtype=object))
+    return out.where(out.notna(), None)
+
+
+def collective_kernels(d: RankData, window: tuple[int, int] | None = None) -> pd.DataFrame:
+    """One row per NCCL kernel of rank ``d`` (in ``window``, clipped to it): how much of it compute hid.
+
+    Columns: kind (:func:`collective_kind`), name, streamId, start, end, duration_ns (inside the
+    window), hidden_ns (the part during which some non-NCCL kernel ran on *another* stream: the
+    measure of :func:`comm_overlap`, per kernel) and exposed_ns (the rest). Summed over the kernels
+    of a kind, hidden_ns and exposed_ns split that kind's kernel time; two NCCL kernels that ran at
+    once (an all-gather beside a reduce-scatter) each count in full, so a sum over kinds can exceed
+    the wall time communication took (:func:`gpuprof.activity.exposed_ns` gives that).
+
+    An NCCL kernel's time includes its wait for the peers to arrive: a kernel that starts early
+    spins, and that spin is counted, hidden or not, like its transfer.
+    """
+    columns = ["kind", "name", "streamId", "start", "end", "duration_ns", "hidden_ns", "exposed_ns"]
+    nccl, compute = d.nccl, d.compute
+    if window is not None:
+        lo, hi = window
+        nccl = nccl[(nccl["end"] > lo) & (nccl["start"] < hi)].assign(start=lambda x: x["start"].clip(lo, hi),
+                                                                        end=lambda x: x["end"].clip(lo, hi))
+        compute = compute[(compute["end"] > lo) & (compute["start"] < hi)]
+    if nccl.empty:
+        return pd.DataFrame(columns=columns)
+    out = nccl[["name", "streamId", "start", "end"]].copy()
+    out.insert(0, "kind", collective_kind(out["name"]))
+    out["duration_ns"] = (out["end"] - out["start"]).astype("int64")
+    hidden = np.zeros(len(out), dtype=np.int64)
+    streams = out["streamId"].to_numpy()
+    for stream in np.unique(streams):
+        mine = streams == stream
+        others = compute[compute["streamId"] != stream]
+        hidden[mine] = ta.covered_lengths(others["start"].to_numpy(), others["end"].to_numpy(),
+                                          out["start"].to_numpy()[mine], out["end"].to_numpy()[mine])
+    out["hidden_ns"] = hidden
+    out["exposed_ns"] = out["duration_ns"] - out["hidden_ns"]
+    return out[columns].reset_index(drop=True)
+
+
+def synced_windows(ranges: pd.DataFrame, runtime: pd.DataFrame) -> pd.DataFrame:
+    """Each of ``ranges`` (CPU ranges: NVTX) with the GPU window of its work: from its start to the end of the
+    first ``*Synchronize`` call its thread made at or after the range's end.
+
+    The CPU runs ahead of the GPU: the kernels a step launches may still run after the step's NVTX
+    range has closed (the CPU waits for them afterwards), so the range alone cuts its own work off.
+    A program that synchronises after each step puts all of the step's GPU work before that call
+    returns. Adds columns ``gpu_end`` (the call's end; NaN where the thread never synchronised
+    afterwards, so no window can be promised) and ``sync`` (the call's name).
+    """
+    calls = runtime[runtime["name"].astype(str).str.contains(ta.SYNC_API)].sort_values("start", kind="stable")
+    out = ranges.copy()
+    ends, names = [], []
+    for tid, end in zip(out["globalTid"].to_numpy(), out["end"].to_numpy()):
+        after = calls[(calls["globalTid"] == tid) & (calls["start"] >= end)]
+        ends.append(float(after["end"].iloc[0]) if len(after) else float("nan"))
+        names.append(ta.api_name(str(after["name"].iloc[0])) if len(after) else None)
+    out["gpu_end"] = ends
+    out["sync"] = names
+    return out

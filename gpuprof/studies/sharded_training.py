@@ -43,11 +43,23 @@ bandwidth from the computation they overlap (here overlap is free); the memory l
 many units FSDP2 keeps gathered; a ring that spans nodes has its intra-node steps cheaper than
 its network ones (here every step costs the link's latency, an upper bound). A prediction is
 checked against a measurement at a scale the chapter can run, never trusted past it unread.
+
+**The captures** (Nsight Systems, one report per rank; :mod:`gpuprof.nsys.ranks` reads them):
+:func:`mode_steps` finds each mode's timed steps (``mode_<M>`` > ``step_N`` NVTX ranges) and
+their GPU windows (to the end of the synchronisation after the step: the GPU runs behind the
+CPU's ranges); :func:`collective_table` gives per rank, mode, step and collective the NCCL
+kernel time, the part a compute kernel on another stream hid and the exposed rest
+(:func:`gpuprof.nsys.ranks.collective_kernels`), :func:`overlap_summary` its medians over the
+steps, :func:`exposed_collectives` which collectives of a step were exposed, :func:`hta_beside`
+the course's share beside HTA's definition (``get_comm_comp_overlap``), and
+:func:`transfer_times` the collectives' own durations (the rank that arrived last waited for
+nobody) that :func:`fit_link` fits.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
@@ -55,7 +67,9 @@ from ..errors import GpuprofError
 
 __all__ = ["MODES", "BUS_FACTOR", "shard_numel", "memory_arithmetic", "sharded_share", "collective_ms", "latency_steps",
            "Link", "fit_link", "UnitCost", "unit_costs", "units_from_record", "StepPrediction", "simulate_step", "predict_scaling",
-           "memory_table", "step_table", "read_rank_results", "SCALES"]
+           "memory_table", "step_table", "read_rank_results", "SCALES", "COLLECTIVES", "mode_steps", "collective_table",
+           "overlap_summary", "exposed_collectives", "arrival_skew", "hta_beside", "unit_order", "transfer_times", "link_rows",
+           "predict_by_scale"]
 
 MODES = ("ddp", "fsdp_reshard", "fsdp_keep")
 SCALES = (2, 4, 8, 64, 1024)
@@ -381,3 +395,240 @@ def step_table(results: Sequence[dict[str, Any]]) -> Any:
             rows.append(row)
     return pd.DataFrame(rows)
 
+
+
+# --- the captures: the collectives seen, hidden and exposed --------------------------------------------------------
+
+COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce")
+MODE_RANGE = re.compile(r"mode_(\w+)")
+
+
+def mode_steps(d: Any) -> Any:
+    """One rank's timed steps (a :class:`gpuprof.nsys.ranks.RankData` read with ``runtime=True``), per mode.
+
+    Columns: mode (from the enclosing ``mode_<M>`` range; ``-`` where the script ran one mode
+    without one), step (N of ``step_N``), start (the step's NVTX start), end (the end of the
+    synchronisation that follows the step: its GPU work is done by then) and gpu_ms (end - start).
+    The warm-up steps are not ``step_N`` ranges, so they are left out by name.
+    """
+    import pandas as pd
+
+    from .. import activity as ta
+    from ..nsys.ranks import synced_windows
+
+    if d.runtime is None:
+        raise GpuprofError("the steps' GPU windows need the CUDA API calls: read the reports with "
+                           "rank_data(paths, runtime=True).")
+    steps = synced_windows(ta.step_ranges(d.ranges), d.runtime)
+    if steps["gpu_end"].isna().any():
+        raise GpuprofError(f"rank {d.rank}: a step_N range has no synchronisation after it, so its GPU window is "
+                           "unknown.", "The script synchronises after every timed step; was the capture cut short?")
+    modes = d.ranges[d.ranges["text"].astype(str).str.fullmatch(MODE_RANGE.pattern)]
+    rows = []
+    for s in steps.itertuples():
+        around = modes[(modes["start"] <= s.start) & (modes["end"] >= s.end)]
+        mode = MODE_RANGE.fullmatch(str(around["text"].iloc[-1])).group(1) if len(around) else "-"
+        rows.append({"mode": mode, "step": int(s.step), "start": int(s.start), "end": int(s.gpu_end),
+                     "gpu_ms": (s.gpu_end - s.start) / 1e6})
+    return pd.DataFrame(rows, columns=["mode", "step", "start", "end", "gpu_ms"])
+
+
+def collective_table(data: dict[int, Any]) -> Any:
+    """Per rank, mode, step and collective kind: kernels, comm_ms (their kernel time), hidden_ms (under a compute
+    kernel on another stream), exposed_ms (the rest), and the step's gpu_ms; plus one row of kind ``any`` per step
+    whose comm_ms is the wall time some NCCL kernel ran (their union) and exposed_ms the wall time it ran with
+    no compute kernel beside it (:func:`gpuprof.activity.exposed_ns`), the time the step would lose to
+    communication if nothing else delayed it.
+    """
+    import pandas as pd
+
+    from .. import activity as ta
+    from ..nsys.ranks import collective_kernels
+
+    rows = []
+    for rank, d in data.items():
+        for s in mode_steps(d).itertuples():
+            window = (s.start, s.end)
+            per = collective_kernels(d, window)
+            base = {"rank": rank, "mode": s.mode, "step": s.step, "gpu_ms": s.gpu_ms}
+            for kind, g in per.groupby("kind", sort=False):
+                rows.append({**base, "kind": kind, "kernels": len(g), "comm_ms": g["duration_ns"].sum() / 1e6,
+                             "hidden_ms": g["hidden_ns"].sum() / 1e6, "exposed_ms": g["exposed_ns"].sum() / 1e6})
+            nccl = d.nccl[(d.nccl["end"] > s.start) & (d.nccl["start"] < s.end)]
+            compute = d.compute[(d.compute["end"] > s.start) & (d.compute["start"] < s.end)]
+            union = ta.exposed_ns(nccl, pd.DataFrame(columns=["start", "end"]), window) / 1e6
+            exposed = ta.exposed_ns(nccl, compute, window) / 1e6
+            rows.append({**base, "kind": "any", "kernels": len(per), "comm_ms": union, "hidden_ms": union - exposed,
+                         "exposed_ms": exposed})
+    return pd.DataFrame(rows, columns=["rank", "mode", "step", "kind", "kernels", "comm_ms", "hidden_ms", "exposed_ms",
+                                       "gpu_ms"])
+
+
+def overlap_summary(table: Any) -> Any:
+    """:func:`collective_table` per mode, collective kind and rank: the median step's figures (ms) and
+    ``hidden_share``, the hidden time over the kernel time summed over the timed steps."""
+    g = table.groupby(["mode", "kind", "rank"], sort=False)
+    out = g[["kernels", "comm_ms", "hidden_ms", "exposed_ms", "gpu_ms"]].median()
+    out.insert(0, "steps", g.size())
+    out["hidden_share"] = g["hidden_ms"].sum() / g["comm_ms"].sum()
+    return out.reset_index()
+
+
+def exposed_collectives(data: dict[int, Any], mode: str, *, top: int = 5) -> Any:
+    """Which collectives of ``mode``'s steps were exposed: per rank, kind and position in the step (the i-th
+    all-gather, say, in issue order on the GPU), the median over the steps of its kernel time and exposed time
+    (ms), the ``top`` most exposed per rank."""
+    import pandas as pd
+
+    from ..nsys.ranks import collective_kernels
+
+    rows = []
+    for rank, d in data.items():
+        for s in mode_steps(d).itertuples():
+            if s.mode != mode:
+                continue
+            per = collective_kernels(d, (s.start, s.end)).sort_values("start", kind="stable")
+            per["position"] = per.groupby("kind").cumcount()
+            per["of"] = per.groupby("kind")["kind"].transform("size")
+            for r in per.itertuples():
+                rows.append({"rank": rank, "kind": r.kind, "position": r.position, "of": r.of, "step": s.step,
+                             "comm_ms": r.duration_ns / 1e6, "exposed_ms": r.exposed_ns / 1e6})
+    if not rows:
+        raise GpuprofError(f"no timed steps of mode {mode!r} in the captures.")
+    t = pd.DataFrame(rows).groupby(["rank", "kind", "position", "of"], sort=False)[["comm_ms", "exposed_ms"]].median()
+    t = t.reset_index().sort_values(["rank", "exposed_ms"], ascending=[True, False], kind="stable")
+    return t.groupby("rank", sort=False).head(top).reset_index(drop=True)
+
+
+def arrival_skew(data: dict[int, Any]) -> Any:
+    """Per mode, collective kind and rank (other than the first): how much earlier or later than the first rank each
+    collective's kernel started (median over the timed steps' collectives, ms; negative: the first rank started
+    first) and the share of them the first rank started first. A rank that starts a collective first waits inside
+    it for the others, and that wait counts as its kernel time."""
+    import pandas as pd
+
+    from ..nsys.ranks import collective_kernels
+
+    first = min(data)
+    starts: dict[tuple[int, str, str], list[int]] = {}
+    for rank, d in data.items():
+        for s in mode_steps(d).itertuples():
+            per = collective_kernels(d, (s.start, s.end)).sort_values("start", kind="stable")
+            for kind, g in per.groupby("kind", sort=False):
+                starts.setdefault((rank, s.mode, kind), []).extend(g["start"].tolist())
+    rows = []
+    for (rank, mode, kind), mine in starts.items():
+        if rank == first:
+            continue
+        ref = starts.get((first, mode, kind), [])
+        if len(ref) != len(mine):
+            raise GpuprofError(f"rank {rank} ran {len(mine)} {kind} kernels in {mode} and rank {first} {len(ref)}: "
+                               "they cannot be matched by order.")
+        skew = [(a - b) / 1e6 for a, b in zip(ref, mine)]  # first rank's start minus this rank's
+        rows.append({"mode": mode, "kind": kind, "rank": rank, "collectives": len(skew),
+                     f"rank{first}_minus_rank_ms": float(pd.Series(skew).median()),
+                     f"rank{first}_first_share": float(sum(x < 0 for x in skew) / len(skew))})
+    return pd.DataFrame(rows)
+
+
+def hta_beside(data: dict[int, Any]) -> Any:
+    """Per rank and mode, over the timed steps' GPU windows: the share of the NCCL kernels' wall time (their
+    union) that compute kernels hid, by the course's measure (the ``any`` rows of :func:`collective_table`) and
+    by HTA's definition (:func:`gpuprof.torch_profiler.hta_compat.comm_comp_overlap`: communication kernels by
+    name, the other kernels on any stream as computation), with their difference."""
+    import pandas as pd
+
+    from ..torch_profiler import hta_compat
+
+    table = collective_table(data)
+    anyrows = table[table["kind"] == "any"].groupby(["rank", "mode"], sort=False)[["comm_ms", "hidden_ms"]].sum()
+    rows = []
+    for rank, d in data.items():
+        steps = mode_steps(d)
+        for mode, group in steps.groupby("mode", sort=False):
+            parts = []
+            for s in group.itertuples():
+                k = d.kernels[(d.kernels["end"] > s.start) & (d.kernels["start"] < s.end)]
+                parts.append(k.assign(start=k["start"].clip(s.start, s.end), end=k["end"].clip(s.start, s.end)))
+            k = pd.concat(parts, ignore_index=True)
+            hta = hta_compat.comm_comp_overlap(k.assign(kind="kernel")[["kind", "name", "start", "end"]])
+            ours = anyrows.loc[(rank, mode)]
+            share = float(ours["hidden_ms"] / ours["comm_ms"])
+            rows.append({"rank": rank, "mode": mode, "course_hidden": share, "hta_hidden": hta,
+                         "difference": share - hta})
+    return pd.DataFrame(rows)
+
+
+def unit_order(kind: str, mode: str, units: int) -> list[int]:
+    """The units (0: the root, 1..units: the layers' units) whose ``kind`` collectives a step of ``fsdp_training.py``
+    runs, in issue order: forward all-gathers root first; backward all-gathers (``fsdp_reshard``) from the last
+    unit back, the kept root not regathered; reduce-scatters from the last unit back, the root's last (its
+    backward ends with the embeddings'). :func:`transfer_times` checks the order against the kernels' durations."""
+    layers = list(range(1, units + 1))
+    if kind == "all_gather":
+        return [0, *layers] + (layers[::-1] if mode == "fsdp_reshard" else [])
+    if kind == "reduce_scatter":
+        return [*layers[::-1], 0]
+    raise GpuprofError(f"no unit order for {kind!r} in {mode!r}.")
+
+
+def transfer_times(data: dict[int, Any], record: dict[str, Any], *, element_bytes: int = 4) -> Any:
+    """The all-gathers' and reduce-scatters' own durations in FSDP2 modes, with the bytes each moved.
+
+    A collective's kernel on a rank that arrived early spins until the last rank arrives; on
+    the rank that arrived last it is the transfer alone (plus whatever the compute beside it took
+    from it). So each collective, matched by its position in the step across ranks, is read as
+    the shortest of its kernels on the ranks. Its bytes are its unit's parameters
+    (``record["unit_parameters"]``, the gathered whole array, ``element_bytes`` each).
+    Columns: mode, step, kind, position, unit, bytes, ms, n (ranks).
+    """
+    import pandas as pd
+
+    from ..nsys.ranks import collective_kernels
+
+    counts = record["unit_parameters"]
+    units = len(counts) - 1
+    per_rank = []
+    for rank, d in data.items():
+        for s in mode_steps(d).itertuples():
+            if s.mode not in ("fsdp_reshard", "fsdp_keep", "-"):
+                continue
+            mode = s.mode if s.mode != "-" else "fsdp_reshard"
+            per = collective_kernels(d, (s.start, s.end)).sort_values("start", kind="stable")
+            for kind in ("all_gather", "reduce_scatter"):
+                k = per[per["kind"] == kind]
+                order = unit_order(kind, mode, units)
+                if len(k) != len(order):
+                    raise GpuprofError(f"rank {rank}, {mode} step {s.step}: {len(k)} {kind} kernels, the script "
+                                       f"issues {len(order)}.")
+                per_rank.append(pd.DataFrame({"rank": rank, "mode": mode, "step": s.step, "kind": kind,
+                                              "position": range(len(k)), "unit": order,
+                                              "ms": k["duration_ns"].to_numpy() / 1e6}))
+    t = pd.concat(per_rank, ignore_index=True)
+    out = t.groupby(["mode", "step", "kind", "position", "unit"], sort=False)["ms"].min().reset_index()
+    out["bytes"] = out["unit"].map(lambda u: counts[u] * element_bytes)
+    out["n"] = len(data)
+    return out
+
+
+def link_rows(transfers: Any) -> list[dict[str, Any]]:
+    """:func:`transfer_times` as :func:`fit_link`'s rows: one per kind and size, the median over its collectives."""
+    med = transfers.groupby(["kind", "bytes", "n"], sort=False)["ms"].median().reset_index()
+    return [{"kind": r.kind, "n": int(r.n), "bytes": float(r.bytes), "ms": float(r.ms)} for r in med.itertuples()]
+
+
+def predict_by_scale(units: Sequence[UnitCost], link: Link, optimizer_ms: float, *, scales: Sequence[int] = (2, 4, 8),
+                     modes: Sequence[str] = MODES, prefetch: int = 1) -> Any:
+    """:func:`simulate_step` at each scale over one intra-node ``link``, the optimizer's time per rank
+    ``optimizer_ms`` (one GPU's, for the whole model) divided by the ranks under FSDP2 (each steps its shard)."""
+    import pandas as pd
+
+    rows = []
+    for n in scales:
+        for mode in modes:
+            opt = optimizer_ms if mode == "ddp" else optimizer_ms / n
+            p = simulate_step(units, mode, n, link, prefetch=prefetch, optimizer_ms=opt)
+            rows.append({"gpus": n, "mode": mode, "compute_ms": p.compute_ms, "comm_ms": p.comm_ms,
+                         "exposed_ms": p.exposed_ms, "hidden_share": p.hidden_share, "step_ms": p.step_ms,
+                         **{f"exposed_{k}_ms": v for k, v in p.exposed_by_collective.items()}})
+    return pd.DataFrame(rows)
