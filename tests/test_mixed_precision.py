@@ -129,6 +129,11 @@ def test_the_census_is_seeded_split_by_group_and_carries_its_provenance(tmp_path
     assert first["machine"]["device"] == "cpu" and first["config"]["seed"] == 0
     again = _census(tmp_path / "b.json")
     assert again["census"] == first["census"] and again["reference_loss"] == first["reference_loss"]
+    split = first["fp16_noscaler_lost"]  # one unscaled FP16 backward: what it zeroed, by group and FP32 range
+    assert split["lost"] == sum(g["lost"] for g in split["by_group"].values())
+    for g in split["by_group"].values():
+        assert g["lost"] == g["below_fp16_subnormal"] + g["fp16_subnormal"] + g["fp16_normal"]
+    assert again["fp16_noscaler_lost"] == split
     other = _census(tmp_path / "c.json", "--seed", "1")
     assert other["reference_loss"] != first["reference_loss"]  # the seed reaches the weights and the batch
 

@@ -27,8 +27,9 @@ CPU), for checking the script, not for timing.
 
 With --census FILE it trains nothing: it runs the first step's FP32 reference backward alone (same
 weights, batch and seed) and writes where that gradient's elements would fall in FP16's range, per
-parameter group, with the command, torch version, machine and date that made it (chapter 10's
-breakdown of the elements below 2^-25 is such a run, on the CPU).
+parameter group, then one unscaled FP16 backward of the same step and what it zeroed, split by group
+and by that range, with the command, torch version, machine and date that made it (chapter 10's
+breakdown is such a run on the GPU, artifacts/ch10/gpu_census.json, beside an older CPU one).
 
 Examples:
   python examples/nsys/mixed_precision.py --mode bf16
@@ -83,7 +84,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     r.add_argument("--json", type=output_file, default=None, metavar="FILE", help="write the configuration and results here")
     r.add_argument("--census", type=output_file, default=None, metavar="FILE",
                    help="instead of training: run the FP32 reference backward of the first step alone and write the "
-                        "census of its gradient against FP16's range, per parameter group, with provenance, to FILE")
+                        "census of its gradient against FP16's range, per parameter group, and what one unscaled FP16 backward of "
+                        "the same step zeroes, split by group and range, with provenance, to FILE")
     args = p.parse_args(argv)
     if args.census is not None and args.largest_batch_in is not None:
         p.error("--census and --largest-batch-in each replace the training run: give one of them")
@@ -213,6 +215,35 @@ def fp16_range_census(torch: Any, reference: dict[str, Any]) -> dict[str, Any]:
             "by_group": by_group}
 
 
+def fp16_loss_split(torch: Any, model: Any, ids: Any, labels: Any, reference: dict[str, Any], device: str) -> dict[str, Any]:
+    """What unscaled FP16 loses on the first step, split: the elements exactly zero after one ``autocast(float16)``
+    backward without a scaler (TF32 off, the same weights and batch) but not in the FP32 reference, per
+    :func:`census_parts` group and by where the reference puts them (``below_fp16_subnormal``, ``fp16_subnormal``,
+    ``fp16_normal``). The census of FP32 magnitudes alone cannot say this: half-precision arithmetic upstream can zero
+    an element whose FP32 value FP16 could hold, and leave non-zero noise where FP32 is below 2^-25. Its ``lost``
+    total is the training run's ``underflowed_grad_elements`` for ``fp16-noscaler`` (the same computation)."""
+    set_tf32(torch, False)
+    model.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=device, dtype=torch.float16):
+        loss = torch.nn.functional.cross_entropy(model(ids), labels)
+    loss.backward()
+    ranges = ("below_fp16_subnormal", "fp16_subnormal", "fp16_normal")
+    by_group = {g: {"lost": 0, **{r: 0 for r in ranges}} for g in CENSUS_GROUPS}
+    for name, param in model.named_parameters():
+        if param.grad is None or name not in reference:
+            continue
+        lost = (param.grad == 0) & (reference[name] != 0)
+        for (group, ref), (_, gone) in zip(census_parts(name, reference[name].abs()), census_parts(name, lost)):
+            row = by_group[group]
+            row["lost"] += int(gone.sum())
+            row["below_fp16_subnormal"] += int((gone & (ref < 2.0 ** -25)).sum())
+            row["fp16_subnormal"] += int((gone & (ref >= 2.0 ** -25) & (ref < 2.0 ** -14)).sum())
+            row["fp16_normal"] += int((gone & (ref >= 2.0 ** -14)).sum())
+    model.zero_grad(set_to_none=True)
+    return {"lost": sum(r["lost"] for r in by_group.values()), "by_group": by_group,
+            **{r: sum(row[r] for row in by_group.values()) for r in ranges}}
+
+
 def reference_gradients(torch: Any, model: Any, ids: Any, labels: Any) -> tuple[dict[str, Any], float]:
     """The FP32 reference of the first step: each parameter's gradient (a clone) and the loss, from the model's
     current weights, TF32 off, no autocast; the model's gradients are cleared again afterwards."""
@@ -244,7 +275,8 @@ def first_batch(torch: Any, args: argparse.Namespace, device: str) -> tuple[Any,
 
 
 def census_run(args: argparse.Namespace, device: str, command: str) -> dict[str, Any]:
-    """``--census``: the first step's FP32 reference backward alone, and :func:`fp16_range_census` of it, with
+    """``--census``: the first step's FP32 reference backward alone, :func:`fp16_range_census` of it and
+    :func:`fp16_loss_split` (one unscaled FP16 backward of the same step, what it zeroed, split), with
     the provenance a committed record needs (the command, torch's version, the date; :func:`write_json` adds
     the machine). No training step runs, so no mode is involved."""
     import datetime
@@ -253,6 +285,7 @@ def census_run(args: argparse.Namespace, device: str, command: str) -> dict[str,
     model, ids, labels = first_batch(torch, args, device)
     reference, loss = reference_gradients(torch, model, ids, labels)
     census = fp16_range_census(torch, reference)
+    split = fp16_loss_split(torch, model, ids, labels, reference, device)
     config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
               if k not in ("json", "census", "mode", "warmup", "steps", "lr", "largest_batch_in")}
     return {"what": "the FP32 reference gradient of the first step (TF32 off, no autocast), counted against FP16's "
@@ -261,7 +294,7 @@ def census_run(args: argparse.Namespace, device: str, command: str) -> dict[str,
             "provenance": {"command": command, "torch": torch.__version__, "device": device,
                            "cpu_threads": torch.get_num_threads(),
                            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")},
-            "config": config, "reference_loss": loss, "census": census}
+            "config": config, "reference_loss": loss, "census": census, "fp16_noscaler_lost": split}
 
 
 def largest_batch(args: argparse.Namespace, budget_gib: float) -> dict[str, Any]:

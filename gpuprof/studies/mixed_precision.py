@@ -245,7 +245,7 @@ def underflow_top(data: dict[str, Any], mode: str = FAILURE, batch: int = SMALL_
     return out
 
 
-#: The script's ``--census`` of the FP32 reference gradient on the CPU, by parameter group (the GPU run keeps totals).
+#: The script's ``--census`` of the FP32 reference gradient on the CPU, by parameter group (the training run's JSON keeps totals).
 CPU_CENSUS = REPO_ROOT / "artifacts" / "ch10" / "cpu" / "fp16_census.json"
 #: The same ``--census`` run by hand on a GPU (the training run's JSON keeps only its totals): the GPU's own split.
 GPU_CENSUS = REPO_ROOT / "artifacts" / "ch10" / "gpu_census.json"
@@ -292,7 +292,7 @@ def census_against_cpu(data: dict[str, Any], path: str | Path = CPU_CENSUS, batc
     outside those rows, per group), ``gpu_zeros_elsewhere`` (the GPU's, from its totals: the GPU does not say
     where), ``newly_nonzero_at_least`` (how many of the CPU's zeros elsewhere are non-zero on the GPU, at least:
     the GPU has only ``gpu_zeros_elsewhere`` zeros to put among them), ``key_bias_max_abs`` and
-    ``cpu_below_by_group`` (the CPU's, since the GPU's are not recorded), and the torch version
+    ``cpu_below_by_group`` (the CPU's; the GPU's own split is census_by_group's), and the torch version
     of each run (they differ: the comparison is of two builds as well as two devices)."""
     import json
 
