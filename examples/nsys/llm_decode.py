@@ -473,6 +473,8 @@ def make_fixed_rungs(names: list[str], model: Decoder, batch: int, positions: in
     torch = model.torch
     if not any(n in FIXED for n in names):
         return {}
+    if any(n in ("compile", "compile_graph") for n in names):
+        torch._dynamo.reset()  # an earlier batch's compiled layer has other shapes: start afresh, under no recompile limit
     cache = StaticCache(model.cfg, torch, batch, positions, model.device, model.dtype)
     eager_step = FixedStep(model, cache, batch)
     compiled_step = None
