@@ -330,8 +330,10 @@ def measured_knee(table: pd.DataFrame, rung: str, cfg: Any, context: int, dtype_
 
 RUNG_RANGE = re.compile(r"^rung_(?P<rung>\w+?)_b(?P<batch>\d+)$")
 STEP_RANGE = re.compile(r"^decode_step_(?P<step>\d+)$")
-LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
-GRAPH_LAUNCH = "cudaGraphLaunch"
+# Kernel launches by the CPU (PyTorch's own kernels, cuBLAS's, Triton's) and graph launches, by name with or without
+# the export's entry-point version (cudaLaunchKernel_v7000, cudaGraphLaunch_v10000).
+LAUNCH_CALLS = re.compile(r"^(?:cudaLaunchKernel|cudaLaunchKernelExC|cuLaunchKernel|cuLaunchKernelEx)(?:_v\d+)?$")
+GRAPH_LAUNCH = re.compile(r"^cudaGraphLaunch(?:_v\d+)?$")
 # nsys over the timed generations of one batch (the script calls cudaProfilerStart/Stop around them); each kernel of a
 # replayed graph recorded as its own row, so kernels per step count the same way with and without a graph.
 CAPTURE_OPTIONS = ["--sample=none", "--cpuctxsw=none", "--capture-range=cudaProfilerApi", "--capture-range-end=stop",
@@ -361,7 +363,8 @@ def decode_steps(path: str | Path) -> pd.DataFrame:
     if rungs.empty or steps.empty:
         raise GpuprofError(f"{Path(path).name} holds no rung_<RUNG>_b<BATCH> range with decode_step_N ranges inside.",
                            "Capture llm_decode.py with --capture-range=cudaProfilerApi (its timed generations).")
-    runtime = runtime.assign(api=runtime["name"].map(ta.api_name))
+    runtime = runtime.assign(launch=runtime["name"].str.match(LAUNCH_CALLS),
+                             graph=runtime["name"].str.match(GRAPH_LAUNCH))
     hits = ta.attribute_kernels(kernels, runtime, steps, rule="thread")
     by_step = {k: g for k, g in hits.groupby("range_start", sort=False)}
     rows = []
@@ -377,8 +380,7 @@ def decode_steps(path: str | Path) -> pd.DataFrame:
                 busy, k_start, k_end = float((b - a).sum()), float(mine["start"].min()), float(mine["end"].max())
             rows.append({"rung": m["rung"], "batch": int(m["batch"]), "step": int(STEP_RANGE.match(s.text)["step"]),
                          "cpu_ms": (s.end - s.start) / 1e6, "api_ms": float((calls["end"] - calls["start"]).sum()) / 1e6,
-                         "launch_calls": int(calls["api"].isin(LAUNCH_CALLS).sum()),
-                         "graph_launches": int((calls["api"] == GRAPH_LAUNCH).sum()),
+                         "launch_calls": int(calls["launch"].sum()), "graph_launches": int(calls["graph"].sum()),
                          "kernels": 0 if mine is None else len(mine), "gpu_ms": busy / 1e6,
                          "range_start": int(s.start), "range_end": int(s.end), "kernel_start": k_start, "kernel_end": k_end})
     return pd.DataFrame(rows)
