@@ -49,7 +49,7 @@ Case studies (:mod:`gpuprof.studies`), by chapter
 * 0: ``speed_of_light``, ``setup_checks``; 1-2: ``capture_overhead``, ``nsys_switches``;
   3: ``weight_streaming``; 4: ``nsight_compute``, ``replay_modes``; 5: ``pytorch_profiler``;
   6: ``cnn_training``, ``cnn_precision``; 7: ``transformer``; 8: ``multi_gpu``;
-  10: ``mixed_precision``; 11: ``matmul_ladder``; 13 (a draft notebook): ``sharded_training``
+  10: ``mixed_precision``; 11: ``matmul_ladder``; 12: ``llm_inference``; 13 (a draft notebook): ``sharded_training``
 """
 
 from __future__ import annotations

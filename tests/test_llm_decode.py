@@ -1,5 +1,7 @@
-"""examples/nsys/llm_decode.py: the two KV caches compute the same thing, the cache computes what a full forward pass
-does, the bytes-per-step arithmetic for Llama-3-8B's shapes, and the memory refusal's sentence."""
+"""examples/nsys/llm_decode.py: the rungs compute the same thing (the two caches to the bit, the fixed-shape step within
+the float32 tolerance, with and without torch.compile), the cache computes what a full forward pass does, the check
+catches a wrong step and the overwritten-output pitfall, the bytes- and FLOPs-per-step arithmetic for Llama-3-8B's
+shapes, and the refusals' sentences."""
 
 from __future__ import annotations
 
@@ -17,48 +19,131 @@ from gpuprof.runner import load_script  # noqa: E402
 llm = load_script(REPO_ROOT / "examples" / "nsys" / "llm_decode.py")
 
 BATCH, PROMPT, NEW = 2, 24, 12
+F32_TOL = llm.TOLERANCE["float32"]
+
+
+def _model():
+    return llm.Decoder(llm.PRESETS["tiny"], torch, "cpu", torch.float32, PROMPT + NEW, seed=0)
+
+
+def _prompt(cfg):
+    return torch.randint(0, cfg.vocab, (BATCH, PROMPT), generator=torch.Generator().manual_seed(1))
+
+
+def _fixed(model, names=("eager_fixed",)):
+    with torch.inference_mode():
+        return llm.make_fixed_rungs(list(names), model, BATCH, PROMPT + NEW)
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    cfg = llm.PRESETS["tiny"]
-    model = llm.Decoder(cfg, torch, "cpu", torch.float32, PROMPT + NEW, seed=0)
-    prompt = torch.randint(0, cfg.vocab, (BATCH, PROMPT), generator=torch.Generator().manual_seed(1))
-    runs = {kind: llm.generate(model, prompt, NEW, llm.new_cache(kind, model, BATCH, PROMPT + NEW, "cpu", torch.float32))
-            for kind in llm.CACHES}
+    model = _model()
+    prompt = _prompt(model.cfg)
+    runs = {name: llm.generate(llm.EagerRung(name, model, BATCH, PROMPT + NEW), prompt, NEW)
+            for name in ("eager_dynamic", "eager_static")}
+    runs["eager_fixed"] = llm.generate(_fixed(model)["eager_fixed"], prompt, NEW)
     return model, prompt, runs
 
 
 def test_static_and_dynamic_caches_give_the_same_logits_and_tokens(tiny):
     _, _, runs = tiny
-    (tok_d, logit_d), (tok_s, logit_s) = runs["dynamic"], runs["static"]
-    assert tok_d.shape == (BATCH, NEW + 1) and logit_d.shape == (NEW + 1, BATCH, llm.PRESETS["tiny"].vocab)
-    assert torch.equal(tok_d, tok_s)
-    assert torch.equal(logit_d, logit_s)  # float32 on the CPU, the same kernels: equal to the bit
+    d, s = runs["eager_dynamic"], runs["eager_static"]
+    assert d.ids.shape == (BATCH, NEW + 1, llm.TOPK) and d.values.shape == (BATCH, NEW + 1, llm.TOPK)
+    assert torch.equal(d.ids, s.ids)
+    assert torch.equal(d.values, s.values)  # float32 on the CPU, the same kernels: equal to the bit
     # The check means something only if the model does not repeat one token: random weights still pick many.
-    assert len(set(tok_d.flatten().tolist())) > NEW
+    assert len(set(d.tokens.flatten().tolist())) > NEW
 
 
 def test_decoding_with_the_cache_equals_a_full_forward_pass_without_one(tiny):
-    """Each step's logits must be what the whole sequence so far, run at once from position 0, gives at its end:
+    """Each step's best logits must be what the whole sequence so far, run at once from position 0, gives at its end:
     a wrong rotary position or a stale cache entry changes them by about their own size."""
     model, prompt, runs = tiny
-    tokens, logits = runs["static"]
+    gen = runs["eager_static"]
     for step in (0, NEW // 2, NEW):
-        seq = torch.cat([prompt, tokens[:, :step]], dim=1)
+        seq = torch.cat([prompt, gen.tokens[:, :step]], dim=1)
         with torch.inference_mode():
             full = model.forward(seq, llm.DynamicCache(model.cfg.layers), 0)
-        assert torch.allclose(full, logits[step], atol=1e-4, rtol=1e-4), step
-    assert torch.equal(logits.argmax(-1).T, tokens)
+        values, ids = full.topk(llm.TOPK, dim=-1)
+        assert torch.allclose(values, gen.values[:, step], atol=1e-4, rtol=1e-4), step
+        assert torch.equal(ids[:, 0], gen.tokens[:, step])
 
 
-def test_the_cache_check_fails_when_the_tokens_differ():
-    a = torch.tensor([[1, 2, 3], [4, 5, 6]])
-    b = a.clone()
-    b[1, 2] = 7
-    with pytest.raises(GpuprofError, match=r"different tokens \(first difference at \[sequence, token\] \[1, 2\]\)"):
-        llm.tokens_agree("dynamic", a, "static", b)
-    llm.tokens_agree("dynamic", a, "static", a.clone())
+def test_the_fixed_shape_step_matches_the_reference_within_the_float32_tolerance(tiny):
+    """The masked whole-cache attention and the device-side position give the reference's tokens, and its logits
+    within the tolerance the script states for float32 (a share of the logits' deviation), free-running and fed."""
+    model, prompt, runs = tiny
+    ref, fixed = runs["eager_static"], runs["eager_fixed"]
+    assert torch.equal(ref.tokens, fixed.tokens)
+    tol = F32_TOL * ref.logit_std
+    assert (ref.values - fixed.values).abs().max() <= tol
+    forced = llm.generate(_fixed(model)["eager_fixed"], prompt, NEW, force=ref.tokens)
+    check = llm.compare(ref, forced, tol)
+    assert check.status == "identical" and check.ok and check.max_top_logit_diff <= tol
+    assert llm.agreement(ref, fixed) == (1.0, None)
+
+
+def test_a_step_that_hides_each_token_from_itself_fails_the_check(tiny, monkeypatch):
+    """A mask off by one (attend to the positions before ``pos``, not up to it) is caught by the float32 check."""
+    model, prompt, runs = tiny
+    ref = runs["eager_static"]
+    rung = _fixed(model)["eager_fixed"]
+    positions = rung.fixed.positions
+    good = llm.fixed_layer
+    rung.fixed.layer = lambda x, w, k, v, pos, mask, *rest: good(x, w, k, v, pos, mask & (positions < pos), *rest)
+    check = llm.compare(ref, llm.generate(rung, prompt, NEW, force=ref.tokens), F32_TOL * ref.logit_std)
+    assert check.status == "failed" and not check.ok and check.max_top_logit_diff > 100 * F32_TOL * ref.logit_std
+    assert "the best logit is" in check.sentence and check.first_difference[1] >= 1  # the prefill is right
+
+
+def test_kept_output_buffers_without_a_clone_all_show_the_last_step(tiny):
+    """The CUDA graph pitfall, with the fixed-shape step's own buffers (a graph's replay writes them the same way):
+    references kept without cloning are all overwritten by the last step."""
+    model, prompt, runs = tiny
+    ref = runs["eager_static"]
+    bad = llm.generate(_fixed(model)["eager_fixed"], prompt, NEW, clone=False)
+    steps = bad.ids[:, 1:]
+    assert all(torch.equal(steps[:, i], steps[:, -1]) for i in range(NEW))
+    assert torch.equal(steps[:, -1], ref.ids[:, -1])  # the last step itself is right: only the kept earlier ones are not
+    forced = llm.generate(_fixed(model)["eager_fixed"], prompt, NEW, clone=False, force=ref.tokens)
+    assert llm.compare(ref, forced, F32_TOL * ref.logit_std).status == "failed"
+
+
+def _generation(values, ids, std=1.0):
+    return llm.Generation(torch.tensor(values, dtype=torch.float32), torch.tensor(ids), std)
+
+
+def test_compare_accepts_a_near_tie_and_nothing_else():
+    # one sequence, two steps, TOPK = 4 candidates per step
+    ref = _generation([[[5.0, 4.98, 3.0, 2.0], [6.0, 5.0, 4.0, 3.0]]], [[[7, 9, 1, 2], [3, 4, 5, 6]]])
+    tie = _generation([[[5.0, 4.98, 3.0, 2.0], [6.0, 5.0, 4.0, 3.0]]], [[[9, 7, 1, 2], [3, 4, 5, 6]]])
+    c = llm.compare(ref, tie, tolerance=0.05)
+    assert c.status == "near tie" and c.ok and c.first_difference == (0, 0) and "1 near tie(s) of 2" in c.sentence
+    c = llm.compare(ref, tie, tolerance=0.001)  # the two best are 0.02 apart in both rungs' logits: not a tie here
+    assert c.status == "failed" and "not a near tie" in c.sentence
+    far = _generation([[[5.0, 4.98, 3.0, 2.0], [6.0, 5.0, 4.0, 3.0]]], [[[1, 9, 7, 2], [3, 4, 5, 6]]])
+    c = llm.compare(ref, far, tolerance=0.05)  # picked 1, which the reference ranks 2.0 below its best
+    assert c.status == "failed" and "picked 1 where the reference picked 7" in c.sentence
+    off = _generation([[[5.0, 4.98, 3.0, 2.0], [5.5, 5.0, 4.0, 3.0]]], [[[7, 9, 1, 2], [3, 4, 5, 6]]])
+    c = llm.compare(ref, off, tolerance=0.05)
+    assert c.status == "failed" and c.first_difference == (0, 1) and "0.5 apart" in c.sentence
+    assert llm.compare(ref, ref, tolerance=0.0).status == "identical"
+
+
+@pytest.mark.slow
+def test_the_compiled_step_matches_the_reference_on_the_cpu(tiny):
+    """torch.compile of the fixed-shape layer (Inductor's C++ backend on the CPU; tens of seconds to compile here)."""
+    model, prompt, runs = tiny
+    ref = runs["eager_static"]
+    try:
+        rung = _fixed(model, ["compile"])["compile"]
+        assert rung.setup_s > 0 and rung.fixed is not None
+        forced = llm.generate(rung, prompt, NEW, force=ref.tokens)
+        free = llm.generate(rung, prompt, NEW)
+    finally:
+        torch._dynamo.reset()
+    assert llm.compare(ref, forced, F32_TOL * ref.logit_std).status == "identical"
+    assert torch.equal(free.tokens, ref.tokens)
 
 
 def test_llama3_8b_parameters_and_bytes_per_decode_step():
@@ -78,14 +163,34 @@ def test_llama3_8b_parameters_and_bytes_per_decode_step():
         assert llm.decode_step_bytes(cfg, batch, context, 2) == expected
 
 
+def test_llama3_8b_flops_per_decode_step_and_per_prefill():
+    cfg = llm.PRESETS["8b"]
+    # The matrices a token meets: per layer q, k, v, o, gate, up, down; then the output projection (not the
+    # embedding table, which is looked up, nor the norms).
+    matrices = 32 * (4096 * 4096 + 2 * 4096 * 1024 + 4096 * 4096 + 3 * 4096 * 14336) + 4096 * 128256
+    assert cfg.matmul_params == matrices == 8_030_261_248 - 128256 * 4096 - (2 * 32 + 1) * 4096
+    for batch, context in ((1, 513), (64, 640)):
+        attention = 32 * 32 * 128 * context * 4  # per layer and query head: q.K and p.V, 2 FLOPs per multiply-add
+        assert llm.decode_step_flops(cfg, batch, context) == batch * (2 * matrices + attention)
+    # Prefill of 512 tokens: all of them through the layers, causal attention over 1 + 2 + ... + 512 positions,
+    # the output projection for the last one only.
+    layers = matrices - 4096 * 128256
+    expected = 3 * (2 * 512 * layers + 4 * 32 * 32 * 128 * (512 * 513 // 2) + 2 * 4096 * 128256)
+    assert llm.prefill_flops(cfg, 3, 512) == expected
+
+
 def test_summary_rates_follow_from_the_times():
     cfg = llm.PRESETS["tiny"]
     times = [10.0, 2.0, 4.0, 2.0]  # prefill, then three steps
     r = llm.summarise(cfg, times, batch=2, prompt=5, new=3, dtype_bytes=4)
     total = sum(llm.decode_step_bytes(cfg, 2, c, 4) for c in (6, 7, 8))
+    flops = sum(llm.decode_step_flops(cfg, 2, c) for c in (6, 7, 8))
     assert r["decode_ms_per_step"] == 2.0 and r["prefill_tokens_per_s"] == pytest.approx(1000.0)
+    assert r["decode_ms_q1"] == 2.0 and r["decode_ms_q3"] == 3.0 and (r["decode_ms_min"], r["decode_ms_max"]) == (2.0, 4.0)
     assert r["decode_tokens_per_s"] == pytest.approx(6 / 0.008)
     assert r["bytes_per_step"] == pytest.approx(total / 3) and r["decode_gbps"] == pytest.approx(total / 0.008 / 1e9)
+    assert r["flops_per_step"] == pytest.approx(flops / 3) and r["decode_tflops"] == pytest.approx(flops / 0.008 / 1e12)
+    assert r["prefill_tflops"] == pytest.approx(llm.prefill_flops(cfg, 2, 5) / 0.010 / 1e12)
 
 
 def test_memory_refusal_says_what_the_run_needs_and_what_the_gpu_has(monkeypatch):
@@ -101,6 +206,11 @@ def test_memory_refusal_says_what_the_run_needs_and_what_the_gpu_has(monkeypatch
     assert "only 8.0 GiB is available (of 16.0 GiB)" in text and "--batch, --prompt-len or --new-tokens" in text
     monkeypatch.setattr(gpuprof.cli, "available_memory", lambda device: 80 * 2**30)
     llm.check_fits(cfg, "8b", 1, 512, 128, "cuda", 2)  # fits: no error
+    # batch 256 with the fixed rungs' cache beside an eager one: 2 x 256 x 640 x 128 KiB = 40 GiB of caches, beside
+    # 15.0 GiB of weights and 14.5 GiB of prefill: more than 60 GiB
+    monkeypatch.setattr(gpuprof.cli, "available_memory", lambda device: 60 * 2**30)
+    with pytest.raises(GpuprofError, match=r"2 KV caches 40\.00 GiB"):
+        llm.check_fits(cfg, "8b", 256, 512, 128, "cuda", 2, caches=2)
 
 
 def test_8b_on_the_cpu_is_refused_with_the_memory_it_would_need():
@@ -109,12 +219,44 @@ def test_8b_on_the_cpu_is_refused_with_the_memory_it_would_need():
         llm.check_fits(llm.PRESETS["8b"], "8b", 1, 512, 128, "cpu", 4)
 
 
-def test_a_run_writes_its_results(tmp_path, capsys):
+def test_the_command_line_lists():
+    args = llm.parse_args(["--batch", "1, 8,64", "--rung", "graph,eager_static"])
+    assert args.batch == [1, 8, 64] and args.rung == ["eager_static", "graph"]  # the ladder's order
+    assert llm.parse_args(["--rung", "all"]).rung == list(llm.RUNGS)
+    assert llm.resolve_rungs(llm.parse_args(["--cache", "both"]), gpu=False) == ["eager_dynamic", "eager_static"]
+    assert llm.resolve_rungs(llm.parse_args([]), gpu=False) == list(llm.CPU_DEFAULT)
+    assert llm.resolve_rungs(llm.parse_args([]), gpu=True) == list(llm.RUNGS)
+    with pytest.raises(GpuprofError, match=r"--rung graph,compile_graph needs a GPU"):
+        llm.resolve_rungs(llm.parse_args(["--rung", "all"]), gpu=False)
+    for bad in ("1,1", "0", ","):
+        with pytest.raises(SystemExit):
+            llm.parse_args(["--batch", bad])
+
+
+def test_a_run_writes_a_row_per_rung_and_batch(tmp_path, capsys):
     out = tmp_path / "r.json"
-    assert llm.main(["--cpu", "--batch", "1", "--prompt-len", "8", "--new-tokens", "4", "--json", str(out)]) == 0
+    assert llm.main(["--cpu", "--batch", "1,3", "--prompt-len", "8", "--new-tokens", "4", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "result checked: the dynamic and static caches generated the same 1 x 5 token ids" in printed
+    assert "result checked: every rung's tokens against eager_static's at each batch (4 identical, 0 up to a near tie, of 4)" \
+        in printed
     r = json.loads(out.read_text())
-    assert r["tokens_identical"] is True and r["timing"] == "perf_counter" and r["params"] == llm.PRESETS["tiny"].params
-    for kind in llm.CACHES:
-        assert len(r[kind]["decode_step_ms"]) == 4 and r[kind]["decode_gbps"] > 0
+    assert r["checks_passed"] is True and r["timing"] == "perf_counter" and r["params"] == llm.PRESETS["tiny"].params
+    assert [(row["rung"], row["batch"]) for row in r["rows"]] == [(n, b) for b in (1, 3) for n in llm.CPU_DEFAULT]
+    for row in r["rows"]:
+        assert len(row["decode_step_ms"]) == 4 and row["decode_gbps"] > 0 and row["decode_tflops"] > 0
+        assert row["check"]["status"] == ("reference" if row["rung"] == "eager_static" else "identical")
+        assert row["free_running_tokens_equal"] == 1.0
+    assert r["machine"]["device"] == "cpu"
+
+
+def test_a_run_without_clones_fails_its_check_and_says_why(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    with pytest.raises(SystemExit) as exit_:
+        llm.main(["--cpu", "--rung", "eager_fixed", "--prompt-len", "8", "--new-tokens", "6", "--no-clone",
+                  "--json", str(out)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "result check failed: 1 of 1 (rung, batch) rows differ from eager_static" in err
+    assert "Clone a graph's outputs before its next replay" in err
+    r = json.loads(out.read_text())  # the numbers are kept even so
+    assert r["checks_passed"] is False and r["rows"][0]["outputs_cloned"] is False

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generate tokens with a decoder-only transformer: a prompt's prefill, then greedy decoding steps.
+"""Generate tokens with a decoder-only transformer: a prompt's prefill, then greedy decoding steps, rung by rung.
 
 The model has Llama-3-8B's shapes (``--model 8b``: 32 layers, width 4096, 32 query heads sharing
 8 key/value heads (grouped-query attention), head dim 128, SwiGLU MLP 14336, vocabulary 128,256,
@@ -7,35 +7,73 @@ RMSNorm, rotary embeddings) and random BF16 weights drawn on the GPU from a seed
 download, and the same arithmetic and memory traffic as the real model. ``--model tiny`` is the same
 code at a size a CPU runs in seconds.
 
-Prefill runs the ``--prompt-len`` prompt of each of ``--batch`` sequences through every layer at
+Prefill runs the ``--prompt-len`` prompt of each of the batch's sequences through every layer at
 once (large matrix products); each of the ``--new-tokens`` decoding steps then reads every weight
-to produce one token per sequence. Two KV caches (``--cache``):
+to produce one token per sequence. The same generation is run by each rung of a ladder (``--rung``):
 
-  dynamic  the naive loop: each step grows every layer's keys and values with torch.cat, which
-           copies the whole cache (allocate, copy, free) every step
-  static   preallocated for prompt + new tokens, written in place (index_copy_) and read as a
-           slice: no allocation and no copy after prefill
+  eager_dynamic  the naive loop: each step grows every layer's keys and values with torch.cat,
+                 which copies the whole cache (allocate, copy, free) every step
+  eager_static   a KV cache preallocated for prompt + new tokens, written in place (index_copy_)
+                 and read as a slice of the filled length; the reference the others are checked against
+  eager_fixed    a decoding step whose shapes never change: the token ids and the position live in
+                 device buffers, the step attends over the whole preallocated cache under a length
+                 mask, and writes its outputs into buffers of its own. Eager, so its cost beside
+                 eager_static is the price of the fixed shapes (it reads the whole cache every step)
+  compile        that step with its layer under torch.compile (the default mode: TorchInductor fuses
+                 the elementwise work; kernels are still launched one by one). One layer compiled and
+                 reused by all 32 ("regional compilation", PyTorch's recipe for stacks of equal
+                 layers), so compiling takes one layer's time
+  graph          the eager fixed-shape step captured once in a torch.cuda.CUDAGraph and replayed:
+                 one launch per step (a GPU only)
+  compile_graph  the compiled step captured in a CUDA graph: the fusion and one launch per step
+                 (a GPU only)
 
-Both compute the same tokens; with both (the default) the script checks that they do.
+Why a hand-made graph rather than torch.compile(mode="reduce-overhead"): that mode captures CUDA graphs
+of its own, so the ladder could not tell the fusion's gain from the launches' (compile and graph
+measure each alone, compile_graph both), and a graph needs fixed memory addresses and no host
+synchronisation, which the fixed-shape step provides by construction (PyTorch's "CUDAGraph Trees" notes).
 
-Printed per cache: prefill ms, decode ms per step (median), tokens per second, and the bytes a
-decoding step must read (the weights it uses + the KV cache it attends over) with the rate that
-implies. Compare that rate with the GPU's measured copy bandwidth: decode at small batch is
-bound by memory, and a loop far below it is bound by something else (the CPU launching kernels).
+A graph's outputs are its buffers: each replay overwrites them. The loop therefore clones a step's
+outputs before the next replay; ``--no-clone`` keeps references instead, and every kept step then
+shows the last step's tokens (the check below fails and says why). The fixed-shape rungs without a
+graph write into the same buffers, so the pitfall shows on a CPU too.
 
-NVTX ranges: cache_dynamic / cache_static around each timed generation, prefill, and
-decode_step_N per step; the timed generations sit between cudaProfilerStart and cudaProfilerStop:
+Every rung is checked against eager_static at the same batch (``--no-check`` skips it). Different kernels
+round BF16 differently, so two correct rungs can pick different tokens where the two best logits are
+nearly tied (in BF16 they often are exactly tied), and from there the free-running sequences part for
+good. So the check does not compare free-running tokens: eager_static is generated first (untimed, its
+warm-up), and each other rung's first warm-up is fed eager_static's tokens ("teacher forcing"), so
+every step of both sees the same input. Every step's best logit must then agree with the reference's
+within a tolerance, and where the picks differ, each pick must be within the tolerance of the other's
+in both rungs' logits (a near tie). The tolerance is a share of the reference prefill logits'
+standard deviation: 1e-4 in float32 (the CPU), 0.25 in bfloat16. On the CPU in bfloat16, four of
+8b's layers moved the best logits by at most 0.031 (one bfloat16 step at their size) between
+eager_static and eager_fixed, and a mask that hid each token from itself by 0.125, which 0.25
+does not catch: the float32 check does (tests/test_llm_decode.py), and 0.25 catches what goes wrong
+on a GPU alone (a stale or overwritten buffer moves the logits by about their deviation). The
+timed generations run free; the share of their tokens equal to the reference's is printed too.
 
-  nsys profile --trace=cuda,nvtx --capture-range=cudaProfilerApi -o decode \\
-      python examples/nsys/llm_decode.py --model 8b --batch 1 --new-tokens 32
+Printed per (rung, batch): prefill ms and TFLOP/s, decode ms per step (median, quartiles), tokens per
+second, the bytes and FLOPs a decoding step needs (the weights it uses, the KV cache it attends over)
+and the rates they imply. Compare those with the GPU's measured copy bandwidth and matrix-product
+rate: decode at small batch is bound by memory, and a loop far below it is bound by something else
+(the CPU launching kernels).
+
+NVTX ranges: setup (compiling, capturing), warmup, rung_<RUNG>_b<BATCH> around each timed generation,
+prefill and decode_step_N inside it. Per batch, the timed generations sit between cudaProfilerStart
+and cudaProfilerStop, so nsys records the first batch's (give one --batch per capture):
+
+  nsys profile --trace=cuda,nvtx --capture-range=cudaProfilerApi --capture-range-end=stop \\
+      --cuda-graph-trace=node -o decode python examples/nsys/llm_decode.py --model 8b --batch 1 --new-tokens 32
 
 Examples:
   python examples/nsys/llm_decode.py                            # tiny on a CPU, 8b on a GPU
-  python examples/nsys/llm_decode.py --model 8b --batch 8 --prompt-len 512 --new-tokens 128 --json r.json
-  python examples/nsys/llm_decode.py --model 8b --cache static --check
+  python examples/nsys/llm_decode.py --model 8b --batch 1,8,64 --json r.json
+  python examples/nsys/llm_decode.py --model 8b --rung graph --batch 1 --new-tokens 16 --no-clone
 
-Without a GPU the tiny model runs on the CPU (float32, perf_counter timings that mean nothing
-for a GPU); ``--model 8b`` there is refused with the memory it would need.
+Without a GPU the tiny model runs on the CPU (float32, perf_counter timings that mean nothing for a
+GPU; the rungs eager_dynamic, eager_static and eager_fixed by default, compile when asked);
+``--model 8b`` there is refused with the memory it would need.
 """
 
 from __future__ import annotations
@@ -44,9 +82,10 @@ import argparse
 import math
 import statistics
 import sys
+import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywhere in the repo
 
@@ -54,12 +93,28 @@ from gpuprof import exit_on_error  # noqa: E402
 from gpuprof.backend import torch_device  # noqa: E402
 from gpuprof.cli import bounded_int, output_file, positive_int, require_memory  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
-from gpuprof.ranges import annotate  # noqa: E402
 from gpuprof.kernels import write_json  # noqa: E402
 from gpuprof.models import rms_norm  # noqa: E402
+from gpuprof.ranges import annotate  # noqa: E402
 from gpuprof.timing import Clock  # noqa: E402
 
-CACHES = ("dynamic", "static")
+RUNGS = {
+    "eager_dynamic": "eager, torch.cat KV cache",
+    "eager_static": "eager, preallocated KV cache (the reference)",
+    "eager_fixed": "eager, fixed-shape step (whole cache under a mask)",
+    "compile": "fixed-shape step, layer under torch.compile",
+    "graph": "fixed-shape step in a CUDA graph",
+    "compile_graph": "compiled fixed-shape step in a CUDA graph",
+}
+REFERENCE = "eager_static"
+FIXED = ("eager_fixed", "compile", "graph", "compile_graph")  # the rungs that run the fixed-shape step
+NEEDS_GPU = ("graph", "compile_graph")
+CPU_DEFAULT = ("eager_dynamic", "eager_static", "eager_fixed")
+CACHES = {"dynamic": ("eager_dynamic",), "static": ("eager_static",), "both": ("eager_dynamic", "eager_static")}
+TOPK = 4  # the best logits kept per step: the token is the first; the others let the check recognise a near tie
+# The check's tolerance, as a share of the reference prefill logits' standard deviation (see the module's text).
+TOLERANCE = {"float32": 1e-4, "bfloat16": 0.25}
+LIMITS = {"batch": 4096, "prompt": 131072, "new": 100000, "layers": 1024}
 
 
 @dataclass(frozen=True)
@@ -77,13 +132,24 @@ class Config:
     norm_eps: float = 1e-5
 
     @property
-    def layer_params(self) -> int:
+    def layer_matmul_params(self) -> int:
+        """The weights of one layer that multiply activations: wq, wk, wv, wo, gate, up, down."""
         d, q, kv = self.d_model, self.q_heads * self.head_dim, self.kv_heads * self.head_dim
-        return d * q + 2 * d * kv + q * d + 3 * d * self.ffn + 2 * d  # wq wk wv wo, gate up down, two norms
+        return d * q + 2 * d * kv + q * d + 3 * d * self.ffn
+
+    @property
+    def layer_params(self) -> int:
+        return self.layer_matmul_params + 2 * self.d_model  # + the two norms' weights
 
     @property
     def params(self) -> int:
         return self.layers * self.layer_params + 2 * self.vocab * self.d_model + self.d_model  # + embed, lm_head, final norm
+
+    @property
+    def matmul_params(self) -> int:
+        """The weights one token's decoding step multiplies: every layer's matrices and the output projection
+        (the embedding table is looked up, not multiplied; the norms scale, they are not matrices)."""
+        return self.layers * self.layer_matmul_params + self.d_model * self.vocab
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """Keys and values of one token of one sequence, over all layers."""
@@ -104,24 +170,47 @@ def decode_step_bytes(cfg: Config, batch: int, context: int, dtype_bytes: int) -
 
     Every weight matrix once, the whole batch sharing it; of the embedding table only the ``batch``
     rows looked up (the rest is never touched); every cached key and value of every sequence.
-    The least a step can move: a naive loop moves more (torch.cat copies the cache), and writes
-    and activations are left out (they grow with the batch; at batch 1 they are vectors beside
-    the weights' matrices).
+    The least a step can move: a naive loop moves more (torch.cat copies the cache; the fixed-shape
+    step reads the whole preallocated cache), and writes and activations are left out (they grow
+    with the batch; at batch 1 they are vectors beside the weights' matrices).
     """
     weights = (cfg.params - cfg.vocab * cfg.d_model + batch * cfg.d_model) * dtype_bytes
     return weights + batch * context * cfg.kv_bytes_per_token(dtype_bytes)
 
 
-def memory_needed(cfg: Config, batch: int, prompt: int, new: int, dtype_bytes: int) -> tuple[int, int, int]:
-    """(weights, KV cache, prefill's largest activations) in bytes: the least the run allocates."""
+def decode_step_flops(cfg: Config, batch: int, context: int) -> int:
+    """Floating-point operations one decoding step needs at ``context`` cached tokens (the new one included).
+
+    2 per weight multiplied per sequence (a multiply and an add), and attention over the context:
+    per layer, per query head, the scores q.K (2 x head_dim per position) and their weighted sum of V
+    (the same again). Norms, rotary embeddings and the softmax are left out: a few operations per
+    element of vectors, beside the matrices' 2 per weight.
+    """
+    attention = 4 * cfg.layers * cfg.q_heads * cfg.head_dim * context
+    return batch * (2 * cfg.matmul_params + attention)
+
+
+def prefill_flops(cfg: Config, batch: int, prompt: int) -> int:
+    """Floating-point operations of a prompt's prefill: every token through every layer's matrices, causal
+    attention (token i attends over i + 1 positions), and the output projection for the last token only."""
+    layers = 2 * prompt * cfg.layers * cfg.layer_matmul_params
+    attention = 4 * cfg.layers * cfg.q_heads * cfg.head_dim * (prompt * (prompt + 1) // 2)
+    return batch * (layers + attention + 2 * cfg.d_model * cfg.vocab)
+
+
+def memory_needed(cfg: Config, batch: int, prompt: int, new: int, dtype_bytes: int,
+                  caches: int = 1) -> tuple[int, int, int]:
+    """(weights, KV caches, prefill's largest activations) in bytes: the least the run allocates. ``caches``:
+    how many full KV caches live at once (the fixed-shape rungs share one; an eager rung holds its own)."""
     weights = cfg.params * dtype_bytes
-    kv = batch * (prompt + new) * cfg.kv_bytes_per_token(dtype_bytes)
+    kv = caches * batch * (prompt + new) * cfg.kv_bytes_per_token(dtype_bytes)
     # Prefill's widest moment: the MLP's gate, up and their product, beside the residual stream and the attention's q, k, v.
     acts = batch * prompt * (3 * cfg.ffn + 4 * cfg.d_model) * dtype_bytes
     return weights, kv, acts
 
 
-def check_fits(cfg: Config, model: str, batch: int, prompt: int, new: int, device: str, dtype_bytes: int) -> None:
+def check_fits(cfg: Config, model: str, batch: int, prompt: int, new: int, device: str, dtype_bytes: int,
+               caches: int = 1) -> None:
     """Refuse before allocating anything: 8b on a CPU, or weights + KV cache + prefill beyond the free memory."""
     if device == "cpu" and model == "8b":
         weights, kv, acts = memory_needed(cfg, batch, prompt, new, 2)  # what it takes in bfloat16, as on a GPU
@@ -129,18 +218,28 @@ def check_fits(cfg: Config, model: str, batch: int, prompt: int, new: int, devic
                            f"{kv / 2**30:,.2f} GiB for batch {batch} x {prompt + new} tokens and prefill's activations "
                            f"take at least {(weights + kv + acts) / 2**30:,.1f} GiB, and a CPU would spend seconds per token.",
                            "Run --model tiny here.")
-    weights, kv, acts = memory_needed(cfg, batch, prompt, new, dtype_bytes)
+    weights, kv, acts = memory_needed(cfg, batch, prompt, new, dtype_bytes, caches)
+    cache_words = f"KV cache {kv / 2**30:,.2f} GiB" if caches == 1 else f"{caches} KV caches {kv / 2**30:,.2f} GiB"
     require_memory(weights + kv + acts, device,
                    f"--model {model} at batch {batch:,} x ({prompt:,} + {new:,}) tokens (weights {weights / 2**30:,.1f} GiB, "
-                   f"KV cache {kv / 2**30:,.2f} GiB, prefill activations {acts / 2**30:,.2f} GiB)",
+                   f"{cache_words}, prefill activations {acts / 2**30:,.2f} GiB)",
                    "--batch, --prompt-len or --new-tokens", lower_bound=True)
+
+
+def rotate(x: Any, cos: Any, sin: Any) -> Any:
+    """Rotary embedding of [batch, heads, tokens, head_dim] by the given cos and sin (the rotate-half form
+    Llama's code uses); cos and sin are [tokens, head_dim]."""
+    import torch
+
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
 class Decoder:
     """The model's weights and its forward pass; the KV cache is passed in (see :class:`DynamicCache`, :class:`StaticCache`)."""
 
     def __init__(self, cfg: Config, torch: Any, device: str, dtype: Any, max_positions: int, seed: int = 0) -> None:
-        self.cfg, self.torch, self.F = cfg, torch, torch.nn.functional
+        self.cfg, self.torch, self.F, self.device, self.dtype = cfg, torch, torch.nn.functional, device, dtype
         gen = torch.Generator(device=device).manual_seed(seed)
 
         def rnd(*shape: int) -> Any:
@@ -165,11 +264,9 @@ class Decoder:
         return rms_norm(x, w, self.cfg.norm_eps)
 
     def rope(self, x: Any, pos: int) -> Any:
-        """Rotate [batch, heads, tokens, head_dim] by positions pos.. (the rotate-half form Llama's code uses)."""
-        t, half = x.shape[2], x.shape[-1] // 2
-        cos, sin = self.cos[pos:pos + t], self.sin[pos:pos + t]
-        rotated = self.torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+        """Rotate [batch, heads, tokens, head_dim] by positions pos.. ."""
+        t = x.shape[2]
+        return rotate(x, self.cos[pos:pos + t], self.sin[pos:pos + t])
 
     def forward(self, tokens: Any, cache: Any, pos: int) -> Any:
         """Logits of the last position, for tokens [batch, t] starting at position ``pos``; updates ``cache``."""
@@ -231,40 +328,342 @@ def new_cache(kind: str, model: Decoder, batch: int, positions: int, device: str
                                                                                 device, dtype)
 
 
-def generate(model: Decoder, prompt: Any, new_tokens: int, cache: Any, clock: Clock | None = None) -> tuple[Any, Any]:
-    """Greedy generation: prefill, then ``new_tokens`` steps. Returns (token ids [batch, new_tokens + 1], every
-    step's logits [steps + 1, batch, vocab]). The next token stays on the device: no step waits for the CPU."""
+def fixed_layer(x: Any, w: dict[str, Any], k_cache: Any, v_cache: Any, pos: Any, mask: Any, cos: Any, sin: Any,
+                q_heads: int, kv_heads: int, head_dim: int, eps: float) -> Any:
+    """One layer of a decoding step whose shapes never change, for x [batch, 1, width] at position ``pos``.
+
+    ``pos`` is a one-element tensor on the device, not a Python int, so the same kernels with the same
+    arguments serve every step (what a CUDA graph replays, and what torch.compile need not recompile for).
+    The new key and value are written at ``pos``; the query attends over the whole preallocated cache, the
+    positions after ``pos`` masked out (``mask``). Grouped-query attention without copying the cache: the
+    query heads that share a key/value head are laid side by side ([batch, kv_heads, group, head_dim])
+    and multiplied by that head's keys at once.
+    """
+    import torch
+
+    b = x.shape[0]
+    a = rms_norm(x, w["attn_norm"], eps)
+    q = rotate((a @ w["wq"]).view(b, 1, q_heads, head_dim).transpose(1, 2), cos, sin)
+    k = rotate((a @ w["wk"]).view(b, 1, kv_heads, head_dim).transpose(1, 2), cos, sin)
+    v = (a @ w["wv"]).view(b, 1, kv_heads, head_dim).transpose(1, 2)
+    k_cache.index_copy_(2, pos, k)
+    v_cache.index_copy_(2, pos, v)
+    qg = q.reshape(b, kv_heads, q_heads // kv_heads, head_dim)  # query head h uses key/value head h // group
+    scores = (qg @ k_cache.transpose(-1, -2)).float() * (1.0 / math.sqrt(head_dim))
+    probs = scores.masked_fill(~mask, float("-inf")).softmax(-1).to(x.dtype)
+    att = (probs @ v_cache).reshape(b, 1, q_heads * head_dim)
+    x = x + att @ w["wo"]
+    m = rms_norm(x, w["mlp_norm"], eps)
+    return x + (torch.nn.functional.silu(m @ w["w_gate"]) * (m @ w["w_up"])) @ w["w_down"]
+
+
+class FixedStep:
+    """The fixed-shape decoding step: reads the token ids and the position from device buffers, writes the best
+    logits and their ids into buffers of its own, the next input ids into ``tokens``, and advances ``pos``.
+
+    Nothing in it waits for the CPU or changes shape, so it can be captured in a CUDA graph as it is; its
+    outputs are buffers that the next call overwrites (see ``--no-clone``).
+    """
+
+    def __init__(self, model: Decoder, cache: StaticCache, batch: int, layer: Callable[..., Any] = fixed_layer) -> None:
+        torch = model.torch
+        self.model, self.cache, self.layer = model, cache, layer
+        dev = model.device
+        self.positions = torch.arange(cache.k[0].shape[2], device=dev)
+        self.tokens = torch.zeros((batch, 1), dtype=torch.long, device=dev)
+        self.pos = torch.zeros(1, dtype=torch.long, device=dev)
+        self.top_values = torch.zeros((batch, TOPK), dtype=model.dtype, device=dev)
+        self.top_ids = torch.zeros((batch, TOPK), dtype=torch.long, device=dev)
+
+    def __call__(self) -> None:
+        m, cfg = self.model, self.model.cfg
+        x = m.F.embedding(self.tokens, m.embed)
+        mask = self.positions <= self.pos
+        cos, sin = m.cos.index_select(0, self.pos), m.sin.index_select(0, self.pos)
+        for i, w in enumerate(m.layers):
+            x = self.layer(x, w, self.cache.k[i], self.cache.v[i], self.pos, mask, cos, sin,
+                           cfg.q_heads, cfg.kv_heads, cfg.head_dim, cfg.norm_eps)
+        logits = m.rmsnorm(x[:, -1], m.final_norm) @ m.lm_head
+        values, ids = logits.topk(TOPK, dim=-1)
+        self.top_values.copy_(values)
+        self.top_ids.copy_(ids)
+        self.tokens.copy_(ids[:, :1])
+        self.pos.add_(1)
+
+
+class EagerRung:
+    """eager_dynamic or eager_static: a fresh cache per generation, the step's shapes growing with the context."""
+
+    static_outputs = False  # each step returns new tensors
+
+    def __init__(self, name: str, model: Decoder, batch: int, positions: int) -> None:
+        self.name, self.model, self.batch, self.positions = name, model, batch, positions
+        self.kind = name.removeprefix("eager_")
+        self.setup_s = 0.0
+
+    def prefill(self, prompt: Any) -> Any:
+        m = self.model
+        self.cache = new_cache(self.kind, m, self.batch, self.positions, m.device, m.dtype)
+        self.pos = prompt.shape[1]
+        return m.forward(prompt, self.cache, 0)
+
+    def start(self, ids: Any) -> None:
+        pass
+
+    def step(self, ids: Any, forced: bool = False) -> tuple[Any, Any]:
+        logits = self.model.forward(ids[:, :1], self.cache, self.pos)
+        self.pos += 1
+        return logits.topk(TOPK, dim=-1)
+
+    def release(self) -> None:
+        self.cache = None
+
+
+class FixedRung:
+    """eager_fixed, compile, graph or compile_graph: the fixed-shape step over one static cache, which the prefill
+    fills (the same code as eager_static's) and the step continues."""
+
+    static_outputs = True  # each step returns the step's own output buffers
+
+    def __init__(self, name: str, step: FixedStep, run: Callable[[], Any], setup_s: float) -> None:
+        self.name, self.fixed, self.run, self.setup_s = name, step, run, setup_s
+
+    def prefill(self, prompt: Any) -> Any:
+        self.prompt_len = prompt.shape[1]
+        return self.fixed.model.forward(prompt, self.fixed.cache, 0)
+
+    def start(self, ids: Any) -> None:
+        self.fixed.tokens.copy_(ids[:, :1])
+        self.fixed.pos.fill_(self.prompt_len)
+
+    def step(self, ids: Any, forced: bool = False) -> tuple[Any, Any]:
+        if forced:  # the step reads its input from its buffer, where the previous step wrote its own pick
+            self.fixed.tokens.copy_(ids[:, :1])
+        self.run()
+        return self.fixed.top_values, self.fixed.top_ids
+
+    def release(self) -> None:
+        self.run = None  # type: ignore[assignment]
+
+
+def compiled_layer(torch: Any) -> Callable[..., Any]:
+    """:func:`fixed_layer` under torch.compile: compiled at its first call, reused by every layer (the same shapes)."""
+    return torch.compile(fixed_layer, dynamic=False, fullgraph=True)
+
+
+def capture_graph(torch: Any, step: Callable[[], Any], reset: Callable[[], Any], warmup: int = 3) -> Any:
+    """A CUDA graph of ``step``: a few calls on a side stream first (as PyTorch's CUDA graph notes ask: they
+    set up cuBLAS's workspaces and, for a compiled step, compile it), each after ``reset`` (which keeps the
+    position inside the cache), then one call captured, not run."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            reset()
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph
+
+
+def make_fixed_rungs(names: list[str], model: Decoder, batch: int, positions: int) -> dict[str, FixedRung]:
+    """The fixed-shape rungs asked for, sharing one static cache and one set of buffers (they run one after another)."""
     torch = model.torch
+    if not any(n in FIXED for n in names):
+        return {}
+    if any(n in ("compile", "compile_graph") for n in names):
+        torch._dynamo.reset()  # an earlier batch's compiled layer has other shapes: start afresh, under no recompile limit
+    cache = StaticCache(model.cfg, torch, batch, positions, model.device, model.dtype)
+    eager_step = FixedStep(model, cache, batch)
+    compiled_step = None
+    rungs: dict[str, FixedRung] = {}
+    for name in names:
+        if name not in FIXED:
+            continue
+        t0 = time.perf_counter()
+        with annotate(f"setup_{name}_b{batch}"):
+            if name in ("compile", "compile_graph"):
+                if compiled_step is None:
+                    compiled_step = FixedStep(model, cache, batch, compiled_layer(torch))
+                    compiled_step.tokens, compiled_step.pos = eager_step.tokens, eager_step.pos  # one set of buffers
+                    compiled_step.top_values, compiled_step.top_ids = eager_step.top_values, eager_step.top_ids
+                    eager_step.pos.zero_()
+                    compiled_step()  # compiles the layer here, not inside the first timed generation
+                step = compiled_step
+            else:
+                step = eager_step
+            run: Callable[[], Any] = step
+            if name in NEEDS_GPU:
+                run = capture_graph(torch, step, eager_step.pos.zero_).replay
+            if model.device == "cuda":
+                torch.cuda.synchronize()
+        rungs[name] = FixedRung(name, eager_step, run, time.perf_counter() - t0)
+    return rungs
+
+
+@dataclass
+class Generation:
+    """One generation's kept outputs: the best TOPK logits and their ids per step ([batch, new + 1, TOPK]), and the
+    prefill logits' standard deviation (the check's scale)."""
+
+    values: Any
+    ids: Any
+    logit_std: float
+
+    @property
+    def tokens(self) -> Any:
+        return self.ids[:, :, 0]
+
+
+def generate(rung: Any, prompt: Any, new_tokens: int, clock: Clock | None = None, clone: bool = True,
+             force: Any | None = None) -> Generation:
+    """Greedy generation: prefill, then ``new_tokens`` steps. The next token stays on the device: no step waits for
+    the CPU. A rung whose step returns its own buffers (the fixed-shape rungs) has them cloned before the next step
+    overwrites them, unless ``clone`` is False (the pitfall ``--no-clone`` shows).
+
+    ``force`` (token ids [batch, new_tokens + 1], another generation's): feed those tokens instead of this rung's own
+    picks ("teacher forcing"), so that every step's logits can be compared with that generation's even where a near
+    tie made the two pick differently."""
+    torch = rung.fixed.model.torch if isinstance(rung, FixedRung) else rung.model.torch
     mark = clock.mark if clock is not None else (lambda: None)
-    out, logits = [], []
+    values, ids = [], []
     with torch.inference_mode():
         mark()
         with annotate("prefill"):
-            last = model.forward(prompt, cache, 0)
+            logits = rung.prefill(prompt)
+            v, i = logits.topk(TOPK, dim=-1)
+            rung.start(i if force is None else force[:, :1])
         mark()
-        pos = prompt.shape[1]
+        values.append(v)
+        ids.append(i)
         for step in range(new_tokens):
-            token = last.argmax(-1)
-            out.append(token)
-            logits.append(last)
             with annotate(f"decode_step_{step}"):
-                last = model.forward(token[:, None], cache, pos)
+                v, i = rung.step(i if force is None else force[:, step:step + 1], force is not None)
+                if rung.static_outputs and clone:
+                    v, i = v.clone(), i.clone()
             mark()
-            pos += 1
-        out.append(last.argmax(-1))
-        logits.append(last)
-    return torch.stack(out, dim=1), torch.stack(logits)
+            values.append(v)
+            ids.append(i)
+        logit_std = float(logits.float().std())
+    return Generation(torch.stack(values, dim=1), torch.stack(ids, dim=1), logit_std)
+
+
+@dataclass(frozen=True)
+class Check:
+    """A rung's tokens against the reference's (see the module's text for the rule)."""
+
+    status: str  # "reference", "identical", "near tie", "failed" or "not checked"
+    tolerance: float | None
+    max_top_logit_diff: float | None = None  # over the steps compared
+    first_difference: tuple[int, int] | None = None  # [sequence, token] of the first differing token, if any
+    sentence: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("reference", "identical", "near tie", "not checked")
+
+
+def compare(ref: Generation, forced: Generation, tolerance: float) -> Check:
+    """A rung's generation fed the reference's tokens (``generate(..., force=ref.tokens)``) against the reference's.
+
+    Every step of every sequence is compared: the best logits must agree within ``tolerance``, and where the two pick
+    different tokens, each pick must be within ``tolerance`` of the other's in its own logits (a near tie, where
+    rounding decides)."""
+    rv, ri, xv, xi = (t.detach().float().cpu() if t.is_floating_point() else t.detach().cpu()
+                      for t in (ref.values, ref.ids, forced.values, forced.ids))
+    if ri.shape != xi.shape:
+        return Check("failed", tolerance, sentence=f"different shapes {tuple(ri.shape)} and {tuple(xi.shape)}")
+    diff = (rv[..., 0] - xv[..., 0]).abs()
+    worst = float(diff.max())
+    if worst > tolerance:
+        s, t = divmod(int(diff.argmax()), diff.shape[1])
+        return Check("failed", tolerance, worst, (s, t),
+                     f"at [sequence, token] [{s}, {t}] the best logit is {float(xv[s, t, 0]):.4g} against the "
+                     f"reference's {float(rv[s, t, 0]):.4g}, {float(diff[s, t]):.3g} apart (tolerance {tolerance:.3g})")
+    differ = (ri[..., 0] != xi[..., 0]).nonzero().tolist()
+    gaps = []
+    for s, t in differ:
+        a, b = int(ri[s, t, 0]), int(xi[s, t, 0])  # the reference's pick and this rung's
+        pair = []
+        for values, ids, other in ((rv[s, t], ri[s, t], b), (xv[s, t], xi[s, t], a)):
+            where = (ids == other).nonzero()
+            pair.append(float(values[0] - values[int(where[0])]) if len(where) else math.inf)
+        if max(pair) > tolerance:
+            seen = ", ".join(f"not among its best {TOPK}" if g == math.inf else f"{g:.3g}" for g in pair)
+            return Check("failed", tolerance, worst, (s, t),
+                         f"at [sequence, token] [{s}, {t}] it picked {b} where the reference picked {a}, not a near tie "
+                         f"(gaps in the reference's and its own logits: {seen}; tolerance {tolerance:.3g})")
+        gaps.append(max(pair))
+    if not differ:
+        return Check("identical", tolerance, worst, None,
+                     f"fed the reference's tokens: the same picks at every step, best logits within {worst:.3g} "
+                     f"(tolerance {tolerance:.3g})")
+    return Check("near tie", tolerance, worst, tuple(differ[0]),
+                 f"fed the reference's tokens: the same picks but {len(differ)} near tie(s) of {ri.shape[0] * ri.shape[1]} "
+                 f"(first at [sequence, token] {differ[0]}, gaps up to {max(gaps):.3g}), best logits within {worst:.3g} "
+                 f"(tolerance {tolerance:.3g})")
+
+
+def agreement(ref: Generation, run: Generation) -> tuple[float, int | None]:
+    """Free-running generations: the share of token ids equal to the reference's, and the first step where any
+    sequence differs (None if none does). Informative only: after a near tie the sequences part for good."""
+    a, b = ref.tokens.cpu(), run.tokens.cpu()
+    same = a == b
+    cols = (~same).any(0).nonzero()
+    return float(same.float().mean()), (int(cols[0]) if len(cols) else None)
+
+
+def _quartiles(xs: list[float]) -> tuple[float, float]:
+    if len(xs) < 2:
+        return xs[0], xs[0]
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    return q[0], q[2]
 
 
 def summarise(cfg: Config, times_ms: list[float], batch: int, prompt: int, new: int, dtype_bytes: int) -> dict[str, Any]:
-    """One timed generation as the JSON keeps it: prefill, every step, and the rates they imply."""
+    """One timed generation as the JSON keeps it: prefill, every step, and the rates they imply. Bytes and FLOPs are
+    what a step needs (:func:`decode_step_bytes`, :func:`decode_step_flops`) at each step's context, whatever the rung
+    reads or computes beyond them; the rates are their totals over the total decoding time."""
     prefill, steps = times_ms[0], times_ms[1:]
-    total_bytes = sum(decode_step_bytes(cfg, batch, prompt + s + 1, dtype_bytes) for s in range(new))
+    contexts = [prompt + s + 1 for s in range(new)]
+    total_bytes = sum(decode_step_bytes(cfg, batch, c, dtype_bytes) for c in contexts)
+    total_flops = sum(decode_step_flops(cfg, batch, c) for c in contexts)
     decode_s = sum(steps) / 1e3
-    return {"prefill_ms": prefill, "decode_step_ms": steps, "decode_ms_per_step": statistics.median(steps),
-            "prefill_tokens_per_s": batch * prompt / (prefill / 1e3),
+    q1, q3 = _quartiles(steps)
+    p_flops = prefill_flops(cfg, batch, prompt)
+    return {"prefill_ms": prefill, "prefill_tokens_per_s": batch * prompt / (prefill / 1e3),
+            "prefill_flops": p_flops, "prefill_tflops": p_flops / (prefill / 1e3) / 1e12,
+            "decode_step_ms": steps, "decode_ms_per_step": statistics.median(steps), "decode_ms_q1": q1,
+            "decode_ms_q3": q3, "decode_ms_min": min(steps), "decode_ms_max": max(steps),
             "decode_tokens_per_s": batch * new / decode_s,
-            "bytes_per_step": total_bytes / new, "decode_gbps": total_bytes / decode_s / 1e9}
+            "bytes_per_step": total_bytes / new, "decode_gbps": total_bytes / decode_s / 1e9,
+            "flops_per_step": total_flops / new, "decode_tflops": total_flops / decode_s / 1e12}
+
+
+def batch_list(text: str) -> list[int]:
+    """argparse type: batch sizes separated by commas (1,8,64), each from 1 to the limit."""
+    one = bounded_int(LIMITS["batch"], "each sequence adds its own KV cache")
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"{text!r}: give batch sizes separated by commas, e.g. 1,8,64")
+    values = [one(p) for p in parts]
+    if len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"{text!r} names a batch size twice")
+    return values
+
+
+def parse_rungs(text: str) -> list[str]:
+    """--rung: names separated by commas, or all; in the ladder's order, whatever the order given."""
+    if text.strip() == "all":
+        return list(RUNGS)
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in RUNGS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown rung(s) {', '.join(unknown) or repr(text)}; the rungs are "
+                                         f"{', '.join(RUNGS)} (or all)")
+    return [n for n in RUNGS if n in names]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -272,34 +671,118 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=sorted(PRESETS), default=None,
                    help="shapes: 8b (Llama-3-8B's) or tiny (default: 8b on a GPU, tiny on a CPU)")
-    p.add_argument("--layers", type=bounded_int(1024, "the largest published decoders have under 200"), default=None,
-                   help="override the preset's number of layers (e.g. fewer, to fit a smaller GPU)")
-    p.add_argument("--batch", type=bounded_int(4096, "each sequence adds its own KV cache"), default=None,
-                   help="sequences generated together (default: 1 for 8b, 2 for tiny)")
-    p.add_argument("--prompt-len", type=bounded_int(131072, "Llama 3.1's longest context"), default=None,
+    p.add_argument("--layers", type=bounded_int(LIMITS["layers"], "the largest published decoders have under 200"),
+                   default=None, help="override the preset's number of layers (e.g. fewer, to fit a smaller GPU)")
+    p.add_argument("--batch", type=batch_list, default=None,
+                   help="sequences generated together; several, separated by commas (1,8,64), are run one after "
+                        "another with the same weights (default: 1 for 8b, 2 for tiny; at most 4,096 each)")
+    p.add_argument("--prompt-len", type=bounded_int(LIMITS["prompt"], "Llama 3.1's longest context"), default=None,
                    help="prompt tokens per sequence (default: 512 for 8b, 32 for tiny)")
-    p.add_argument("--new-tokens", type=bounded_int(100000, "each is one decoding step"), default=None,
+    p.add_argument("--new-tokens", type=bounded_int(LIMITS["new"], "each is one decoding step"), default=None,
                    help="decoding steps after prefill (default: 128 for 8b, 16 for tiny)")
-    p.add_argument("--cache", choices=[*CACHES, "both"], default="both",
-                   help="KV cache: dynamic (torch.cat), static (preallocated), or both, checked against each other "
-                        "(default: both)")
-    p.add_argument("--check", action="store_true",
-                   help="with one --cache, also generate with the other (untimed) and check the tokens agree "
-                        "(always done for the tiny model)")
+    p.add_argument("--rung", type=parse_rungs, default=None, metavar="RUNGS",
+                   help=f"the rungs to time, separated by commas, or all: {', '.join(RUNGS)} (default: all on a GPU; "
+                        f"{', '.join(CPU_DEFAULT)} on the CPU)")
+    p.add_argument("--cache", choices=sorted(CACHES), default=None,
+                   help="the first block's option, kept: dynamic = --rung eager_dynamic, static = --rung eager_static, "
+                        "both = the two")
+    p.add_argument("--no-check", action="store_true",
+                   help="do not check the rungs against eager_static (the check costs time: eager_static is "
+                        "generated untimed first, and each other rung's first warm-up is fed its tokens)")
+    p.add_argument("--no-clone", action="store_true",
+                   help="keep the fixed-shape rungs' output buffers without cloning them: the pitfall of a CUDA graph's "
+                        "outputs, overwritten by the next replay (the check then fails)")
     p.add_argument("--warmup", type=positive_int, default=1,
-                   help="untimed generations per cache before the timed one (default: 1)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the weights and the prompt (default: 0)")
+                   help="untimed generations per rung and batch before the timed one (default: 1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights and the prompts (default: 0)")
     p.add_argument("--cpu", action="store_true", help="run on the CPU even when there is a GPU")
     p.add_argument("--json", type=output_file, default=None, metavar="FILE", help="also write the results to FILE")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.cache is not None and args.rung is not None:
+        p.error("give --rung or --cache, not both (--cache static is --rung eager_static)")
+    return args
 
 
-def tokens_agree(name_a: str, a: Any, name_b: str, b: Any) -> None:
-    """Greedy decoding from the same weights and prompt must pick the same tokens whatever the cache."""
-    if a.shape != b.shape or not bool((a == b).all()):
-        where = (a != b).nonzero()[0].tolist() if a.shape == b.shape else "their shapes"
-        raise GpuprofError(f"the {name_a} and {name_b} caches generated different tokens (first difference at "
-                           f"[sequence, token] {where}).", "This is a bug in a cache.")
+def resolve_rungs(args: argparse.Namespace, gpu: bool) -> list[str]:
+    """The rungs to time: --rung, else --cache, else the device's default; a GPU-only rung on the CPU is refused."""
+    rungs = args.rung or (list(CACHES[args.cache]) if args.cache else list(RUNGS if gpu else CPU_DEFAULT))
+    if not gpu:
+        gpu_only = [r for r in rungs if r in NEEDS_GPU]
+        if gpu_only:
+            raise GpuprofError(f"--rung {','.join(gpu_only)} needs a GPU: a torch.cuda.CUDAGraph records CUDA kernels, and "
+                               "there are none on the CPU.",
+                               f"On the CPU run {', '.join(r for r in RUNGS if r not in NEEDS_GPU)}.")
+    return rungs
+
+
+def run_batch(model: Decoder, rungs: list[str], batch: int, prompt_len: int, new: int, args: argparse.Namespace,
+              tolerance_share: float, dtype_bytes: int) -> list[dict[str, Any]]:
+    """Every rung at one batch: set up (compile, capture); the reference generated untimed (its warm-up); each other
+    rung's first warm-up fed the reference's tokens (the check's data); then the timed generations, free-running."""
+    torch, gpu, cfg = model.torch, model.device == "cuda", model.cfg
+    positions = prompt_len + new
+    gen = torch.Generator().manual_seed(args.seed + batch)
+    prompt = torch.randint(0, cfg.vocab, (batch, prompt_len), generator=gen).to(model.device)
+    check, clone = not args.no_check, not args.no_clone
+    with torch.inference_mode():
+        fixed = make_fixed_rungs(rungs, model, batch, positions)
+    built = {name: fixed[name] if name in fixed else EagerRung(name, model, batch, positions)
+             for name in [*rungs, *([REFERENCE] if check and REFERENCE not in rungs else [])]}
+    forced: dict[str, Generation] = {}
+    with annotate("warmup"):
+        ref = generate(built[REFERENCE], prompt, new) if check else None
+        for name in rungs:
+            for w in range(args.warmup - (name == REFERENCE and check)):
+                if w == 0 and ref is not None and name != REFERENCE:
+                    forced[name] = generate(built[name], prompt, new, clone=clone, force=ref.tokens)
+                else:
+                    generate(built[name], prompt, new, clone=clone)
+    timed: dict[str, Generation] = {}
+    rows = []
+    if gpu:
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()  # nsys --capture-range=cudaProfilerApi records from here ...
+    for name in rungs:
+        clock = Clock(torch, gpu)
+        with annotate(f"rung_{name}_b{batch}"):
+            timed[name] = generate(built[name], prompt, new, clock, clone=clone)
+        if gpu:
+            torch.cuda.synchronize()
+        rows.append({"rung": name, "batch": batch, "setup_s": built[name].setup_s,
+                     "kv_positions_read": positions if name in FIXED else "context",
+                     **summarise(cfg, clock.intervals_ms(), batch, prompt_len, new, dtype_bytes)})
+    if gpu:
+        torch.cuda.profiler.stop()  # ... to here
+    for row in rows:
+        name = row["rung"]
+        if ref is None:
+            c = Check("not checked", None, sentence="not checked (--no-check)")
+        elif name == REFERENCE:
+            c = Check("reference", None, sentence="the reference")
+        else:
+            c = compare(ref, forced[name], tolerance_share * ref.logit_std)
+        row["check"] = {**asdict(c), "ok": c.ok}
+        if ref is not None:
+            share, first = agreement(ref, timed[name])
+            row["free_running_tokens_equal"], row["free_running_first_difference"] = share, first
+        if name in FIXED:
+            row["outputs_cloned"] = clone
+    for r in built.values():
+        r.release()
+    del built, fixed, forced, timed
+    if gpu:
+        torch.cuda.empty_cache()
+    return rows
+
+
+def format_row(r: dict[str, Any], new: int) -> str:
+    return (f"  {r['rung']:<13} batch {r['batch']:>4}: prefill {r['prefill_ms']:9.2f} ms ({r['prefill_tflops']:.1f} TFLOP/s); "
+            f"decode {r['decode_ms_per_step']:8.3f} ms/step (median of {new}, quartiles {r['decode_ms_q1']:.3f}-"
+            f"{r['decode_ms_q3']:.3f}), {r['decode_tokens_per_s']:,.1f} tokens/s; {r['bytes_per_step'] / 1e9:.3f} GB and "
+            f"{r['flops_per_step'] / 1e9:,.1f} GFLOP per step: {r['decode_gbps']:,.1f} GB/s, {r['decode_tflops']:.2f} TFLOP/s"
+            + (f"; set up in {r['setup_s']:.1f} s" if r["setup_s"] else "") + f"\n      check: {r['check']['sentence']}"
+            + (f"; free-running, {r['free_running_tokens_equal']:.0%} of the tokens equal the reference's"
+               if "free_running_tokens_equal" in r and r["check"]["status"] != "reference" else ""))
 
 
 @exit_on_error
@@ -310,64 +793,51 @@ def main(argv: list[str] | None = None) -> int:
     model_name = args.model or ("8b" if gpu else "tiny")
     cfg = PRESETS[model_name] if args.layers is None else replace(PRESETS[model_name], layers=args.layers)
     d_batch, d_prompt, d_new = RUN_DEFAULTS[model_name]
-    batch, prompt_len, new = args.batch or d_batch, args.prompt_len or d_prompt, args.new_tokens or d_new
+    batches, prompt_len, new = args.batch or [d_batch], args.prompt_len or d_prompt, args.new_tokens or d_new
     dtype = torch.bfloat16 if gpu else torch.float32
+    dtype_name = str(dtype).replace("torch.", "")
     dtype_bytes = 2 if gpu else 4
-    check_fits(cfg, model_name, batch, prompt_len, new, device, dtype_bytes)
-    caches = CACHES if args.cache == "both" else (args.cache,)
-    checked = args.cache == "both" or args.check or model_name == "tiny"
+    rungs = resolve_rungs(args, gpu)
+    caches = 1 + any(r in FIXED for r in rungs)  # the fixed rungs' shared cache beside an eager rung's own
+    check_fits(cfg, model_name, max(batches), prompt_len, new, device, dtype_bytes, caches)
     print(f"llm_decode: --model {model_name} ({cfg.layers} layers, width {cfg.d_model}, {cfg.q_heads} query / "
-          f"{cfg.kv_heads} KV heads, {cfg.params:,} parameters, {str(dtype).replace('torch.', '')}) on {where}; "
-          f"batch {batch} x {prompt_len} prompt tokens, {new} new tokens; cache {', '.join(caches)}", flush=True)
+          f"{cfg.kv_heads} KV heads, {cfg.params:,} parameters, {dtype_name}) on {where}; batch "
+          f"{', '.join(map(str, batches))} x {prompt_len} prompt tokens, {new} new tokens; rungs {', '.join(rungs)}",
+          flush=True)
     if not gpu:
         print("no GPU (or --cpu): float32 on the CPU, timed with perf_counter (the timings say nothing about a GPU)")
 
     model = Decoder(cfg, torch, device, dtype, prompt_len + new, args.seed)
-    prompt = torch.randint(0, cfg.vocab, (batch, prompt_len), generator=torch.Generator().manual_seed(args.seed + 1))
-    prompt = prompt.to(device)
-    positions = prompt_len + new
-
-    def one(kind: str, clock: Clock | None = None) -> tuple[Any, Any]:
-        return generate(model, prompt, new, new_cache(kind, model, batch, positions, device, dtype), clock)
-
-    with annotate("warmup"):
-        for kind in caches:
-            for _ in range(args.warmup):
-                one(kind)
-    results: dict[str, Any] = {"model": model_name, "config": asdict(cfg), "params": cfg.params, "device": where,
-                               "dtype": str(dtype).replace("torch.", ""), "batch": batch, "prompt_len": prompt_len,
-                               "new_tokens": new, "timing": "cuda-events" if gpu else "perf_counter",
-                               "weight_bytes": cfg.params * dtype_bytes,
-                               "kv_cache_bytes": batch * positions * cfg.kv_bytes_per_token(dtype_bytes)}
-    tokens: dict[str, Any] = {}
-    if gpu:
-        torch.cuda.synchronize()
-        torch.cuda.profiler.start()  # nsys --capture-range=cudaProfilerApi records from here ...
-    for kind in caches:
-        clock = Clock(torch, gpu)
-        with annotate(f"cache_{kind}"):
-            tokens[kind], _ = one(kind, clock)
-        if gpu:
-            torch.cuda.synchronize()
-        results[kind] = summarise(cfg, clock.intervals_ms(), batch, prompt_len, new, dtype_bytes)
-    if gpu:
-        torch.cuda.profiler.stop()  # ... to here
-    for kind in caches:
-        r = results[kind]
-        print(f"  {kind:<8} prefill {r['prefill_ms']:9.2f} ms ({r['prefill_tokens_per_s']:,.0f} tokens/s); decode "
-              f"{r['decode_ms_per_step']:8.3f} ms per step (median of {new}), {r['decode_tokens_per_s']:,.1f} tokens/s; "
-              f"{r['bytes_per_step'] / 1e9:.3f} GB read per step: {r['decode_gbps']:.1f} GB/s")
-    if checked and len(caches) == 1:
-        other = next(c for c in CACHES if c not in caches)
-        tokens[other], _ = one(other)
-    if checked:
-        tokens_agree("dynamic", tokens["dynamic"], "static", tokens["static"])
-        results["tokens_identical"] = True
+    tolerance_share = TOLERANCE[dtype_name]
+    rows: list[dict[str, Any]] = []
+    for batch in batches:
+        batch_rows = run_batch(model, rungs, batch, prompt_len, new, args, tolerance_share, dtype_bytes)
+        for r in batch_rows:
+            print(format_row(r, new), flush=True)
+        rows += batch_rows
+    failed = [r for r in rows if not r["check"]["ok"]]
+    results: dict[str, Any] = {
+        "model": model_name, "config": asdict(cfg), "params": cfg.params, "matmul_params": cfg.matmul_params,
+        "device": where, "dtype": dtype_name, "batches": batches, "prompt_len": prompt_len, "new_tokens": new,
+        "rungs": rungs, "reference": REFERENCE, "timing": "cuda-events" if gpu else "perf_counter",
+        "weight_bytes": cfg.params * dtype_bytes, "kv_bytes_per_token": cfg.kv_bytes_per_token(dtype_bytes),
+        "topk": TOPK, "tolerance_share_of_logit_std": tolerance_share, "outputs_cloned": not args.no_clone,
+        "checked": not args.no_check, "checks_passed": not failed, "rows": rows}
     write_json(args.json, results)
-    if checked:
-        print(f"result checked: the dynamic and static caches generated the same {batch} x {new + 1} token ids")
+    if failed:
+        first = failed[0]
+        hint = (" --no-clone kept the fixed-shape step's output buffers, which every later step overwrites: each kept "
+                "step shows the last step's tokens. Clone a graph's outputs before its next replay."
+                if args.no_clone else " A correct rung differs from the reference only at near ties.")
+        raise GpuprofError(f"result check failed: {len(failed)} of {len(rows)} (rung, batch) rows differ from {REFERENCE}; "
+                           f"first {first['rung']} at batch {first['batch']}: {first['check']['sentence']}.", hint.strip())
+    if args.no_check:
+        print("result not checked: --no-check")
     else:
-        print("result not checked: one cache, no --check")
+        print(f"result checked: every rung's tokens against {REFERENCE}'s at each batch "
+              f"({sum(r['check']['status'] == 'identical' for r in rows)} identical, "
+              f"{sum(r['check']['status'] == 'near tie' for r in rows)} up to a near tie, of "
+              f"{sum(r['check']['status'] != 'reference' for r in rows)})")
     return 0
 
 

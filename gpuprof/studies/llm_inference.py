@@ -1,0 +1,414 @@
+"""LLM inference's measurements: prefill and decode of a Llama-3-8B-shaped decoder against the roofline.
+
+Chapter 12 runs ``examples/nsys/llm_decode.py`` (the ladder of decoding loops, eager to CUDA graphs,
+over a list of batch sizes). This module holds what the chapter would otherwise spell out in cells:
+
+* the arithmetic, first: what a decoding step must read (:func:`step_cost`: the weights once, the KV
+  cache of every sequence) and compute (2 FLOPs per weight per sequence, plus attention over the
+  context), the step time the roofline allows with a copy bandwidth and a matrix-product rate
+  (:func:`roofline_ms`, :func:`prediction_table`), the batch where the step turns from memory-bound to
+  compute-bound (:func:`crossover_batch`), and how many sequences of a given context fit in memory
+  beside the weights (:func:`kv_capacity`, :func:`capacity_table`);
+* the ceilings that arithmetic is set against, as the course measured them on each GPU
+  (:func:`recorded_ceilings`: chapter 0's device copy and BF16 product, else chapter 4's device copy
+  and chapter 11's cuBLAS product), each with its file and GPU, never a typed-in number;
+* the script's results as tables (:func:`run_decode`, :func:`rows_table`, :func:`measured_knee`);
+* an Nsight Systems capture of the loop read per rung (:func:`capture_decode`, :func:`decode_steps`,
+  :func:`capture_summary`): kernels and launch calls per decoding step, the CPU's time per step, the
+  GPU's busy share, and which of the two bounds the loop.
+
+Why the crossover can be out of reach. A step reads the weights once whatever the batch (W bytes), and
+per sequence its KV cache (context x 128 KiB for 8b in BF16); it computes 2 x 7.5 G FLOPs per sequence.
+Memory time W/B + n.kv/B against compute time n.f/R: the step turns compute-bound at
+n* = (W/B) / (f/R - kv/B), and only if f/R > kv/B, i.e. if a sequence's matrix products take longer
+than reading its cache. With grouped-query attention the cache is small, but at a long enough context
+it is not: :func:`crossover_batch` returns None there (the step stays memory-bound at every batch).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from .. import activity as ta
+from ..artifacts import REPO_ROOT, FoundCapture, find_capture
+from ..errors import GpuprofError, ReferenceMissing
+from ..nsys import sqlite as ns
+
+__all__ = ["SCRIPT", "CHAPTER", "script", "model_config", "StepCost", "step_cost", "Ceiling", "Ceilings",
+           "recorded_ceilings", "ceiling_records", "roofline_ms", "crossover_batch", "prediction_table", "kv_capacity",
+           "max_context", "capacity_table", "run_decode", "load_results", "rows_table", "measured_knee",
+           "CAPTURE_OPTIONS", "capture_decode", "decode_steps", "capture_summary", "RUNG_RANGE", "STEP_RANGE"]
+
+SCRIPT = REPO_ROOT / "examples" / "nsys" / "llm_decode.py"
+CHAPTER = "ch12"
+
+
+@functools.lru_cache(maxsize=1)
+def script() -> ModuleType:
+    """The example script as a module: its shapes and its bytes- and FLOPs-per-step arithmetic, used as they ran."""
+    from ..runner import load_script
+
+    return load_script(SCRIPT)
+
+
+def model_config(name: str = "8b", layers: int | None = None) -> Any:
+    """A preset's shapes (``8b``: Llama-3-8B's; ``tiny``), with ``layers`` overridden if given."""
+    from dataclasses import replace
+
+    cfg = script().PRESETS[name]
+    return cfg if layers is None else replace(cfg, layers=layers)
+
+
+# ----- the arithmetic -----
+
+@dataclass(frozen=True)
+class StepCost:
+    """What one decoding step of ``batch`` sequences at ``context`` cached tokens must read and compute."""
+
+    batch: int
+    context: int
+    bytes: int
+    flops: int
+
+    @property
+    def intensity(self) -> float:
+        """FLOPs per byte: against a GPU's ridge (its FLOP rate over its bandwidth), which side of the roofline."""
+        return self.flops / self.bytes
+
+
+def step_cost(cfg: Any, batch: int, context: int, dtype_bytes: int = 2) -> StepCost:
+    """Bytes (``decode_step_bytes``: weights once, of the embedding table only the rows looked up, every sequence's
+    KV cache) and FLOPs (``decode_step_flops``: 2 per weight multiplied per sequence, plus attention over the
+    context) of one decoding step: the script's own functions, so the prediction uses what the run reports."""
+    s = script()
+    return StepCost(batch, context, s.decode_step_bytes(cfg, batch, context, dtype_bytes), s.decode_step_flops(cfg, batch, context))
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    """One measured ceiling and where it comes from."""
+
+    value: float
+    unit: str  # GB/s or TFLOP/s
+    gpu: str
+    source: str  # the file, as artifacts/<chapter>/<name>
+    how: str
+
+    def describe(self) -> str:
+        return f"{self.value:,.1f} {self.unit} on {self.gpu} ({self.how}; {self.source})"
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    """A GPU's measured device-copy bandwidth (bytes read + written per second) and BF16 matrix-product rate."""
+
+    copy: Ceiling
+    matmul: Ceiling
+
+    @property
+    def gpu(self) -> str:
+        return self.copy.gpu
+
+    @property
+    def copy_gbps(self) -> float:
+        return self.copy.value
+
+    @property
+    def matmul_tflops(self) -> float:
+        return self.matmul.value
+
+    @property
+    def ridge(self) -> float:
+        """FLOPs per byte where the two ceilings meet: a step of lower intensity is memory-bound."""
+        return self.matmul_tflops * 1e12 / (self.copy_gbps * 1e9)
+
+
+def _found(chapter: str, name: str, prefer: str) -> FoundCapture | None:
+    try:
+        return find_capture(chapter, name, prefer=prefer)
+    except ReferenceMissing:
+        return None
+
+
+def _gpu_of(found: FoundCapture, data: dict[str, Any]) -> str:
+    return str((data.get("machine") or {}).get("gpu_name") or found.machine.get("gpu_name") or "an unnamed GPU")
+
+
+def _speed_of_light(prefer: str) -> list[Ceiling]:
+    """Chapter 0's device copy (1 GiB, read + write counted) and BF16 product (8192^3)."""
+    found = _found("ch00", "speed_of_light.json", prefer)
+    if found is None:
+        return []
+    data = found.json()
+    gpu, source = _gpu_of(found, data), f"artifacts/ch00/{found.path.name}"
+    out = []
+    for f in data.get("figures", []):
+        if f["key"] in ("d2d", "matmul_bf16"):
+            out.append(Ceiling(float(f["value"]), f["unit"], gpu, source, f"chapter 0, {f['label']}, {f['how']}"))
+    return out
+
+
+def _transpose_copy(folder: str, prefer: str) -> list[Ceiling]:
+    """Chapter 4's device copy, measured beside its transposes with chapter 0's method."""
+    found = _found(folder, "transpose.json", prefer)
+    if found is None:
+        return []
+    data = found.json()
+    if not data.get("device_copy_gbps"):
+        return []
+    return [Ceiling(float(data["device_copy_gbps"]), "GB/s", _gpu_of(found, data), f"artifacts/{folder}/{found.path.name}",
+                    f"chapter 4, device-to-device copy (read + write), {data.get('device_copy_how')}")]
+
+
+def _ladder_cublas(name: str, prefer: str) -> list[Ceiling]:
+    """Chapter 11's cuBLAS BF16 product (4096^3, BF16 out): the median over its processes."""
+    found = _found("ch11", name, prefer)
+    if found is None:
+        return []
+    runs = found.json().get("runs", [])
+    rates = [r["rate"] for run in runs for r in run.get("results", []) if r.get("name") == "cublas_bf16_out"]
+    if not rates:
+        return []
+    gpu = _gpu_of(found, runs[0])
+    return [Ceiling(float(statistics.median(rates)), "TFLOP/s", gpu, f"artifacts/ch11/{found.path.name}",
+                    f"chapter 11, cuBLAS BF16 product {found.json().get('size')}^3 with BF16 out, median of "
+                    f"{len(rates)} processes ({min(rates):,.1f} to {max(rates):,.1f})")]
+
+
+def ceiling_records(prefer: str = "reference") -> list[Ceiling]:
+    """Every device-copy and BF16-product ceiling the course recorded, in the order :func:`recorded_ceilings` prefers
+    them: chapter 0's (measured for this purpose) before chapter 4's copy and chapter 11's cuBLAS product."""
+    return [*_speed_of_light(prefer), *_transpose_copy("ch04", prefer), *_transpose_copy("ch04_h200", prefer),
+            *_ladder_cublas("ladder.json", prefer), *_ladder_cublas("ladder_h200.json", prefer)]
+
+
+def recorded_ceilings(gpu: str | None = None, prefer: str = "reference") -> Ceilings:
+    """The course's measured copy bandwidth and BF16 rate for ``gpu`` (its name as the driver reports it; default:
+    the GPU of chapter 0's figures). ``prefer="this machine"`` lets a reader's own captures come first."""
+    records = ceiling_records(prefer)
+    if gpu is None:
+        first = next((c for c in records if c.source.startswith("artifacts/ch00/")), records[0] if records else None)
+        if first is None:
+            raise GpuprofError("The course recorded no device copy or BF16 product.",
+                               "Restore artifacts/ with git, or run chapter 0 on a GPU.")
+        gpu = first.gpu
+    copy = next((c for c in records if c.gpu == gpu and c.unit == "GB/s"), None)
+    matmul = next((c for c in records if c.gpu == gpu and c.unit == "TFLOP/s"), None)
+    if copy is None or matmul is None:
+        have = sorted({c.gpu for c in records})
+        raise GpuprofError(f"The course recorded no {'device copy' if copy is None else 'BF16 product'} on {gpu}; "
+                           f"it has figures for {', '.join(have) or 'no GPU'}.",
+                           "Run chapter 0 on this GPU, or pass one of those names.")
+    return Ceilings(copy, matmul)
+
+
+def roofline_ms(cost: StepCost, ceilings: Ceilings) -> tuple[float, float]:
+    """(memory time, compute time) of a step in ms at the ceilings: its bytes at the copy bandwidth, its FLOPs at
+    the BF16 rate. The roofline's step takes the larger; a real one at least that."""
+    return cost.bytes / (ceilings.copy_gbps * 1e9) * 1e3, cost.flops / (ceilings.matmul_tflops * 1e12) * 1e3
+
+
+def crossover_batch(cfg: Any, context: int, copy_gbps: float, matmul_tflops: float, dtype_bytes: int = 2) -> float | None:
+    """The batch at which a decoding step at ``context`` turns compute-bound: memory time = compute time.
+
+    Both are linear in the batch n: bytes = W + n.b1 (W: the weights; b1: a sequence's KV cache and embedding
+    row), FLOPs = n.f1. So n* = (W / B) / (f1 / R - b1 / B), computed from :func:`step_cost` at two batches (the
+    script's own arithmetic). None when f1 / R <= b1 / B: each added sequence costs more time to read than to
+    compute, and the step stays memory-bound at every batch.
+    """
+    one, two = step_cost(cfg, 1, context, dtype_bytes), step_cost(cfg, 2, context, dtype_bytes)
+    per_seq_bytes, per_seq_flops = two.bytes - one.bytes, two.flops - one.flops
+    fixed_bytes = one.bytes - per_seq_bytes
+    bw, rate = copy_gbps * 1e9, matmul_tflops * 1e12
+    margin = per_seq_flops / rate - per_seq_bytes / bw
+    if margin <= 0:
+        return None
+    return (fixed_bytes / bw) / margin
+
+
+def prediction_table(cfg: Any, batches: Sequence[int], context: int, ceilings: Ceilings, dtype_bytes: int = 2) -> pd.DataFrame:
+    """Per batch, the roofline's step: bytes, FLOPs, intensity, memory and compute ms, the step (the larger), which
+    bounds it, tokens per second, and the ms per step per sequence (a token's share of the step)."""
+    rows = []
+    for b in batches:
+        cost = step_cost(cfg, b, context, dtype_bytes)
+        mem, comp = roofline_ms(cost, ceilings)
+        step = max(mem, comp)
+        rows.append({"batch": b, "GB_per_step": cost.bytes / 1e9, "GFLOP_per_step": cost.flops / 1e9,
+                     "FLOP_per_byte": cost.intensity, "memory_ms": mem, "compute_ms": comp, "step_ms": step,
+                     "bound": "memory" if mem >= comp else "compute", "tokens_per_s": b / (step / 1e3),
+                     "ms_per_token": step / b})
+    return pd.DataFrame(rows).set_index("batch")
+
+
+def kv_capacity(cfg: Any, free_bytes: int, context: int, dtype_bytes: int = 2, reserve_bytes: int = 0) -> int:
+    """The largest batch whose KV caches of ``context`` tokens each fit in ``free_bytes`` beside the weights and
+    ``reserve_bytes`` (activations, the allocator's slack); 0 if not even one does."""
+    room = free_bytes - cfg.params * dtype_bytes - reserve_bytes
+    per_seq = context * cfg.kv_bytes_per_token(dtype_bytes)
+    return max(0, room // per_seq)
+
+
+def max_context(cfg: Any, free_bytes: int, batch: int, dtype_bytes: int = 2, reserve_bytes: int = 0) -> int:
+    """The longest context each of ``batch`` sequences can cache in ``free_bytes`` beside the weights; 0 if none."""
+    room = free_bytes - cfg.params * dtype_bytes - reserve_bytes
+    return max(0, room // (batch * cfg.kv_bytes_per_token(dtype_bytes)))
+
+
+def capacity_table(cfg: Any, free_bytes: int, contexts: Sequence[int], dtype_bytes: int = 2,
+                   reserve_bytes: int = 0) -> pd.DataFrame:
+    """Per context length: a sequence's KV cache in MiB, the largest batch that fits, and the tokens cached then."""
+    per_token = cfg.kv_bytes_per_token(dtype_bytes)
+    rows = []
+    for c in contexts:
+        n = kv_capacity(cfg, free_bytes, c, dtype_bytes, reserve_bytes)
+        rows.append({"context": c, "kv_MiB_per_sequence": c * per_token / 2**20, "largest_batch": n,
+                     "cached_tokens": n * c, "kv_GiB": n * c * per_token / 2**30})
+    return pd.DataFrame(rows).set_index("context")
+
+
+# ----- the script's results -----
+
+def run_decode(filename: str, args: Sequence[str], timeout_s: int = 600) -> FoundCapture:
+    """Run the script with ``args`` on this machine's GPU into ``ch12/<filename>``, or give the course's reference."""
+    from ..script_results import run_for_json
+
+    return run_for_json(CHAPTER, filename, SCRIPT, list(args), timeout_s=timeout_s)
+
+
+def load_results(source: FoundCapture | str | Path | dict[str, Any]) -> dict[str, Any]:
+    if isinstance(source, dict):
+        return source
+    if isinstance(source, FoundCapture):
+        return source.json()
+    return json.loads(Path(source).read_text())
+
+
+def rows_table(source: FoundCapture | str | Path | dict[str, Any], ceilings: Ceilings | None = None) -> pd.DataFrame:
+    """One row per (rung, batch): prefill ms and TFLOP/s, decode ms per step (median, quartiles), tokens/s, GB and
+    GFLOP per step, GB/s and TFLOP/s achieved, the check; with ``ceilings``, the achieved shares of the copy
+    bandwidth and of the BF16 rate (prefill's too)."""
+    res = load_results(source)
+    rows = []
+    for r in res["rows"]:
+        row = {"rung": r["rung"], "batch": r["batch"], "prefill_ms": r["prefill_ms"], "prefill_tflops": r["prefill_tflops"],
+               "ms_per_step": r["decode_ms_per_step"], "q1_ms": r["decode_ms_q1"], "q3_ms": r["decode_ms_q3"],
+               "tokens_per_s": r["decode_tokens_per_s"], "GB_per_step": r["bytes_per_step"] / 1e9,
+               "GFLOP_per_step": r["flops_per_step"] / 1e9, "GB_per_s": r["decode_gbps"], "TFLOP_per_s": r["decode_tflops"],
+               "check": r["check"]["status"], "setup_s": r["setup_s"]}
+        if ceilings is not None:
+            row["share_of_copy"] = r["decode_gbps"] / ceilings.copy_gbps
+            row["share_of_matmul"] = r["decode_tflops"] / ceilings.matmul_tflops
+            row["prefill_share_of_matmul"] = r["prefill_tflops"] / ceilings.matmul_tflops
+        rows.append(row)
+    return pd.DataFrame(rows).set_index(["rung", "batch"])
+
+
+def measured_knee(table: pd.DataFrame, rung: str, cfg: Any, context: int, dtype_bytes: int = 2) -> float | None:
+    """Where one rung's measured sweep turns, by the same formula as the prediction (:func:`crossover_batch`) with
+    the rates the rung achieved: the bandwidth at its smallest batch (memory-bound there) and the FLOP rate at its
+    largest. Meaningful only when the largest batch is past the turn (its step grows with its FLOPs): a sweep that
+    stops short of it underrates the FLOP rate and puts the turn too early. ``table``: :func:`rows_table`."""
+    t = table.xs(rung, level="rung").sort_index()
+    if len(t) < 2:
+        raise GpuprofError(f"{rung} was measured at {len(t)} batch size(s); the knee needs two or more.",
+                           "Run the script with --batch 1,2,4,... .")
+    return crossover_batch(cfg, context, float(t["GB_per_s"].iloc[0]), float(t["TFLOP_per_s"].iloc[-1]), dtype_bytes)
+
+
+# ----- an Nsight Systems capture of the loop -----
+
+RUNG_RANGE = re.compile(r"^rung_(?P<rung>\w+?)_b(?P<batch>\d+)$")
+STEP_RANGE = re.compile(r"^decode_step_(?P<step>\d+)$")
+# Kernel launches by the CPU (PyTorch's own kernels, cuBLAS's, Triton's) and graph launches, by name with or without
+# the export's entry-point version (cudaLaunchKernel_v7000, cudaGraphLaunch_v10000).
+LAUNCH_CALLS = re.compile(r"^(?:cudaLaunchKernel|cudaLaunchKernelExC|cuLaunchKernel|cuLaunchKernelEx)(?:_v\d+)?$")
+GRAPH_LAUNCH = re.compile(r"^cudaGraphLaunch(?:_v\d+)?$")
+# nsys over the timed generations of one batch (the script calls cudaProfilerStart/Stop around them); each kernel of a
+# replayed graph recorded as its own row, so kernels per step count the same way with and without a graph.
+CAPTURE_OPTIONS = ["--sample=none", "--cpuctxsw=none", "--capture-range=cudaProfilerApi", "--capture-range-end=stop",
+                   "--cuda-graph-trace=node"]
+
+
+def capture_decode(name: str, args: Sequence[str]) -> Any:
+    """nsys over the script with ``args`` (give one ``--batch``: the capture holds the first batch's timed
+    generations) into ``ch12/<name>.sqlite``; without a GPU or nsys, the course's reference capture."""
+    from ..nsys.capture import nsys_capture
+
+    return nsys_capture(CHAPTER, name, SCRIPT, list(args), options=CAPTURE_OPTIONS)
+
+
+def decode_steps(path: str | Path) -> pd.DataFrame:
+    """One row per decoding step of each rung in the capture: rung, batch, step, cpu_ms (the step's NVTX range: the
+    CPU's time to issue it), api_ms (CUDA API calls inside it), launch_calls (kernel launches by the CPU),
+    graph_launches, kernels (launched inside it, graph nodes included), gpu_ms (their busy time), and the range's
+    and the kernels' first start and last end (ns)."""
+    ranges = ns.nvtx_ranges(path)
+    runtime = ns.runtime_calls(path)
+    kernels = ns.kernels(path, launch=False)
+    if ranges.empty:
+        raise GpuprofError(f"{Path(path).name} holds no NVTX ranges.", "Capture with --trace=cuda,nvtx.")
+    rungs = ranges[ranges["text"].str.match(RUNG_RANGE)]
+    steps = ranges[ranges["text"].str.match(STEP_RANGE)].copy()
+    if rungs.empty or steps.empty:
+        raise GpuprofError(f"{Path(path).name} holds no rung_<RUNG>_b<BATCH> range with decode_step_N ranges inside.",
+                           "Capture llm_decode.py with --capture-range=cudaProfilerApi (its timed generations).")
+    runtime = runtime.assign(launch=runtime["name"].str.match(LAUNCH_CALLS),
+                             graph=runtime["name"].str.match(GRAPH_LAUNCH))
+    hits = ta.attribute_kernels(kernels, runtime, steps, rule="thread")
+    by_step = {k: g for k, g in hits.groupby("range_start", sort=False)}
+    rows = []
+    for r in rungs.sort_values("start").itertuples():
+        m = RUNG_RANGE.match(r.text)
+        inner = steps[(steps["start"] >= r.start) & (steps["end"] <= r.end) & (steps["globalTid"] == r.globalTid)]
+        for s in inner.sort_values("start").itertuples():
+            calls = ta.inside(runtime[runtime["globalTid"] == s.globalTid], (int(s.start), int(s.end)))
+            mine = by_step.get(s.start)
+            busy, k_start, k_end = 0.0, np.nan, np.nan
+            if mine is not None and len(mine):
+                a, b = ta.merge_intervals(mine["start"].to_numpy(), mine["end"].to_numpy())
+                busy, k_start, k_end = float((b - a).sum()), float(mine["start"].min()), float(mine["end"].max())
+            rows.append({"rung": m["rung"], "batch": int(m["batch"]), "step": int(STEP_RANGE.match(s.text)["step"]),
+                         "cpu_ms": (s.end - s.start) / 1e6, "api_ms": float((calls["end"] - calls["start"]).sum()) / 1e6,
+                         "launch_calls": int(calls["launch"].sum()), "graph_launches": int(calls["graph"].sum()),
+                         "kernels": 0 if mine is None else len(mine), "gpu_ms": busy / 1e6,
+                         "range_start": int(s.start), "range_end": int(s.end), "kernel_start": k_start, "kernel_end": k_end})
+    return pd.DataFrame(rows)
+
+
+def capture_summary(path: str | Path, busy_threshold: float = 0.9) -> pd.DataFrame:
+    """Per (rung, batch) of a capture: decoding steps, kernels and CPU launch calls per step, the CPU's ms per step
+    (median of the steps' NVTX ranges) and its CUDA API ms per step, the step's period on the GPU (first decode
+    kernel's start to the last one's end, over the steps), the GPU's busy ms per step and busy share over that
+    span, and the bound the capture names:
+
+    * ``GPU``: busy for at least ``busy_threshold`` of the span (the kernels themselves set the pace);
+    * ``CPU``: idle for more than that, while the CPU's time to issue a step is at least ``busy_threshold`` of the
+      step's period (the GPU waits for launches);
+    * ``neither``: idle, with the CPU not the reason (a synchronisation, a copy: look at the timeline).
+    """
+    steps = decode_steps(path)
+    rows = []
+    for (rung, batch), g in steps.groupby(["rung", "batch"], sort=False):
+        span = float(g["kernel_end"].max() - g["kernel_start"].min()) / 1e6
+        n = len(g)
+        period = span / n if n else float("nan")
+        busy = float(g["gpu_ms"].sum())
+        cpu = float(g["cpu_ms"].median())
+        share = busy / span if span > 0 else float("nan")
+        bound = "GPU" if share >= busy_threshold else ("CPU" if cpu >= busy_threshold * period else "neither")
+        rows.append({"rung": rung, "batch": batch, "steps": n, "kernels_per_step": g["kernels"].mean(),
+                     "launch_calls_per_step": g["launch_calls"].mean(), "graph_launches_per_step": g["graph_launches"].mean(),
+                     "cpu_ms_per_step": cpu, "api_ms_per_step": float(g["api_ms"].median()), "gpu_period_ms": period,
+                     "gpu_busy_ms_per_step": busy / n, "busy_share": share, "bound": bound})
+    return pd.DataFrame(rows).set_index(["rung", "batch"])

@@ -1,0 +1,201 @@
+"""gpuprof.studies.llm_inference: the decode roofline's arithmetic, the recorded ceilings it reads, the KV-cache
+capacity, the script's results as tables, and the reader of an Nsight Systems capture of the decoding loop (on a
+synthetic export whose answers are known)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import statistics
+
+import pytest
+
+from gpuprof.artifacts import REPO_ROOT
+from gpuprof.errors import GpuprofError
+from gpuprof.studies import llm_inference as li
+
+ART = REPO_ROOT / "artifacts"
+CFG = li.model_config("8b")
+GIB = 2**30
+WEIGHTS = 8_030_261_248 * 2  # bf16
+KV_TOKEN = 131072  # 2 x 32 layers x 8 heads x 128 x 2 bytes
+
+
+def _json(path):
+    return json.loads((ART / path).read_text())
+
+
+def test_ceilings_are_read_from_the_course_files_with_their_gpu():
+    sol = _json("ch00/speed_of_light.json")
+    gpu = _json("ch00/provenance.json")["files"]["speed_of_light.json"]["machine"]["gpu_name"]
+    figures = {f["key"]: f["value"] for f in sol["figures"]}
+    c = li.recorded_ceilings()
+    assert c.gpu == c.copy.gpu == c.matmul.gpu == gpu
+    assert c.copy_gbps == figures["d2d"] and c.matmul_tflops == figures["matmul_bf16"]
+    assert c.copy.source == c.matmul.source == "artifacts/ch00/speed_of_light.json"
+    assert c.ridge == pytest.approx(figures["matmul_bf16"] * 1e12 / (figures["d2d"] * 1e9))
+
+
+def test_an_h200_without_chapter_0_figures_gets_chapter_4s_copy_and_chapter_11s_cublas():
+    transpose = _json("ch04_h200/transpose.json")
+    ladder = _json("ch11/ladder_h200.json")
+    assert transpose["machine"]["gpu_name"] == "NVIDIA H200"
+    rates = [r["rate"] for run in ladder["runs"] for r in run["results"] if r["name"] == "cublas_bf16_out"]
+    c = li.recorded_ceilings("NVIDIA H200")
+    assert c.copy_gbps == transpose["device_copy_gbps"] and c.copy.source == "artifacts/ch04_h200/transpose.json"
+    assert c.matmul_tflops == statistics.median(rates) and f"median of {len(rates)} processes" in c.matmul.how
+    with pytest.raises(GpuprofError, match=r"no device copy on NVIDIA A100.*it has figures for NVIDIA H100 80GB HBM3, "
+                                           r"NVIDIA H200"):
+        li.recorded_ceilings("NVIDIA A100")
+
+
+def test_step_cost_is_the_scripts_arithmetic():
+    s = li.script()
+    cost = li.step_cost(CFG, 8, 640)
+    assert cost.bytes == s.decode_step_bytes(CFG, 8, 640, 2) and cost.flops == s.decode_step_flops(CFG, 8, 640)
+    assert cost.intensity == cost.flops / cost.bytes
+    # batch 1: about 1 FLOP per byte (2 FLOPs per 2-byte weight), far below any GPU's ridge
+    assert 0.9 < li.step_cost(CFG, 1, 1).intensity < 1.1
+
+
+def _ceilings(gbps, tflops):
+    return li.Ceilings(li.Ceiling(gbps, "GB/s", "G", "x", "test"), li.Ceiling(tflops, "TFLOP/s", "G", "x", "test"))
+
+
+def test_the_crossover_is_where_memory_time_equals_compute_time():
+    bw, rate = 3000.0, 800.0
+    for context in (1, 64, 144):
+        n = li.crossover_batch(CFG, context, bw, rate)
+        # written out: weights (less the embedding rows not looked up) over the bandwidth, over the margin each
+        # sequence adds: its FLOPs at the rate less its bytes (KV cache and embedding row) at the bandwidth
+        fixed = WEIGHTS - 128256 * 4096 * 2
+        per_bytes, per_flops = 4096 * 2 + context * KV_TOKEN, 2 * CFG.matmul_params + 4 * 32 * 32 * 128 * context
+        assert n == pytest.approx((fixed / (bw * 1e9)) / (per_flops / (rate * 1e12) - per_bytes / (bw * 1e9)))
+        table = li.prediction_table(CFG, [int(n), int(n) + 1], context, _ceilings(bw, rate))
+        assert list(table["bound"]) == ["memory", "compute"]
+        mem, comp = li.roofline_ms(li.step_cost(CFG, 1, context), _ceilings(bw, rate))
+        assert mem > comp  # batch 1 is memory-bound
+    # More bandwidth, same rate: memory time shrinks, the turn comes at a smaller batch.
+    assert li.crossover_batch(CFG, 64, 2 * bw, rate) < li.crossover_batch(CFG, 64, bw, rate)
+    # At 576 tokens a sequence's cache (72 MiB) takes longer to read at 3 TB/s than its 15 GFLOP at 800 TFLOP/s:
+    # memory-bound at every batch.
+    assert li.crossover_batch(CFG, 576, bw, rate) is None
+
+
+def test_kv_capacity_is_the_largest_batch_that_fits_beside_the_weights():
+    free = 80 * GIB
+    for context in (512, 2048, 8192):
+        n = li.kv_capacity(CFG, free, context)
+        assert WEIGHTS + n * context * KV_TOKEN <= free < WEIGHTS + (n + 1) * context * KV_TOKEN
+        assert li.max_context(CFG, free, n) >= context
+    assert li.kv_capacity(CFG, free, 2048, reserve_bytes=4 * GIB) < li.kv_capacity(CFG, free, 2048)
+    assert li.kv_capacity(CFG, 10 * GIB, 512) == 0 and li.max_context(CFG, 10 * GIB, 1) == 0  # the weights alone: 15 GiB
+    table = li.capacity_table(CFG, free, [2048])
+    assert table.loc[2048, "kv_MiB_per_sequence"] == 256.0 and table.loc[2048, "largest_batch"] == li.kv_capacity(CFG, free, 2048)
+
+
+def _results():
+    row = {"rung": "graph", "batch": 1, "prefill_ms": 10.0, "prefill_tflops": 500.0, "decode_ms_per_step": 6.0,
+           "decode_ms_q1": 5.9, "decode_ms_q3": 6.1, "decode_tokens_per_s": 166.0, "bytes_per_step": 15e9,
+           "flops_per_step": 15e9, "decode_gbps": 2500.0, "decode_tflops": 2.5, "check": {"status": "identical"},
+           "setup_s": 1.0}
+    big = {**row, "batch": 512, "decode_gbps": 1500.0, "decode_tflops": 400.0}
+    return {"rows": [row, big]}
+
+
+def test_rows_table_sets_the_rates_against_the_ceilings():
+    t = li.rows_table(_results(), _ceilings(3000.0, 800.0))
+    r = t.loc[("graph", 1)]
+    assert r["share_of_copy"] == pytest.approx(2500 / 3000) and r["share_of_matmul"] == pytest.approx(2.5 / 800)
+    assert r["prefill_share_of_matmul"] == pytest.approx(500 / 800) and r["check"] == "identical"
+    # the measured knee: the crossover formula with batch 1's bandwidth and batch 512's FLOP rate
+    assert li.measured_knee(t, "graph", CFG, 64) == pytest.approx(li.crossover_batch(CFG, 64, 2500.0, 400.0))
+    with pytest.raises(GpuprofError, match="needs two or more"):
+        li.measured_knee(t.drop(("graph", 512)), "graph", CFG, 64)
+
+
+def test_rows_table_reads_a_cpu_run_of_the_script(tmp_path):
+    out = tmp_path / "r.json"
+    assert li.script().main(["--cpu", "--batch", "1,2", "--prompt-len", "6", "--new-tokens", "3", "--json", str(out)]) == 0
+    t = li.rows_table(out)
+    assert list(t.index) == [(r, b) for b in (1, 2) for r in ("eager_dynamic", "eager_static", "eager_fixed")]
+    assert (t["GB_per_s"] > 0).all() and set(t["check"]) == {"identical", "reference"}
+
+
+# ----- the capture reader, on a synthetic export -----
+
+MS = 1_000_000
+TID = (100 << 24) | 101
+
+
+def _export(path):
+    """Two rungs of three decoding steps each, on one thread.
+
+    eager_static: each step's NVTX range lasts 10 ms, with four cudaLaunchKernel calls of 0.5 ms; each kernel runs
+    1 ms, 0.1 ms after its launch: 4 ms of work per 10 ms step (the GPU waits for the CPU).
+    graph: each step's range lasts 0.1 ms with one cudaGraphLaunch (0.05 ms) whose four kernels run back to back
+    for 1 ms each: the GPU busy all along, the CPU far ahead.
+    """
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE StringIds (id INTEGER, value TEXT)")
+    con.executemany("INSERT INTO StringIds VALUES (?, ?)",
+                    [(1, "gemm"), (2, "cudaLaunchKernel_v7000"), (3, "cudaGraphLaunch_v10000")])
+    con.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INT, end INT, deviceId INT, streamId INT, "
+                "correlationId INT, globalPid INT, shortName INT, demangledName INT)")
+    con.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_RUNTIME (start INT, end INT, nameId INT, correlationId INT, globalTid INT)")
+    con.execute("CREATE TABLE NVTX_EVENTS (start INT, end INT, eventType INT, globalTid INT, text TEXT)")
+    nvtx = [(0, 40 * MS, "rung_eager_static_b1"), (0, 1 * MS, "prefill")]
+    corr = 0
+    for i in range(3):
+        s = 1 * MS + i * 10 * MS
+        nvtx.append((s, s + 10 * MS, f"decode_step_{i}"))
+        for j in range(4):
+            corr += 1
+            launch = s + (1 + 2 * j) * MS
+            con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?,?,?,?,?)", (launch, launch + MS // 2, 2, corr, TID))
+            k = launch + MS // 10
+            con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?,?,?,?,?,?,?,?)", (k, k + MS, 0, 7, corr, 100 << 24, 1, 1))
+    nvtx.append((50 * MS, 70 * MS, "rung_graph_b1"))
+    for i in range(3):
+        s = 51 * MS + i * MS // 10
+        nvtx.append((s, s + MS // 10, f"decode_step_{i}"))
+        corr += 1
+        con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?,?,?,?,?)", (s + MS // 100, s + 6 * MS // 100, 3, corr, TID))
+        for j in range(4):
+            k = 52 * MS + (4 * i + j) * MS
+            con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?,?,?,?,?,?,?,?)", (k, k + MS, 0, 7, corr, 100 << 24, 1, 1))
+    con.executemany("INSERT INTO NVTX_EVENTS VALUES (?,?,59,?,?)", [(a, b, TID, t) for a, b, t in nvtx])
+    con.commit()
+    con.close()
+
+
+def test_the_capture_reader_names_the_launch_bound_loop_and_the_graph(tmp_path):
+    path = tmp_path / "decode.sqlite"
+    _export(path)
+    steps = li.decode_steps(path)
+    assert len(steps) == 6 and list(steps["step"]) == [0, 1, 2, 0, 1, 2]
+    assert (steps["kernels"] == 4).all()
+    s = li.capture_summary(path)
+    eager, graph = s.loc[("eager_static", 1)], s.loc[("graph", 1)]
+    assert eager["launch_calls_per_step"] == 4 and eager["graph_launches_per_step"] == 0
+    assert graph["launch_calls_per_step"] == 0 and graph["graph_launches_per_step"] == 1
+    assert eager["cpu_ms_per_step"] == pytest.approx(10.0) and eager["api_ms_per_step"] == pytest.approx(2.0)
+    # eager: 12 ms of kernels from 2.1 ms to 29.1 ms; graph: 12 ms from 52 to 64 ms
+    assert eager["gpu_period_ms"] == pytest.approx(27.0 / 3) and eager["busy_share"] == pytest.approx(12 / 27)
+    assert graph["busy_share"] == pytest.approx(1.0) and graph["gpu_busy_ms_per_step"] == pytest.approx(4.0)
+    assert eager["bound"] == "CPU" and graph["bound"] == "GPU"
+    assert graph["cpu_ms_per_step"] == pytest.approx(0.1)
+
+
+def test_a_capture_without_the_scripts_ranges_is_refused(tmp_path):
+    path = tmp_path / "plain.sqlite"
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE StringIds (id INTEGER, value TEXT)")
+    con.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INT, end INT, deviceId INT, streamId INT, "
+                "correlationId INT, globalPid INT, shortName INT, demangledName INT)")
+    con.execute("CREATE TABLE NVTX_EVENTS (start INT, end INT, eventType INT, globalTid INT, text TEXT)")
+    con.execute("INSERT INTO NVTX_EVENTS VALUES (0, 10, 59, 1, 'step_0')")
+    con.commit()
+    con.close()
+    with pytest.raises(GpuprofError, match=r"no rung_<RUNG>_b<BATCH> range"):
+        li.decode_steps(path)
