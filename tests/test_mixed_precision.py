@@ -364,3 +364,14 @@ def test_census_by_group_splits_where_the_devices_differ(tmp_path):
     (tmp_path / "other.json").write_text(json.dumps(other))
     with pytest.raises(GpuprofError, match="different models"):
         mp.census_by_group(tmp_path / "other.json")
+
+
+def test_the_gpu_fp16_loss_split_is_the_training_runs_first_step():
+    """artifacts/ch10/gpu_census.json's unscaled FP16 backward zeroed exactly what the training run's first
+    fp16-noscaler step zeroed (artifacts/ch10/modes.json), and its ranges add up to it per group."""
+    split = mp.fp16_loss_split()
+    runs = json.loads((REPO_ROOT / "artifacts" / "ch10" / "modes.json").read_text())["runs"]
+    lost = {r["underflowed_grad_elements"] for r in runs if r.get("mode") == "fp16-noscaler" and r.get("batch") == 32
+            and r["kind"] == "time"}
+    assert lost == {int(split.loc["total", "lost"])}
+    assert (split["lost"] == split[["below_fp16_subnormal", "fp16_subnormal", "fp16_normal"]].sum(axis=1)).all()

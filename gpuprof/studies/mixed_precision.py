@@ -35,7 +35,7 @@ from ..runner import portable_command, python_target
 
 __all__ = ["SCRIPT", "MODES", "FAILURE", "SMALL_BATCH", "LARGE_BATCH", "ROUNDS", "BUDGET_GIB", "run_plan", "run_study",
            "timing_table", "speedup_floor", "fit_table", "loss_curves", "loss_agreement", "underflow_table",
-           "scale_history", "underflow_top", "CPU_CENSUS", "GPU_CENSUS", "census_against_cpu", "census_by_group", "memory_per_sequence", "capture_mode", "capture_summary", "gemm_kernels",
+           "scale_history", "underflow_top", "CPU_CENSUS", "GPU_CENSUS", "census_against_cpu", "census_by_group", "fp16_loss_split", "memory_per_sequence", "capture_mode", "capture_summary", "gemm_kernels",
            "matmul_work", "PHASES", "OPTIMIZER", "phase_work", "scaler_work", "CAST", "SCALER", "figure"]
 
 SCRIPT = REPO_ROOT / "examples" / "nsys" / "mixed_precision.py"
@@ -276,6 +276,22 @@ def census_by_group(gpu_path: str | Path = GPU_CENSUS, cpu_path: str | Path = CP
     out["below_diff"] = out["below_gpu"] - out["below_cpu"]
     out.attrs.update(torch={"gpu": gpu["provenance"]["torch"], "cpu": cpu["provenance"]["torch"]},
                      gpu_name=gpu["machine"].get("gpu_name"))
+    return out
+
+
+def fp16_loss_split(path: str | Path = GPU_CENSUS) -> pd.DataFrame:
+    """What one unscaled FP16 backward of the first step zeroed (the ``--census`` record's ``fp16_noscaler_lost``),
+    per parameter group and by the range the FP32 reference puts each zeroed element in: ``below_fp16_subnormal``
+    (|g| < 2^-25), ``fp16_subnormal``, ``fp16_normal``; with a ``total`` row. It answers what the census of FP32
+    magnitudes cannot: which elements FP16 actually loses."""
+    import json
+
+    split = json.loads(Path(path).read_text())["fp16_noscaler_lost"]
+    cols = ["lost", "below_fp16_subnormal", "fp16_subnormal", "fp16_normal"]
+    out = pd.DataFrame.from_dict(split["by_group"], orient="index")[cols].rename_axis("group")
+    out.loc["total"] = out.sum()
+    if int(out.loc["total", "lost"]) != split["lost"]:
+        raise GpuprofError(f"{path}: the groups' lost elements do not add up to its total {split['lost']:,}")
     return out
 
 
