@@ -155,6 +155,46 @@ class _Interner:
         return out
 
 
+class _Codes:
+    """A block's distinct values in order of first use, and each event's code (its index there).
+
+    Values that cannot be hashed get a code each. Mapped through the file's :class:`_Interner` in
+    block order (:func:`_lut`), the codes give the same objects the interner would have given event by
+    event: the first of equal values is the one kept.
+    """
+
+    def __init__(self) -> None:
+        self.index: dict[Any, int] = {}
+        self.odd: dict[int, Any] = {}
+
+    def __call__(self, values: list[Any]) -> np.ndarray:
+        idx = self.index
+        try:
+            codes = [idx.setdefault(v, len(idx)) for v in values]
+        except TypeError:  # an unhashable value (a list as a name): a code of its own
+            codes = []
+            for v in values:
+                if v.__hash__ is None:
+                    self.odd[len(idx)] = v
+                    idx[object()] = len(idx)
+                    codes.append(len(idx) - 1)
+                else:
+                    codes.append(idx.setdefault(v, len(idx)))
+        return np.array(codes, dtype=np.int32)
+
+    def values(self) -> list[Any]:
+        return [self.odd[i] if i in self.odd else v for i, v in enumerate(self.index)]
+
+
+def _lut(values: list[Any], names: "_Interner") -> np.ndarray:
+    """A block's distinct values as the file's interned objects, indexable by the block's codes."""
+    s = names.seen
+    out = np.empty(len(values), dtype=object)
+    for i, v in enumerate(values):
+        out[i] = s.setdefault(v, v) if v.__hash__ is not None else v
+    return out
+
+
 class _Kind:
     """One kind's complete events, as column chunks: grows by a block at a time."""
 
@@ -164,22 +204,37 @@ class _Kind:
         self.n_chunks = 0
         self.lengths: list[int] = []
 
-    def add(self, events: list[dict], names: _Interner, pairs: dict[tuple[str, str], int]) -> None:
-        self.chunks["start"].append(_to_ns(_numbers([e.get("ts") for e in events])))
-        dur = _numbers([e.get("dur") for e in events])
-        self.chunks["dur"].append(_to_ns(np.where(np.isfinite(dur), dur, 0.0)))
+    def add(self, part: dict[str, Any], lut: np.ndarray, pair_lut: np.ndarray) -> None:
+        """Append one block's part (:func:`_reduce_kind`), its value and pair codes turned into this file's."""
+        self.chunks["start"].append(part["start"])
+        self.chunks["dur"].append(part["dur"])
         for c in ("name", "cat", "pid", "tid"):
-            self.chunks[c].append(names([e.get(c) for e in events]))
-        self.chunks["pair"].append(np.fromiter(
-            (pairs.setdefault((str(e.get("pid")), str(e.get("tid"))), len(pairs)) for e in events), dtype=np.int64,
-            count=len(events)))
-        args = [a if isinstance(a := e.get("args"), dict) else {} for e in events]
-        for key, col in ARG_COLUMNS.items():
-            vals = [a.get(key) for a in args]
-            if any(v is not None for v in vals) or any(key in a for a in args):
-                self.args.setdefault(col, []).append((self.n_chunks, _column(vals, col)))
-        self.lengths.append(len(events))
+            self.chunks[c].append(lut[part[c]])
+        self.chunks["pair"].append(pair_lut[part["pair"]])
+        for col, values in part["args"].items():
+            self.args.setdefault(col, []).append((self.n_chunks, values))
+        self.lengths.append(part["n"])
         self.n_chunks += 1
+
+
+def _reduce_kind(events: list[dict], codes: "_Codes", pairs: "_Codes") -> dict[str, Any]:
+    """One kind's events of a block as arrays: numbers as int64, strings and ids as codes into the block's values.
+
+    No Python object per event survives it, so it can cross a pipe from a worker at the cost of its arrays.
+    """
+    start = _to_ns(_numbers([e.get("ts") for e in events]))
+    dur = _numbers([e.get("dur") for e in events])
+    part: dict[str, Any] = {"n": len(events), "start": start, "dur": _to_ns(np.where(np.isfinite(dur), dur, 0.0))}
+    for c in ("name", "cat", "pid", "tid"):
+        part[c] = codes([e.get(c) for e in events])
+    part["pair"] = pairs([(str(e.get("pid")), str(e.get("tid"))) for e in events])
+    args = [a if isinstance(a := e.get("args"), dict) else {} for e in events]
+    part["args"] = {}
+    for key, col in ARG_COLUMNS.items():
+        vals = [a.get(key) for a in args]
+        if any(v is not None for v in vals) or any(key in a for a in args):
+            part["args"][col] = _column(vals, col)
+    return part
 
 
 def _column(vals: list[Any], col: str) -> Any:
@@ -294,92 +349,141 @@ def _give_back_memory() -> None:
         pass
 
 
-def _read(path: Path, block: int) -> Streamed:
-    kinds = sorted(set(KINDS.values()) | {"other"})
-    acc = {k: _Kind() for k in kinds}
-    names = _Interner()
-    pairs: dict[tuple[str, str], int] = {}
+def _reduce(events: list[Any]) -> dict[str, Any]:
+    """One block's events reduced to what the tables keep: arrays and a few small dicts, no object per event.
+
+    This is the part that runs in the worker processes (:func:`_work`); :class:`_Acc` puts the
+    blocks together in file order.
+    """
+    codes, pairs = _Codes(), _Codes()
     categories: Counter = Counter()
     pid_types: set[type] = set()
     tid_types: set[type] = set()
-    flows: dict[str, list] = {c: [] for c in ("id", "cat", "phase", "ts", "pid", "tid", "name", "pair")}
     id_types: set[type] = set()
-    memory: list[pd.DataFrame] = []
     thread_names: dict[tuple[Any, Any], str] = {}
     process_names: dict[Any, str] = {}
+    by_kind: dict[str, list[dict]] = {}
+    fl: list[dict] = []
+    mem: list[dict] = []
+    for e in events:
+        if not isinstance(e, dict):
+            continue
+        pid_types.add(type(e.get("pid")))
+        tid_types.add(type(e.get("tid")))
+        id_types.add(type(e.get("id")))
+        cat = e.get("cat")
+        if cat is not None:
+            categories[cat] += 1
+        ph = e.get("ph")
+        low = str(cat).lower()
+        if ph == "X":
+            by_kind.setdefault(KINDS.get(low, "other"), []).append(e)
+        elif ph in ("s", "f", "t") and low in FLOW_CATEGORIES:
+            fl.append(e)
+        elif ph == "i" and e.get("name") == "[memory]":
+            mem.append(e)
+        elif ph == "M":
+            a = e.get("args") if isinstance(e.get("args"), dict) else {}
+            if e.get("name") == "thread_name":
+                thread_names[(e.get("pid"), e.get("tid"))] = str(a.get("name"))
+            elif e.get("name") == "process_name":
+                process_names[e.get("pid")] = str(a.get("name"))
+    kinds = {k: _reduce_kind(evs, codes, pairs) for k, evs in by_kind.items()}
+    flows: dict[str, Any] | None = None
+    if fl:
+        flows = {"id": _flow_ids([e.get("id") for e in fl]),
+                 "cat": codes([FLOW_CATEGORIES[str(e.get("cat")).lower()] for e in fl]),
+                 "phase": codes([e.get("ph") for e in fl]),
+                 "ts": _to_ns(_numbers([e.get("ts") for e in fl]))}
+        for c in ("pid", "tid", "name"):
+            flows[c] = codes([e.get(c) for e in fl])
+        flows["pair"] = pairs([(str(e.get("pid")), str(e.get("tid"))) for e in fl])
+    memory = None
+    if mem:
+        memory = pd.DataFrame.from_records([a if isinstance(a := e.get("args"), dict) else {} for e in mem])
+        memory.insert(0, "ts", _to_ns(_numbers([e.get("ts") for e in mem])))
+    return {"kinds": kinds, "flows": flows, "memory": memory, "values": codes.values(), "pairs": pairs.values(),
+            "categories": categories, "types": (pid_types, tid_types, id_types), "thread_names": thread_names,
+            "process_names": process_names}
+
+
+class _Acc:
+    """The tables growing a block at a time, in file order; :meth:`finish` builds them."""
+
+    def __init__(self) -> None:
+        self.kinds = sorted(set(KINDS.values()) | {"other"})
+        self.acc = {k: _Kind() for k in self.kinds}
+        self.names = _Interner()
+        self.pairs: dict[tuple[str, str], int] = {}
+        self.categories: Counter = Counter()
+        self.pid_types: set[type] = set()
+        self.tid_types: set[type] = set()
+        self.id_types: set[type] = set()
+        self.flows: dict[str, list] = {c: [] for c in ("id", "cat", "phase", "ts", "pid", "tid", "name", "pair")}
+        self.memory: list[pd.DataFrame] = []
+        self.thread_names: dict[tuple[Any, Any], str] = {}
+        self.process_names: dict[Any, str] = {}
+
+    def add(self, b: dict[str, Any]) -> None:
+        lut = _lut(b["values"], self.names)
+        pair_lut = np.array([self.pairs.setdefault(p, len(self.pairs)) for p in b["pairs"]], dtype=np.int64)
+        self.categories.update(b["categories"])
+        for have, new in zip((self.pid_types, self.tid_types, self.id_types), b["types"]):
+            have |= new
+        self.thread_names.update(b["thread_names"])
+        self.process_names.update(b["process_names"])
+        for k, part in b["kinds"].items():
+            self.acc[k].add(part, lut, pair_lut)
+        f = b["flows"]
+        if f is not None:
+            self.flows["id"].append(f["id"])
+            self.flows["ts"].append(f["ts"])
+            for c in ("cat", "phase", "pid", "tid", "name"):
+                self.flows[c].append(lut[f[c]])
+            self.flows["pair"].append(pair_lut[f["pair"]])
+        if b["memory"] is not None:
+            self.memory.append(b["memory"])
+
+    def finish(self, meta: dict[str, Any]) -> Streamed:
+        meta.pop("traceEvents", None)
+        tables: dict[str, pd.DataFrame] = {}
+        pair_ids: dict[str, np.ndarray] = {}
+        for k in self.kinds:
+            tables[k], pair_ids[k] = _table(self.acc.pop(k), self.pid_types, self.tid_types)
+        flows = self.flows
+        tables["flow"] = _flow_table(flows, self.id_types, self.pid_types, self.tid_types)
+        pair_ids["flow"] = _concat(flows["pair"]) if flows["pair"] else np.array([], dtype=np.int64)
+        if self.memory:
+            m = pd.concat(self.memory, ignore_index=True)
+        else:
+            m = pd.DataFrame(columns=["Bytes", "Total Allocated", "Total Reserved", "Device Type", "Device Id", "Addr"])
+            m.insert(0, "ts", np.array([], dtype=np.int64))
+        tables["memory"] = m.rename(columns=_MEMORY_NAMES)
+        _global_tids(tables, pair_ids)
+        for k in ("user_annotation", "gpu_user_annotation"):
+            tables[k]["text"] = tables[k]["name"]
+        for k in ("kernel", "memcpy", "memset", "runtime", "driver"):
+            _correlation_from_flows(tables[k], tables["flow"], gpu=k in ("kernel", "memcpy", "memset"))
+            wanted = ("correlationId", "externalId") + (("deviceId", "streamId") if k in ("kernel", "memcpy", "memset") else ())
+            for c in wanted:
+                if c not in tables[k].columns:
+                    tables[k][c] = pd.array([pd.NA] * len(tables[k]), dtype="Int64")
+        return Streamed(meta=meta, categories={str(k): int(v) for k, v in self.categories.items()}, tables=tables,
+                        thread_names=self.thread_names, process_names=self.process_names)
+
+
+def _read(path: Path, block: int) -> Streamed:
+    """The serial reader: parse and reduce each block in this process."""
+    acc = _Acc()
     meta: dict[str, Any] = {}
     with _open(path) as fh:
         for events in _blocks(fh, block):
             if isinstance(events, dict):
                 meta = events
                 break
-            by_kind: dict[str, list[dict]] = {}
-            fl: list[dict] = []
-            mem: list[dict] = []
-            for e in events:
-                if not isinstance(e, dict):
-                    continue
-                pid_types.add(type(e.get("pid")))
-                tid_types.add(type(e.get("tid")))
-                id_types.add(type(e.get("id")))
-                cat = e.get("cat")
-                if cat is not None:
-                    categories[cat] += 1
-                ph = e.get("ph")
-                low = str(cat).lower()
-                if ph == "X":
-                    by_kind.setdefault(KINDS.get(low, "other"), []).append(e)
-                elif ph in ("s", "f", "t") and low in FLOW_CATEGORIES:
-                    fl.append(e)
-                elif ph == "i" and e.get("name") == "[memory]":
-                    mem.append(e)
-                elif ph == "M":
-                    a = e.get("args") if isinstance(e.get("args"), dict) else {}
-                    if e.get("name") == "thread_name":
-                        thread_names[(e.get("pid"), e.get("tid"))] = str(a.get("name"))
-                    elif e.get("name") == "process_name":
-                        process_names[e.get("pid")] = str(a.get("name"))
+            acc.add(_reduce(events))
             del events
-            for k, evs in by_kind.items():
-                acc[k].add(evs, names, pairs)
-            if fl:
-                flows["id"].append(_flow_ids([e.get("id") for e in fl]))
-                flows["cat"].append(names([FLOW_CATEGORIES[str(e.get("cat")).lower()] for e in fl]))
-                flows["phase"].append(names([e.get("ph") for e in fl]))
-                flows["ts"].append(_to_ns(_numbers([e.get("ts") for e in fl])))
-                for c in ("pid", "tid", "name"):
-                    flows[c].append(names([e.get(c) for e in fl]))
-                flows["pair"].append(np.array([pairs.setdefault((str(e.get("pid")), str(e.get("tid"))), len(pairs))
-                                               for e in fl], dtype=np.int64))
-            if mem:
-                m = pd.DataFrame.from_records([a if isinstance(a := e.get("args"), dict) else {} for e in mem])
-                m.insert(0, "ts", _to_ns(_numbers([e.get("ts") for e in mem])))
-                memory.append(m)
-            del by_kind, fl, mem
-    meta.pop("traceEvents", None)
-    tables: dict[str, pd.DataFrame] = {}
-    pair_ids: dict[str, np.ndarray] = {}
-    for k in kinds:
-        tables[k], pair_ids[k] = _table(acc.pop(k), pid_types, tid_types)
-    tables["flow"] = _flow_table(flows, id_types, pid_types, tid_types)
-    pair_ids["flow"] = _concat(flows["pair"]) if flows["pair"] else np.array([], dtype=np.int64)
-    if memory:
-        m = pd.concat(memory, ignore_index=True)
-    else:
-        m = pd.DataFrame(columns=["Bytes", "Total Allocated", "Total Reserved", "Device Type", "Device Id", "Addr"])
-        m.insert(0, "ts", np.array([], dtype=np.int64))
-    tables["memory"] = m.rename(columns=_MEMORY_NAMES)
-    _global_tids(tables, pair_ids)
-    for k in ("user_annotation", "gpu_user_annotation"):
-        tables[k]["text"] = tables[k]["name"]
-    for k in ("kernel", "memcpy", "memset", "runtime", "driver"):
-        _correlation_from_flows(tables[k], tables["flow"], gpu=k in ("kernel", "memcpy", "memset"))
-        wanted = ("correlationId", "externalId") + (("deviceId", "streamId") if k in ("kernel", "memcpy", "memset") else ())
-        for c in wanted:
-            if c not in tables[k].columns:
-                tables[k][c] = pd.array([pd.NA] * len(tables[k]), dtype="Int64")
-    return Streamed(meta=meta, categories={str(k): int(v) for k, v in categories.items()}, tables=tables,
-                    thread_names=thread_names, process_names=process_names)
+    return acc.finish(meta)
 
 
 def _flow_ids(ids: list[Any]) -> tuple[str, Any]:
