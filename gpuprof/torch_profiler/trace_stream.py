@@ -36,9 +36,12 @@ from __future__ import annotations
 
 import gzip
 import json
+import multiprocessing
+import os
 import re
 import zlib
-from collections import Counter
+from collections import Counter, deque
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Iterator
@@ -49,9 +52,10 @@ import pandas as pd
 from ..errors import GpuprofError
 from .kineto_schema import ARG_COLUMNS, FLOW_CATEGORIES, KINDS, _correlation_from_flows, _numbers, _to_ns
 
-__all__ = ["read_events", "Streamed", "BLOCK_BYTES", "NotStreamable"]
+__all__ = ["read_events", "Streamed", "BLOCK_BYTES", "NotStreamable", "default_workers"]
 
 BLOCK_BYTES = 8 * 2**20  # text parsed at once: its events' dictionaries are the transient part of the peak
+PARALLEL_ABOVE_BYTES = 64 * 2**20  # smaller files: starting the workers costs more than it saves
 _TRACE_EVENTS = re.compile(rb'"traceEvents"\s*:\s*\[')
 _ID_COLUMNS = ("correlationId", "streamId", "deviceId", "externalId")
 _MEMORY_NAMES = {"Bytes": "bytes", "Total Allocated": "total_allocated", "Total Reserved": "total_reserved",
@@ -83,6 +87,38 @@ def _try(raw: bytes) -> Any:
         return None
 
 
+def _head(fh: IO[bytes], block: int) -> tuple[bytes, bytes]:
+    """The text before the ``traceEvents`` list's opening bracket, and what was read after it."""
+    buf = b""
+    while True:
+        more = fh.read(block)
+        buf += more
+        stripped = buf.lstrip()
+        if stripped[:1] == b"[":
+            return b"", stripped[1:]
+        m = _TRACE_EVENTS.search(buf)
+        if m:
+            return buf[:m.end() - 1], buf[m.end():]
+        if not more:
+            raise NotStreamable("no traceEvents list")
+
+
+def _last(buf: bytes, head: bytes) -> tuple[list[Any], dict[str, Any]] | None:
+    """The last block's events and the file's other fields: the list's closing bracket is the last ``]`` that
+    leaves both sides parsing (tried from the end, 64 at most); None where there is none."""
+    end = len(buf)
+    for _ in range(64):
+        p = buf.rfind(b"]", 0, end)
+        if p < 0:
+            break
+        events = _try(b"[" + buf[:p] + b"]")
+        rest = _try(head + b"[]" + buf[p + 1:]) if head else ({} if not buf[p + 1:].strip() else None)
+        if events is not None and isinstance(rest, dict):
+            return events, rest
+        end = p
+    return None
+
+
 def _blocks(fh: IO[bytes], block: int) -> Iterator[list[Any] | dict[str, Any]]:
     """The ``traceEvents`` list's events, a block's worth at a time; last, the file's other fields (a dict).
 
@@ -90,20 +126,7 @@ def _blocks(fh: IO[bytes], block: int) -> Iterator[list[Any] | dict[str, Any]]:
     as a list of events: a cut inside a string or inside a nested object leaves an unclosed
     string or bracket, which no JSON parser accepts, so the check is exact, not a heuristic.
     """
-    buf = b""
-    while True:  # the head: everything up to the list's opening bracket
-        more = fh.read(block)
-        buf += more
-        stripped = buf.lstrip()
-        if stripped[:1] == b"[":
-            head, buf = b"", stripped[1:]
-            break
-        m = _TRACE_EVENTS.search(buf)
-        if m:
-            head, buf = buf[:m.end() - 1], buf[m.end():]
-            break
-        if not more:
-            raise NotStreamable("no traceEvents list")
+    head, buf = _head(fh, block)
     while True:
         more = fh.read(block)
         buf += more
@@ -126,20 +149,69 @@ def _blocks(fh: IO[bytes], block: int) -> Iterator[list[Any] | dict[str, Any]]:
             end = j
         else:
             raise NotStreamable("no event boundary in 64 candidates")
-    # The last block: the list's closing bracket, then the rest of the top-level object.
-    end = len(buf)
-    for _ in range(64):
-        p = buf.rfind(b"]", 0, end)
-        if p < 0:
-            break
-        events = _try(b"[" + buf[:p] + b"]")
-        rest = _try(head + b"[]" + buf[p + 1:]) if head else ({} if not buf[p + 1:].strip() else None)
-        if events is not None and isinstance(rest, dict):
-            yield events
-            yield rest
+    got = _last(buf, head)
+    if got is None:
+        raise NotStreamable("no end of the traceEvents list")
+    yield got[0]
+    yield got[1]
+
+
+# The parallel reader's cut: a ``}``, a comma and a line break, then ``{``. Kineto writes its events so (``},`` then
+# a new line and ``{``, each event on lines of its own), as does scripts/bench_torch_trace.py. A JSON string cannot
+# hold a raw line break, so the match is never inside a string; it can still be inside an event (a list of objects
+# written one a line), and then the block before it does not parse (a bracket left open), so every block is parsed
+# from a cut that the block before it proved, and one block that fails sends the file to the serial reader.
+_CUT = re.compile(rb"\}[ \t\r]*,[ \t\r]*\n[ \t\r\n]*\{")
+
+
+class _Layout(Exception):
+    """The file does not follow the layout the parallel reader cuts at, or a block failed to parse."""
+
+
+def _last_cut(buf: bytes) -> re.Match[bytes] | None:
+    """The last cut in ``buf``, searched in a window at its end that grows until one is found."""
+    w = 1 << 16
+    while True:
+        lo = max(0, len(buf) - w)
+        found = None
+        for found in _CUT.finditer(buf, lo):
+            pass
+        if found is not None or lo == 0:
+            return found
+        w *= 8
+
+
+def _cut_blocks(fh: IO[bytes], block: int, buf: bytes) -> Iterator[tuple[bytes, bool]]:
+    """The events' text in blocks cut at :data:`_CUT` without parsing (``last``: the rest of the file).
+
+    Raises :class:`_Layout` where four blocks' worth of text holds no cut (a one-line file).
+    """
+    while True:
+        more = fh.read(block)
+        buf += more
+        if not more:
+            yield buf, True
             return
-        end = p
-    raise NotStreamable("no end of the traceEvents list")
+        m = _last_cut(buf)
+        if m is None:
+            if len(buf) > 4 * block:
+                raise _Layout("no cut in four blocks")
+            continue
+        yield buf[:m.start() + 1], False
+        buf = buf[m.end() - 1:]
+
+
+def _work(raw: bytes, last: bool, head: bytes) -> tuple[dict[str, Any], dict[str, Any] | None] | None:
+    """A worker's task: parse one block's text and reduce it (:func:`_reduce`); None where it does not parse."""
+    if last:
+        got = _last(raw, head)
+        if got is None:
+            return None
+        return _reduce(got[0]), got[1]
+    events = _try(b"[" + raw + b"]")
+    if not isinstance(events, list):
+        return None
+    return _reduce(events), None
 
 
 class _Interner:
@@ -147,12 +219,6 @@ class _Interner:
 
     def __init__(self) -> None:
         self.seen: dict[Any, Any] = {}
-
-    def __call__(self, values: list[Any]) -> np.ndarray:
-        s = self.seen
-        out = np.empty(len(values), dtype=object)
-        out[:] = [s.setdefault(v, v) if v.__hash__ is not None else v for v in values]
-        return out
 
 
 class _Codes:
@@ -317,21 +383,100 @@ class Streamed:
     tables: dict[str, pd.DataFrame]
     thread_names: dict[tuple[Any, Any], str]
     process_names: dict[Any, str]
+    reader: str = "serial"  # or "parallel (N workers)", or "serial (...)": why the parallel reader gave it up
 
 
-def read_events(path: str | Path, *, block: int = BLOCK_BYTES) -> Streamed:
+def read_events(path: str | Path, *, block: int = BLOCK_BYTES, workers: int | None = None) -> Streamed:
     """The tables of ``path`` read a block at a time, with the columns this module's docstring lists.
+
+    ``workers``: processes that parse the blocks (:func:`_read_parallel`); 0 or 1 parse them
+    here. By default (None) :func:`default_workers` chooses. The tables are the same either way.
 
     Raises :class:`NotStreamable` when the text cannot be cut into events or the file cannot
     be read to its end (then the whole-file reader gives the error).
     ``gpuprof.torch_profiler.trace.read_trace(path, stream=True)`` makes a Trace of them.
     """
+    path = Path(path)
+    if workers is None:
+        workers = default_workers(path)
     try:
-        return _read(Path(path), block)
+        why = ""
+        if workers > 1:
+            try:
+                got = _read_parallel(path, block, workers)
+                got.reader = f"parallel ({workers} workers)"
+                return got
+            except _Layout as exc:  # not Kineto's layout, or a block that does not parse: the serial reader decides
+                why = f" ({exc})"
+        got = _read(path, block)
+        got.reader = "serial" + why
+        return got
     except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:  # a damaged gzip stream, a file cut short
         raise NotStreamable(str(exc)) from None
     finally:
         _give_back_memory()
+
+
+def default_workers(path: Path) -> int:
+    """Worker processes for ``path``: 2 where the file holds at least :data:`PARALLEL_ABOVE_BYTES` on disk and the
+    machine has two cores (the environment variable ``GPUPROF_READ_WORKERS`` overrides it), else 1.
+
+    Two, not one per core: each worker holds a block's parsed events (about 10 times the block's text),
+    and the course's target machine has two cores.
+    """
+    env = os.environ.get("GPUPROF_READ_WORKERS", "").strip()
+    if env:
+        try:
+            return max(1, int(env))
+        except ValueError:
+            raise GpuprofError(f"GPUPROF_READ_WORKERS={env!r} is not a number of processes.") from None
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return 1
+    return 2 if size >= PARALLEL_ABOVE_BYTES and (os.cpu_count() or 1) >= 2 else 1
+
+
+def _read_parallel(path: Path, block: int, workers: int) -> Streamed:
+    """Blocks cut at :data:`_CUT` by this process, parsed and reduced by ``workers`` processes, put together here
+    in file order. At most two blocks per worker are in flight, so the text held stays a few blocks.
+
+    Raises :class:`_Layout` where the file cannot be cut so or a block does not parse.
+    """
+    acc = _Acc()
+    meta: dict[str, Any] | None = None
+    methods = multiprocessing.get_all_start_methods()
+    ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    pending: deque[Any] = deque()
+
+    def take() -> None:
+        nonlocal meta
+        got = pending.popleft().result()
+        if got is None:
+            raise _Layout("a block does not parse")
+        acc.add(got[0])
+        if got[1] is not None:
+            meta = got[1]
+
+    with _open(path) as fh, ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+        try:
+            head, first = _head(fh, block)
+            blocks = _cut_blocks(fh, block, first)
+            del first
+            for raw, last in blocks:
+                pending.append(pool.submit(_work, raw, last, head if last else b""))
+                del raw
+                while len(pending) > 2 * workers:
+                    take()
+            while pending:
+                take()
+        except BaseException:
+            for f in pending:
+                f.cancel()
+            raise
+    if meta is None:
+        raise _Layout("no end of the list")
+    return acc.finish(meta)
 
 
 def _give_back_memory() -> None:
