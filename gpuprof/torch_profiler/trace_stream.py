@@ -288,12 +288,16 @@ def _reduce_kind(events: list[dict], codes: "_Codes", pairs: "_Codes") -> dict[s
 
     No Python object per event survives it, so it can cross a pipe from a worker at the cost of its arrays.
     """
-    start = _to_ns(_numbers([e.get("ts") for e in events]))
-    dur = _numbers([e.get("dur") for e in events])
+    start = _to_ns(_floats([e.get("ts") for e in events]))
+    dur = _floats([e.get("dur") for e in events])
     part: dict[str, Any] = {"n": len(events), "start": start, "dur": _to_ns(np.where(np.isfinite(dur), dur, 0.0))}
-    for c in ("name", "cat", "pid", "tid"):
-        part[c] = codes([e.get(c) for e in events])
-    part["pair"] = pairs([(str(e.get("pid")), str(e.get("tid"))) for e in events])
+    part["name"] = codes([e.get("name") for e in events])
+    part["cat"] = codes([e.get("cat") for e in events])
+    pids = [e.get("pid") for e in events]
+    tids = [e.get("tid") for e in events]
+    part["pid"] = codes(pids)
+    part["tid"] = codes(tids)
+    part["pair"] = _pair_codes(pids, tids, pairs)
     args = [a if isinstance(a := e.get("args"), dict) else {} for e in events]
     part["args"] = {}
     for key, col in ARG_COLUMNS.items():
@@ -303,9 +307,37 @@ def _reduce_kind(events: list[dict], codes: "_Codes", pairs: "_Codes") -> dict[s
     return part
 
 
+def _floats(vals: list[Any]) -> np.ndarray:
+    """:func:`~gpuprof.torch_profiler.kineto_schema._numbers` of ``vals``, in C where every value is an int or a
+    float (Kineto's timestamps): the same float64 values, without pandas' object inference."""
+    if set(map(type, vals)) <= {float, int}:
+        try:
+            return np.array(vals, dtype=np.float64)
+        except OverflowError:
+            pass
+    return _numbers(vals)
+
+
+def _pair_codes(pids: list[Any], tids: list[Any], pairs: "_Codes") -> np.ndarray:
+    """Codes of the events' ``(str(pid), str(tid))`` pairs, with ``str`` called once per distinct pair, not per
+    event. Only where pid and tid are ints, strings or None: there, equal values have the same ``str``, so the
+    distinct raw pairs map onto the distinct text pairs (1 and 1.0 are equal but print apart: those go event by event).
+    """
+    if set(map(type, pids)) | set(map(type, tids)) <= {int, str, type(None)}:
+        raw = _Codes()
+        local = raw(list(zip(pids, tids)))
+        return pairs([(str(p), str(t)) for p, t in raw.values()]).astype(np.int32)[local]
+    return pairs([(str(p), str(t)) for p, t in zip(pids, tids)])
+
+
 def _column(vals: list[Any], col: str) -> Any:
     """One argument's values in a block: the ids as Int64 (as ``read_trace`` converts them), others as pandas infers."""
     if col in _ID_COLUMNS:
+        if set(map(type, vals)) == {int}:  # every event has an integer id: no inference needed
+            try:
+                return pd.arrays.IntegerArray(np.array(vals, dtype=np.int64), np.zeros(len(vals), dtype=bool))
+            except OverflowError:
+                pass
         return pd.array(pd.to_numeric(pd.Series(vals, dtype=object), errors="coerce"), dtype="Int64") \
             if any(v is not None for v in vals) else pd.array([pd.NA] * len(vals), dtype="Int64")
     return pd.Series(vals).array
@@ -501,16 +533,16 @@ def _reduce(events: list[Any]) -> dict[str, Any]:
     blocks together in file order.
     """
     codes, pairs = _Codes(), _Codes()
+    thread_names: dict[tuple[Any, Any], str] = {}
+    process_names: dict[Any, str] = {}
     categories: Counter = Counter()
     pid_types: set[type] = set()
     tid_types: set[type] = set()
     id_types: set[type] = set()
-    thread_names: dict[tuple[Any, Any], str] = {}
-    process_names: dict[Any, str] = {}
     by_kind: dict[str, list[dict]] = {}
     fl: list[dict] = []
     mem: list[dict] = []
-    for e in events:
+    for e in events:  # one pass, each event's dictionary touched once (passes per field cost more: cache misses)
         if not isinstance(e, dict):
             continue
         pid_types.add(type(e.get("pid")))
@@ -539,10 +571,11 @@ def _reduce(events: list[Any]) -> dict[str, Any]:
         flows = {"id": _flow_ids([e.get("id") for e in fl]),
                  "cat": codes([FLOW_CATEGORIES[str(e.get("cat")).lower()] for e in fl]),
                  "phase": codes([e.get("ph") for e in fl]),
-                 "ts": _to_ns(_numbers([e.get("ts") for e in fl]))}
-        for c in ("pid", "tid", "name"):
-            flows[c] = codes([e.get(c) for e in fl])
-        flows["pair"] = pairs([(str(e.get("pid")), str(e.get("tid"))) for e in fl])
+                 "ts": _to_ns(_floats([e.get("ts") for e in fl]))}
+        pids, tids = [e.get("pid") for e in fl], [e.get("tid") for e in fl]
+        flows["pid"], flows["tid"] = codes(pids), codes(tids)
+        flows["name"] = codes([e.get("name") for e in fl])
+        flows["pair"] = _pair_codes(pids, tids, pairs)
     memory = None
     if mem:
         memory = pd.DataFrame.from_records([a if isinstance(a := e.get("args"), dict) else {} for e in mem])
