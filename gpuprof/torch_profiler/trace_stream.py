@@ -30,6 +30,20 @@ they are most of a trace's text and none of the report's measures. Where those a
 
 A file whose text cannot be cut into events (damaged, cut short, not a trace) is handed to
 the whole-file reader, whose one-sentence errors say what is wrong with it.
+
+**Two processes parse.** Parsing is most of the time (orjson about 60% of it, the reduction of
+each block's events to arrays the rest), so on a file of :data:`PARALLEL_ABOVE_BYTES` or more
+(:func:`default_workers`) this process only cuts the text into blocks and two worker processes
+parse and reduce them (:func:`_read_parallel`). The cut needs no parse: Kineto writes its events
+one to a group of lines, so a ``}``, a comma, a line break and a ``{`` (:data:`_CUT`) lies between
+two events; a JSON string cannot hold a raw line break, so it is never inside a string. It can be
+inside an event whose arguments hold objects one a line, and then the block before it does not
+parse: every block is parsed from a cut the block before it proved, so when all parse, every cut
+was between two events. A block that fails, or a file without such cuts (on one line), is read by
+the serial reader instead (:attr:`Streamed.reader` says which ran, and why). A worker returns its
+block as arrays and codes into the block's distinct values (:func:`_reduce`), never a Python
+object per event; this process maps the codes in file order (:class:`_Acc`), so the tables are the
+serial reader's, value for value (``tests/test_trace_parallel.py``).
 """
 
 from __future__ import annotations
