@@ -53,6 +53,7 @@ import json
 import multiprocessing
 import os
 import re
+import sys
 import zlib
 from collections import Counter, deque
 from concurrent.futures import ProcessPoolExecutor
@@ -491,8 +492,9 @@ def _read_parallel(path: Path, block: int, workers: int) -> Streamed:
     """
     acc = _Acc()
     meta: dict[str, Any] | None = None
-    methods = multiprocessing.get_all_start_methods()
-    ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    # fork on Linux (no re-import: the workers start in milliseconds); spawn elsewhere (macOS's system libraries
+    # are not safe to fork, and Windows has no fork)
+    ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
     pending: deque[Any] = deque()
 
     def take() -> None:
