@@ -719,19 +719,60 @@ def range_busy(work: pd.DataFrame, runtime: pd.DataFrame, ranges: pd.DataFrame, 
         return pd.DataFrame(columns=cols)
     ranges = ranges.sort_values("start", kind="stable").reset_index(drop=True)
     hits = attribute_kernels(work, runtime, ranges, rule=rule)
-    groups = {k: g for k, g in hits.groupby(["range_start", "range_text"], sort=False)} if len(hits) else {}
-    rows = []
-    for r in ranges.itertuples():
-        mine = groups.get((r.start, r.text))
-        busy = span = 0.0
-        if mine is not None and len(mine):
-            ms, me = merge_intervals(mine["start"].to_numpy(), mine["end"].to_numpy())
-            busy = float((me - ms).sum())
-            span = float(mine["end"].max() - mine["start"].min())
-        rows.append({"text": r.text, "start": r.start, "end": r.end, "cpu_ms": (r.end - r.start) / 1e6,
-                     "launches": 0 if mine is None else len(mine), "gpu_busy_ms": busy / 1e6, "gpu_span_ms": span / 1e6,
-                     "busy_share": busy / span if span else float("nan")})
-    return pd.DataFrame(rows, columns=cols)
+    hits = hits[hits["range_text"].notna() & hits["range_start"].notna()]  # as groupby's keys drop them
+    n = len(ranges)
+    launches = np.zeros(n, dtype=np.int64)
+    busy = np.zeros(n, dtype=float)
+    span = np.zeros(n, dtype=float)
+    if len(hits):
+        keys = pd.MultiIndex.from_arrays([hits["range_start"].to_numpy(), hits["range_text"].to_numpy()])
+        codes, uniq = keys.factorize()
+        b, sp, cnt = _busy_per_group(codes, len(uniq), hits["start"].to_numpy(), hits["end"].to_numpy())
+        where = uniq.get_indexer(pd.MultiIndex.from_arrays([ranges["start"].to_numpy(), ranges["text"].to_numpy()]))
+        have = where >= 0
+        launches[have], busy[have], span[have] = cnt[where[have]], b[where[have]], sp[where[have]]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = np.where(span != 0, busy / np.where(span != 0, span, 1.0), np.nan)
+    start, end = ranges["start"].to_numpy(), ranges["end"].to_numpy()
+    return pd.DataFrame({"text": list(ranges["text"]), "start": start, "end": end, "cpu_ms": (end - start) / 1e6,
+                         "launches": launches, "gpu_busy_ms": busy / 1e6, "gpu_span_ms": span / 1e6,
+                         "busy_share": share}, columns=cols)
+
+
+def _busy_per_group(codes: np.ndarray, n: int, starts: np.ndarray, ends: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per group (``codes`` 0..n-1): the length of the union of its intervals (as :func:`merge_intervals` on the
+    group's rows gives it), its span (last end minus first start, in the values' own type) and its row count.
+
+    One sort and a few array operations for every group at once: ``range_busy`` over 14,181 steps looped over
+    pandas groups, 2.3 s of CPU on a 2 GB trace. The union's running end is taken per group by offsetting each
+    group's ends past the previous group's; where the offsets could overflow int64, group by group instead.
+    """
+    count = np.bincount(codes, minlength=n)
+    order = np.lexsort((np.asarray(starts, dtype=np.int64), codes))
+    g = codes[order]
+    bounds = np.concatenate([[0], np.cumsum(count)])[:-1]
+    span = (np.maximum.reduceat(ends[order], bounds) - np.minimum.reduceat(starts[order], bounds)).astype(float)
+    s = np.asarray(starts, dtype=np.int64)[order]
+    e = np.asarray(ends, dtype=np.int64)[order]
+    lo = int(s.min())
+    width = max(int(e.max()) - lo, int(s.max()) - lo) + 1
+    busy = np.zeros(n, dtype=float)
+    if width * (n + 1) < 2**62:
+        base = g.astype(np.int64) * width
+        run_end = np.maximum.accumulate((e - lo) + base) - base + lo
+        new = np.empty(len(s), dtype=bool)
+        new[0] = True
+        new[1:] = (s[1:] > run_end[:-1]) | (g[1:] != g[:-1])
+        idx = np.flatnonzero(new)
+        length = np.maximum.reduceat(e, idx) - s[idx]
+        firsts = np.searchsorted(g[idx], np.arange(n))  # every group has a row, so each has a first merged piece
+        busy = np.add.reduceat(length, firsts).astype(float)
+    else:
+        for k in range(n):
+            ms, me = merge_intervals(s[bounds[k]:bounds[k] + count[k]], e[bounds[k]:bounds[k] + count[k]])
+            busy[k] = float((me - ms).sum())
+    return busy, span, count
 
 
 # ----- steps -----

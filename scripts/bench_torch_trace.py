@@ -277,6 +277,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{toolkit['peak_rss_mib']:>9.0f} MiB")
     print(f"{'report (python -m gpuprof report FILE, terminal text)':<58}{report['seconds']:>9.2f}"
           f"{report['peak_rss_mib']:>9.0f} MiB")
+    if report.get("peak_tree_pss_mib") is not None:  # the parallel reader's workers are not in the process's own peak
+        print(f"{'  the same, with its worker processes (peak of summed PSS)':<58}{'':>9}"
+              f"{report['peak_tree_pss_mib']:>9.0f} MiB")
     print(f"{'baseline (json.load + pandas kernel summary only)':<58}{baseline['seconds']:>9.2f}"
           f"{baseline['peak_rss_mib']:>9.0f} MiB")
     if hta is not None:

@@ -19,7 +19,8 @@ from helpers import gpu_events, run_script, run_script_in_process, write
 EXAMPLES = sorted((REPO_ROOT / "examples").rglob("*.py"))
 SCRIPTS = EXAMPLES + [REPO_ROOT / "scripts" / "capture_all.py", REPO_ROOT / "scripts" / "bench_trace_analysis.py",
                       REPO_ROOT / "scripts" / "bench_torch_trace.py", REPO_ROOT / "scripts" / "gpu_nbval.py",
-                      REPO_ROOT / "scripts" / "reexecute_cells.py", REPO_ROOT / "scripts" / "bench_ranks.py"]
+                      REPO_ROOT / "scripts" / "reexecute_cells.py", REPO_ROOT / "scripts" / "bench_ranks.py",
+                      REPO_ROOT / "scripts" / "tree_memory.py"]
 SMALL_ARGS = {"tiny_kernels.py": ["--steps", "2", "--kernels", "10"], "saxpy.py": ["--n", "10000", "--repeats", "2"],
               "data_transfer.py": ["--size-mib", "2", "--curve-max-mib", "1", "--repeats", "2"],
               "memory_allocation.py": ["--size-mib", "2", "--iterations", "5"],
@@ -412,6 +413,23 @@ def test_bench_torch_trace_builds_once_and_runs_one_step_per_process(tmp_path, c
     assert missing.returncode == 2 and "--build-only" in missing.stderr
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps_rollup"), reason="needs Linux's /proc")
+def test_tree_memory_counts_the_children(tmp_path):
+    """Two children holding 150 MiB each while the parent holds none: the summed peak counts both, the largest
+    single process one (a worker's memory is what a process's own high-water mark leaves out)."""
+    code = ("import subprocess, sys; c = 'b = bytearray(150 * 2**20); import time; time.sleep(1.5)'; "
+            "ps = [subprocess.Popen([sys.executable, '-c', c]) for _ in range(2)]; [p.wait() for p in ps]")
+    proc = run(REPO_ROOT / "scripts" / "tree_memory.py", "--every", "0.05", "--", sys.executable, "-c", code)
+    assert proc.returncode == 0, proc.stderr
+    import re
+
+    got = re.search(r"peak sum RSS ([\d,]+) MiB  peak sum PSS ([\d,]+) MiB  processes at once (\d+)", proc.stdout)
+    single = re.search(r"largest single process ([\d,]+) MiB", proc.stdout)
+    rss, pss, most = (int(g.replace(",", "")) for g in got.groups())
+    assert most == 3 and pss >= 300 and rss >= 300
+    assert 150 <= int(single.group(1).replace(",", "")) < 300
+
+
 def test_bench_torch_trace_report_step_is_python_m_gpuprof_report(tmp_path, capsys):
     """The report step runs `python -m gpuprof report FILE` on a committed trace: in its own process (--step, for an
     outside timer) and measured in a fresh one, it prints the very text the command prints, its own timing line
@@ -439,6 +457,7 @@ def test_bench_torch_trace_report_step_is_python_m_gpuprof_report(tmp_path, caps
     fresh = measure(REPORT, trace)
     assert fresh["report_sha256"] == result["report_sha256"] and fresh["seconds"] >= fresh["report_own_seconds"] > 0
     assert fresh["peak_rss_mib"] > 50  # pandas and matplotlib alone take more
+    assert fresh["peak_tree_pss_mib"] > 50
     with pytest.raises(GpuprofError, match="not a PyTorch profiler trace"):
         measure(REPORT, REPO_ROOT / "artifacts" / "ch05" / "memory_log.json.gz")
 

@@ -30,15 +30,33 @@ they are most of a trace's text and none of the report's measures. Where those a
 
 A file whose text cannot be cut into events (damaged, cut short, not a trace) is handed to
 the whole-file reader, whose one-sentence errors say what is wrong with it.
+
+**Two processes parse.** Parsing is most of the time (orjson about 60% of it, the reduction of
+each block's events to arrays the rest), so on a file of :data:`PARALLEL_ABOVE_BYTES` or more
+(:func:`default_workers`) this process only cuts the text into blocks and two worker processes
+parse and reduce them (:func:`_read_parallel`). The cut needs no parse: Kineto writes its events
+one to a group of lines, so a ``}``, a comma, a line break and a ``{`` (:data:`_CUT`) lies between
+two events; a JSON string cannot hold a raw line break, so it is never inside a string. It can be
+inside an event whose arguments hold objects one a line, and then the block before it does not
+parse: every block is parsed from a cut the block before it proved, so when all parse, every cut
+was between two events. A block that fails, or a file without such cuts (on one line), is read by
+the serial reader instead (:attr:`Streamed.reader` says which ran, and why). A worker returns its
+block as arrays and codes into the block's distinct values (:func:`_reduce`), never a Python
+object per event; this process maps the codes in file order (:class:`_Acc`), so the tables are the
+serial reader's, value for value (``tests/test_trace_parallel.py``).
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import multiprocessing
+import os
 import re
+import sys
 import zlib
-from collections import Counter
+from collections import Counter, deque
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Iterator
@@ -49,9 +67,10 @@ import pandas as pd
 from ..errors import GpuprofError
 from .kineto_schema import ARG_COLUMNS, FLOW_CATEGORIES, KINDS, _correlation_from_flows, _numbers, _to_ns
 
-__all__ = ["read_events", "Streamed", "BLOCK_BYTES", "NotStreamable"]
+__all__ = ["read_events", "Streamed", "BLOCK_BYTES", "NotStreamable", "default_workers"]
 
 BLOCK_BYTES = 8 * 2**20  # text parsed at once: its events' dictionaries are the transient part of the peak
+PARALLEL_ABOVE_BYTES = 64 * 2**20  # smaller files: starting the workers costs more than it saves
 _TRACE_EVENTS = re.compile(rb'"traceEvents"\s*:\s*\[')
 _ID_COLUMNS = ("correlationId", "streamId", "deviceId", "externalId")
 _MEMORY_NAMES = {"Bytes": "bytes", "Total Allocated": "total_allocated", "Total Reserved": "total_reserved",
@@ -83,6 +102,38 @@ def _try(raw: bytes) -> Any:
         return None
 
 
+def _head(fh: IO[bytes], block: int) -> tuple[bytes, bytes]:
+    """The text before the ``traceEvents`` list's opening bracket, and what was read after it."""
+    buf = b""
+    while True:
+        more = fh.read(block)
+        buf += more
+        stripped = buf.lstrip()
+        if stripped[:1] == b"[":
+            return b"", stripped[1:]
+        m = _TRACE_EVENTS.search(buf)
+        if m:
+            return buf[:m.end() - 1], buf[m.end():]
+        if not more:
+            raise NotStreamable("no traceEvents list")
+
+
+def _last(buf: bytes, head: bytes) -> tuple[list[Any], dict[str, Any]] | None:
+    """The last block's events and the file's other fields: the list's closing bracket is the last ``]`` that
+    leaves both sides parsing (tried from the end, 64 at most); None where there is none."""
+    end = len(buf)
+    for _ in range(64):
+        p = buf.rfind(b"]", 0, end)
+        if p < 0:
+            break
+        events = _try(b"[" + buf[:p] + b"]")
+        rest = _try(head + b"[]" + buf[p + 1:]) if head else ({} if not buf[p + 1:].strip() else None)
+        if events is not None and isinstance(rest, dict):
+            return events, rest
+        end = p
+    return None
+
+
 def _blocks(fh: IO[bytes], block: int) -> Iterator[list[Any] | dict[str, Any]]:
     """The ``traceEvents`` list's events, a block's worth at a time; last, the file's other fields (a dict).
 
@@ -90,20 +141,7 @@ def _blocks(fh: IO[bytes], block: int) -> Iterator[list[Any] | dict[str, Any]]:
     as a list of events: a cut inside a string or inside a nested object leaves an unclosed
     string or bracket, which no JSON parser accepts, so the check is exact, not a heuristic.
     """
-    buf = b""
-    while True:  # the head: everything up to the list's opening bracket
-        more = fh.read(block)
-        buf += more
-        stripped = buf.lstrip()
-        if stripped[:1] == b"[":
-            head, buf = b"", stripped[1:]
-            break
-        m = _TRACE_EVENTS.search(buf)
-        if m:
-            head, buf = buf[:m.end() - 1], buf[m.end():]
-            break
-        if not more:
-            raise NotStreamable("no traceEvents list")
+    head, buf = _head(fh, block)
     while True:
         more = fh.read(block)
         buf += more
@@ -126,20 +164,69 @@ def _blocks(fh: IO[bytes], block: int) -> Iterator[list[Any] | dict[str, Any]]:
             end = j
         else:
             raise NotStreamable("no event boundary in 64 candidates")
-    # The last block: the list's closing bracket, then the rest of the top-level object.
-    end = len(buf)
-    for _ in range(64):
-        p = buf.rfind(b"]", 0, end)
-        if p < 0:
-            break
-        events = _try(b"[" + buf[:p] + b"]")
-        rest = _try(head + b"[]" + buf[p + 1:]) if head else ({} if not buf[p + 1:].strip() else None)
-        if events is not None and isinstance(rest, dict):
-            yield events
-            yield rest
+    got = _last(buf, head)
+    if got is None:
+        raise NotStreamable("no end of the traceEvents list")
+    yield got[0]
+    yield got[1]
+
+
+# The parallel reader's cut: a ``}``, a comma and a line break, then ``{``. Kineto writes its events so (``},`` then
+# a new line and ``{``, each event on lines of its own), as does scripts/bench_torch_trace.py. A JSON string cannot
+# hold a raw line break, so the match is never inside a string; it can still be inside an event (a list of objects
+# written one a line), and then the block before it does not parse (a bracket left open), so every block is parsed
+# from a cut that the block before it proved, and one block that fails sends the file to the serial reader.
+_CUT = re.compile(rb"\}[ \t\r]*,[ \t\r]*\n[ \t\r\n]*\{")
+
+
+class _Layout(Exception):
+    """The file does not follow the layout the parallel reader cuts at, or a block failed to parse."""
+
+
+def _last_cut(buf: bytes) -> re.Match[bytes] | None:
+    """The last cut in ``buf``, searched in a window at its end that grows until one is found."""
+    w = 1 << 16
+    while True:
+        lo = max(0, len(buf) - w)
+        found = None
+        for found in _CUT.finditer(buf, lo):
+            pass
+        if found is not None or lo == 0:
+            return found
+        w *= 8
+
+
+def _cut_blocks(fh: IO[bytes], block: int, buf: bytes) -> Iterator[tuple[bytes, bool]]:
+    """The events' text in blocks cut at :data:`_CUT` without parsing (``last``: the rest of the file).
+
+    Raises :class:`_Layout` where four blocks' worth of text holds no cut (a one-line file).
+    """
+    while True:
+        more = fh.read(block)
+        buf += more
+        if not more:
+            yield buf, True
             return
-        end = p
-    raise NotStreamable("no end of the traceEvents list")
+        m = _last_cut(buf)
+        if m is None:
+            if len(buf) > 4 * block:
+                raise _Layout("no cut in four blocks")
+            continue
+        yield buf[:m.start() + 1], False
+        buf = buf[m.end() - 1:]
+
+
+def _work(raw: bytes, last: bool, head: bytes) -> tuple[dict[str, Any], dict[str, Any] | None] | None:
+    """A worker's task: parse one block's text and reduce it (:func:`_reduce`); None where it does not parse."""
+    if last:
+        got = _last(raw, head)
+        if got is None:
+            return None
+        return _reduce(got[0]), got[1]
+    events = _try(b"[" + raw + b"]")
+    if not isinstance(events, list):
+        return None
+    return _reduce(events), None
 
 
 class _Interner:
@@ -148,11 +235,45 @@ class _Interner:
     def __init__(self) -> None:
         self.seen: dict[Any, Any] = {}
 
+
+class _Codes:
+    """A block's distinct values in order of first use, and each event's code (its index there).
+
+    Values that cannot be hashed get a code each. Mapped through the file's :class:`_Interner` in
+    block order (:func:`_lut`), the codes give the same objects the interner would have given event by
+    event: the first of equal values is the one kept.
+    """
+
+    def __init__(self) -> None:
+        self.index: dict[Any, int] = {}
+        self.odd: dict[int, Any] = {}
+
     def __call__(self, values: list[Any]) -> np.ndarray:
-        s = self.seen
-        out = np.empty(len(values), dtype=object)
-        out[:] = [s.setdefault(v, v) if v.__hash__ is not None else v for v in values]
-        return out
+        idx = self.index
+        try:
+            codes = [idx.setdefault(v, len(idx)) for v in values]
+        except TypeError:  # an unhashable value (a list as a name): a code of its own
+            codes = []
+            for v in values:
+                if v.__hash__ is None:
+                    self.odd[len(idx)] = v
+                    idx[object()] = len(idx)
+                    codes.append(len(idx) - 1)
+                else:
+                    codes.append(idx.setdefault(v, len(idx)))
+        return np.array(codes, dtype=np.int32)
+
+    def values(self) -> list[Any]:
+        return [self.odd[i] if i in self.odd else v for i, v in enumerate(self.index)]
+
+
+def _lut(values: list[Any], names: "_Interner") -> np.ndarray:
+    """A block's distinct values as the file's interned objects, indexable by the block's codes."""
+    s = names.seen
+    out = np.empty(len(values), dtype=object)
+    for i, v in enumerate(values):
+        out[i] = s.setdefault(v, v) if v.__hash__ is not None else v
+    return out
 
 
 class _Kind:
@@ -164,27 +285,74 @@ class _Kind:
         self.n_chunks = 0
         self.lengths: list[int] = []
 
-    def add(self, events: list[dict], names: _Interner, pairs: dict[tuple[str, str], int]) -> None:
-        self.chunks["start"].append(_to_ns(_numbers([e.get("ts") for e in events])))
-        dur = _numbers([e.get("dur") for e in events])
-        self.chunks["dur"].append(_to_ns(np.where(np.isfinite(dur), dur, 0.0)))
+    def add(self, part: dict[str, Any], lut: np.ndarray, pair_lut: np.ndarray) -> None:
+        """Append one block's part (:func:`_reduce_kind`), its value and pair codes turned into this file's."""
+        self.chunks["start"].append(part["start"])
+        self.chunks["dur"].append(part["dur"])
         for c in ("name", "cat", "pid", "tid"):
-            self.chunks[c].append(names([e.get(c) for e in events]))
-        self.chunks["pair"].append(np.fromiter(
-            (pairs.setdefault((str(e.get("pid")), str(e.get("tid"))), len(pairs)) for e in events), dtype=np.int64,
-            count=len(events)))
-        args = [a if isinstance(a := e.get("args"), dict) else {} for e in events]
-        for key, col in ARG_COLUMNS.items():
-            vals = [a.get(key) for a in args]
-            if any(v is not None for v in vals) or any(key in a for a in args):
-                self.args.setdefault(col, []).append((self.n_chunks, _column(vals, col)))
-        self.lengths.append(len(events))
+            self.chunks[c].append(lut[part[c]])
+        self.chunks["pair"].append(pair_lut[part["pair"]])
+        for col, values in part["args"].items():
+            self.args.setdefault(col, []).append((self.n_chunks, values))
+        self.lengths.append(part["n"])
         self.n_chunks += 1
+
+
+def _reduce_kind(events: list[dict], codes: "_Codes", pairs: "_Codes") -> dict[str, Any]:
+    """One kind's events of a block as arrays: numbers as int64, strings and ids as codes into the block's values.
+
+    No Python object per event survives it, so it can cross a pipe from a worker at the cost of its arrays.
+    """
+    start = _to_ns(_floats([e.get("ts") for e in events]))
+    dur = _floats([e.get("dur") for e in events])
+    part: dict[str, Any] = {"n": len(events), "start": start, "dur": _to_ns(np.where(np.isfinite(dur), dur, 0.0))}
+    part["name"] = codes([e.get("name") for e in events])
+    part["cat"] = codes([e.get("cat") for e in events])
+    pids = [e.get("pid") for e in events]
+    tids = [e.get("tid") for e in events]
+    part["pid"] = codes(pids)
+    part["tid"] = codes(tids)
+    part["pair"] = _pair_codes(pids, tids, pairs)
+    args = [a if isinstance(a := e.get("args"), dict) else {} for e in events]
+    part["args"] = {}
+    for key, col in ARG_COLUMNS.items():
+        vals = [a.get(key) for a in args]
+        if any(v is not None for v in vals) or any(key in a for a in args):
+            part["args"][col] = _column(vals, col)
+    return part
+
+
+def _floats(vals: list[Any]) -> np.ndarray:
+    """:func:`~gpuprof.torch_profiler.kineto_schema._numbers` of ``vals``, in C where every value is an int or a
+    float (Kineto's timestamps): the same float64 values, without pandas' object inference."""
+    if set(map(type, vals)) <= {float, int}:
+        try:
+            return np.array(vals, dtype=np.float64)
+        except OverflowError:
+            pass
+    return _numbers(vals)
+
+
+def _pair_codes(pids: list[Any], tids: list[Any], pairs: "_Codes") -> np.ndarray:
+    """Codes of the events' ``(str(pid), str(tid))`` pairs, with ``str`` called once per distinct pair, not per
+    event. Only where pid and tid are ints, strings or None: there, equal values have the same ``str``, so the
+    distinct raw pairs map onto the distinct text pairs (1 and 1.0 are equal but print apart: those go event by event).
+    """
+    if set(map(type, pids)) | set(map(type, tids)) <= {int, str, type(None)}:
+        raw = _Codes()
+        local = raw(list(zip(pids, tids)))
+        return pairs([(str(p), str(t)) for p, t in raw.values()]).astype(np.int32)[local]
+    return pairs([(str(p), str(t)) for p, t in zip(pids, tids)])
 
 
 def _column(vals: list[Any], col: str) -> Any:
     """One argument's values in a block: the ids as Int64 (as ``read_trace`` converts them), others as pandas infers."""
     if col in _ID_COLUMNS:
+        if set(map(type, vals)) == {int}:  # every event has an integer id: no inference needed
+            try:
+                return pd.arrays.IntegerArray(np.array(vals, dtype=np.int64), np.zeros(len(vals), dtype=bool))
+            except OverflowError:
+                pass
         return pd.array(pd.to_numeric(pd.Series(vals, dtype=object), errors="coerce"), dtype="Int64") \
             if any(v is not None for v in vals) else pd.array([pd.NA] * len(vals), dtype="Int64")
     return pd.Series(vals).array
@@ -262,21 +430,101 @@ class Streamed:
     tables: dict[str, pd.DataFrame]
     thread_names: dict[tuple[Any, Any], str]
     process_names: dict[Any, str]
+    reader: str = "serial"  # or "parallel (N workers)", or "serial (...)": why the parallel reader gave it up
 
 
-def read_events(path: str | Path, *, block: int = BLOCK_BYTES) -> Streamed:
+def read_events(path: str | Path, *, block: int = BLOCK_BYTES, workers: int | None = None) -> Streamed:
     """The tables of ``path`` read a block at a time, with the columns this module's docstring lists.
+
+    ``workers``: processes that parse the blocks (:func:`_read_parallel`); 0 or 1 parse them
+    here. By default (None) :func:`default_workers` chooses. The tables are the same either way.
 
     Raises :class:`NotStreamable` when the text cannot be cut into events or the file cannot
     be read to its end (then the whole-file reader gives the error).
     ``gpuprof.torch_profiler.trace.read_trace(path, stream=True)`` makes a Trace of them.
     """
+    path = Path(path)
+    if workers is None:
+        workers = default_workers(path)
     try:
-        return _read(Path(path), block)
+        why = ""
+        if workers > 1:
+            try:
+                got = _read_parallel(path, block, workers)
+                got.reader = f"parallel ({workers} workers)"
+                return got
+            except _Layout as exc:  # not Kineto's layout, or a block that does not parse: the serial reader decides
+                why = f" ({exc})"
+        got = _read(path, block)
+        got.reader = "serial" + why
+        return got
     except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:  # a damaged gzip stream, a file cut short
         raise NotStreamable(str(exc)) from None
     finally:
         _give_back_memory()
+
+
+def default_workers(path: Path) -> int:
+    """Worker processes for ``path``: 2 where the file holds at least :data:`PARALLEL_ABOVE_BYTES` on disk and the
+    machine has two cores (the environment variable ``GPUPROF_READ_WORKERS`` overrides it), else 1.
+
+    Two, not one per core: each worker holds a block's parsed events (about 10 times the block's text),
+    and the course's target machine has two cores.
+    """
+    env = os.environ.get("GPUPROF_READ_WORKERS", "").strip()
+    if env:
+        try:
+            return max(1, int(env))
+        except ValueError:
+            raise GpuprofError(f"GPUPROF_READ_WORKERS={env!r} is not a number of processes.") from None
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return 1
+    return 2 if size >= PARALLEL_ABOVE_BYTES and (os.cpu_count() or 1) >= 2 else 1
+
+
+def _read_parallel(path: Path, block: int, workers: int) -> Streamed:
+    """Blocks cut at :data:`_CUT` by this process, parsed and reduced by ``workers`` processes, put together here
+    in file order. At most two blocks per worker are in flight, so the text held stays a few blocks.
+
+    Raises :class:`_Layout` where the file cannot be cut so or a block does not parse.
+    """
+    acc = _Acc()
+    meta: dict[str, Any] | None = None
+    # fork on Linux (no re-import: the workers start in milliseconds); spawn elsewhere (macOS's system libraries
+    # are not safe to fork, and Windows has no fork)
+    ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+    pending: deque[Any] = deque()
+
+    def take() -> None:
+        nonlocal meta
+        got = pending.popleft().result()
+        if got is None:
+            raise _Layout("a block does not parse")
+        acc.add(got[0])
+        if got[1] is not None:
+            meta = got[1]
+
+    with _open(path) as fh, ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+        try:
+            head, first = _head(fh, block)
+            blocks = _cut_blocks(fh, block, first)
+            del first
+            for raw, last in blocks:
+                pending.append(pool.submit(_work, raw, last, head if last else b""))
+                del raw
+                while len(pending) > 2 * workers:
+                    take()
+            while pending:
+                take()
+        except BaseException:
+            for f in pending:
+                f.cancel()
+            raise
+    if meta is None:
+        raise _Layout("no end of the list")
+    return acc.finish(meta)
 
 
 def _give_back_memory() -> None:
@@ -294,92 +542,142 @@ def _give_back_memory() -> None:
         pass
 
 
-def _read(path: Path, block: int) -> Streamed:
-    kinds = sorted(set(KINDS.values()) | {"other"})
-    acc = {k: _Kind() for k in kinds}
-    names = _Interner()
-    pairs: dict[tuple[str, str], int] = {}
+def _reduce(events: list[Any]) -> dict[str, Any]:
+    """One block's events reduced to what the tables keep: arrays and a few small dicts, no object per event.
+
+    This is the part that runs in the worker processes (:func:`_work`); :class:`_Acc` puts the
+    blocks together in file order.
+    """
+    codes, pairs = _Codes(), _Codes()
+    thread_names: dict[tuple[Any, Any], str] = {}
+    process_names: dict[Any, str] = {}
     categories: Counter = Counter()
     pid_types: set[type] = set()
     tid_types: set[type] = set()
-    flows: dict[str, list] = {c: [] for c in ("id", "cat", "phase", "ts", "pid", "tid", "name", "pair")}
     id_types: set[type] = set()
-    memory: list[pd.DataFrame] = []
-    thread_names: dict[tuple[Any, Any], str] = {}
-    process_names: dict[Any, str] = {}
+    by_kind: dict[str, list[dict]] = {}
+    fl: list[dict] = []
+    mem: list[dict] = []
+    for e in events:  # one pass, each event's dictionary touched once (passes per field cost more: cache misses)
+        if not isinstance(e, dict):
+            continue
+        pid_types.add(type(e.get("pid")))
+        tid_types.add(type(e.get("tid")))
+        id_types.add(type(e.get("id")))
+        cat = e.get("cat")
+        if cat is not None:
+            categories[cat] += 1
+        ph = e.get("ph")
+        low = str(cat).lower()
+        if ph == "X":
+            by_kind.setdefault(KINDS.get(low, "other"), []).append(e)
+        elif ph in ("s", "f", "t") and low in FLOW_CATEGORIES:
+            fl.append(e)
+        elif ph == "i" and e.get("name") == "[memory]":
+            mem.append(e)
+        elif ph == "M":
+            a = e.get("args") if isinstance(e.get("args"), dict) else {}
+            if e.get("name") == "thread_name":
+                thread_names[(e.get("pid"), e.get("tid"))] = str(a.get("name"))
+            elif e.get("name") == "process_name":
+                process_names[e.get("pid")] = str(a.get("name"))
+    kinds = {k: _reduce_kind(evs, codes, pairs) for k, evs in by_kind.items()}
+    flows: dict[str, Any] | None = None
+    if fl:
+        flows = {"id": _flow_ids([e.get("id") for e in fl]),
+                 "cat": codes([FLOW_CATEGORIES[str(e.get("cat")).lower()] for e in fl]),
+                 "phase": codes([e.get("ph") for e in fl]),
+                 "ts": _to_ns(_floats([e.get("ts") for e in fl]))}
+        pids, tids = [e.get("pid") for e in fl], [e.get("tid") for e in fl]
+        flows["pid"], flows["tid"] = codes(pids), codes(tids)
+        flows["name"] = codes([e.get("name") for e in fl])
+        flows["pair"] = _pair_codes(pids, tids, pairs)
+    memory = None
+    if mem:
+        memory = pd.DataFrame.from_records([a if isinstance(a := e.get("args"), dict) else {} for e in mem])
+        memory.insert(0, "ts", _to_ns(_numbers([e.get("ts") for e in mem])))
+    return {"kinds": kinds, "flows": flows, "memory": memory, "values": codes.values(), "pairs": pairs.values(),
+            "categories": categories, "types": (pid_types, tid_types, id_types), "thread_names": thread_names,
+            "process_names": process_names}
+
+
+class _Acc:
+    """The tables growing a block at a time, in file order; :meth:`finish` builds them."""
+
+    def __init__(self) -> None:
+        self.kinds = sorted(set(KINDS.values()) | {"other"})
+        self.acc = {k: _Kind() for k in self.kinds}
+        self.names = _Interner()
+        self.pairs: dict[tuple[str, str], int] = {}
+        self.categories: Counter = Counter()
+        self.pid_types: set[type] = set()
+        self.tid_types: set[type] = set()
+        self.id_types: set[type] = set()
+        self.flows: dict[str, list] = {c: [] for c in ("id", "cat", "phase", "ts", "pid", "tid", "name", "pair")}
+        self.memory: list[pd.DataFrame] = []
+        self.thread_names: dict[tuple[Any, Any], str] = {}
+        self.process_names: dict[Any, str] = {}
+
+    def add(self, b: dict[str, Any]) -> None:
+        lut = _lut(b["values"], self.names)
+        pair_lut = np.array([self.pairs.setdefault(p, len(self.pairs)) for p in b["pairs"]], dtype=np.int64)
+        self.categories.update(b["categories"])
+        for have, new in zip((self.pid_types, self.tid_types, self.id_types), b["types"]):
+            have |= new
+        self.thread_names.update(b["thread_names"])
+        self.process_names.update(b["process_names"])
+        for k, part in b["kinds"].items():
+            self.acc[k].add(part, lut, pair_lut)
+        f = b["flows"]
+        if f is not None:
+            self.flows["id"].append(f["id"])
+            self.flows["ts"].append(f["ts"])
+            for c in ("cat", "phase", "pid", "tid", "name"):
+                self.flows[c].append(lut[f[c]])
+            self.flows["pair"].append(pair_lut[f["pair"]])
+        if b["memory"] is not None:
+            self.memory.append(b["memory"])
+
+    def finish(self, meta: dict[str, Any]) -> Streamed:
+        meta.pop("traceEvents", None)
+        tables: dict[str, pd.DataFrame] = {}
+        pair_ids: dict[str, np.ndarray] = {}
+        for k in self.kinds:
+            tables[k], pair_ids[k] = _table(self.acc.pop(k), self.pid_types, self.tid_types)
+        flows = self.flows
+        tables["flow"] = _flow_table(flows, self.id_types, self.pid_types, self.tid_types)
+        pair_ids["flow"] = _concat(flows["pair"]) if flows["pair"] else np.array([], dtype=np.int64)
+        if self.memory:
+            m = pd.concat(self.memory, ignore_index=True)
+        else:
+            m = pd.DataFrame(columns=["Bytes", "Total Allocated", "Total Reserved", "Device Type", "Device Id", "Addr"])
+            m.insert(0, "ts", np.array([], dtype=np.int64))
+        tables["memory"] = m.rename(columns=_MEMORY_NAMES)
+        _global_tids(tables, pair_ids)
+        for k in ("user_annotation", "gpu_user_annotation"):
+            tables[k]["text"] = tables[k]["name"]
+        for k in ("kernel", "memcpy", "memset", "runtime", "driver"):
+            _correlation_from_flows(tables[k], tables["flow"], gpu=k in ("kernel", "memcpy", "memset"))
+            wanted = ("correlationId", "externalId") + (("deviceId", "streamId") if k in ("kernel", "memcpy", "memset") else ())
+            for c in wanted:
+                if c not in tables[k].columns:
+                    tables[k][c] = pd.array([pd.NA] * len(tables[k]), dtype="Int64")
+        return Streamed(meta=meta, categories={str(k): int(v) for k, v in self.categories.items()}, tables=tables,
+                        thread_names=self.thread_names, process_names=self.process_names)
+
+
+def _read(path: Path, block: int) -> Streamed:
+    """The serial reader: parse and reduce each block in this process."""
+    acc = _Acc()
     meta: dict[str, Any] = {}
     with _open(path) as fh:
         for events in _blocks(fh, block):
             if isinstance(events, dict):
                 meta = events
                 break
-            by_kind: dict[str, list[dict]] = {}
-            fl: list[dict] = []
-            mem: list[dict] = []
-            for e in events:
-                if not isinstance(e, dict):
-                    continue
-                pid_types.add(type(e.get("pid")))
-                tid_types.add(type(e.get("tid")))
-                id_types.add(type(e.get("id")))
-                cat = e.get("cat")
-                if cat is not None:
-                    categories[cat] += 1
-                ph = e.get("ph")
-                low = str(cat).lower()
-                if ph == "X":
-                    by_kind.setdefault(KINDS.get(low, "other"), []).append(e)
-                elif ph in ("s", "f", "t") and low in FLOW_CATEGORIES:
-                    fl.append(e)
-                elif ph == "i" and e.get("name") == "[memory]":
-                    mem.append(e)
-                elif ph == "M":
-                    a = e.get("args") if isinstance(e.get("args"), dict) else {}
-                    if e.get("name") == "thread_name":
-                        thread_names[(e.get("pid"), e.get("tid"))] = str(a.get("name"))
-                    elif e.get("name") == "process_name":
-                        process_names[e.get("pid")] = str(a.get("name"))
+            acc.add(_reduce(events))
             del events
-            for k, evs in by_kind.items():
-                acc[k].add(evs, names, pairs)
-            if fl:
-                flows["id"].append(_flow_ids([e.get("id") for e in fl]))
-                flows["cat"].append(names([FLOW_CATEGORIES[str(e.get("cat")).lower()] for e in fl]))
-                flows["phase"].append(names([e.get("ph") for e in fl]))
-                flows["ts"].append(_to_ns(_numbers([e.get("ts") for e in fl])))
-                for c in ("pid", "tid", "name"):
-                    flows[c].append(names([e.get(c) for e in fl]))
-                flows["pair"].append(np.array([pairs.setdefault((str(e.get("pid")), str(e.get("tid"))), len(pairs))
-                                               for e in fl], dtype=np.int64))
-            if mem:
-                m = pd.DataFrame.from_records([a if isinstance(a := e.get("args"), dict) else {} for e in mem])
-                m.insert(0, "ts", _to_ns(_numbers([e.get("ts") for e in mem])))
-                memory.append(m)
-            del by_kind, fl, mem
-    meta.pop("traceEvents", None)
-    tables: dict[str, pd.DataFrame] = {}
-    pair_ids: dict[str, np.ndarray] = {}
-    for k in kinds:
-        tables[k], pair_ids[k] = _table(acc.pop(k), pid_types, tid_types)
-    tables["flow"] = _flow_table(flows, id_types, pid_types, tid_types)
-    pair_ids["flow"] = _concat(flows["pair"]) if flows["pair"] else np.array([], dtype=np.int64)
-    if memory:
-        m = pd.concat(memory, ignore_index=True)
-    else:
-        m = pd.DataFrame(columns=["Bytes", "Total Allocated", "Total Reserved", "Device Type", "Device Id", "Addr"])
-        m.insert(0, "ts", np.array([], dtype=np.int64))
-    tables["memory"] = m.rename(columns=_MEMORY_NAMES)
-    _global_tids(tables, pair_ids)
-    for k in ("user_annotation", "gpu_user_annotation"):
-        tables[k]["text"] = tables[k]["name"]
-    for k in ("kernel", "memcpy", "memset", "runtime", "driver"):
-        _correlation_from_flows(tables[k], tables["flow"], gpu=k in ("kernel", "memcpy", "memset"))
-        wanted = ("correlationId", "externalId") + (("deviceId", "streamId") if k in ("kernel", "memcpy", "memset") else ())
-        for c in wanted:
-            if c not in tables[k].columns:
-                tables[k][c] = pd.array([pd.NA] * len(tables[k]), dtype="Int64")
-    return Streamed(meta=meta, categories={str(k): int(v) for k, v in categories.items()}, tables=tables,
-                    thread_names=thread_names, process_names=process_names)
+    return acc.finish(meta)
 
 
 def _flow_ids(ids: list[Any]) -> tuple[str, Any]:
