@@ -487,7 +487,7 @@ def test_the_matmul_ladder_compiles_without_spills(tmp_path, target):
     sys.path.insert(0, str(REPO_ROOT / "examples" / "nsight_compute"))
     import matmul_ladder as ml
 
-    assert set(usage) == {r.kernel for r in ml.RUNGS.values()}
+    assert set(usage) == {r.kernel for r in ml.RUNGS.values()} | {ml.RUNG10_RELEASE_CLUSTER.kernel}
     assert all(u.get("spill_store_bytes", 0) == 0 == u.get("spill_load_bytes", 0) for u in usage.values()), usage
 
 
