@@ -302,8 +302,11 @@ def max_active_clusters(kernel, rung: int) -> int | None:  # type: ignore[no-unt
                           spec.dynamic_smem, None, None, 0)
     count = ctypes.c_int(0)
     try:
-        rc = ctypes.CDLL("libcuda.so.1").cuOccupancyMaxActiveClusters(ctypes.byref(count), ctypes.c_void_p(kernel.ptr),
-                                                                      ctypes.byref(config))
+        # CuPy's RawKernel keeps the driver's CUfunction in .kernel.ptr (a bare Function has .ptr). The first H100
+        # run fell back to SMs / 2, most likely because it asked the RawKernel for .ptr (ncu: 66 clusters fit)
+        function = getattr(kernel, "kernel", kernel)
+        rc = ctypes.CDLL("libcuda.so.1").cuOccupancyMaxActiveClusters(ctypes.byref(count),
+                                                                      ctypes.c_void_p(function.ptr), ctypes.byref(config))
     except (OSError, AttributeError):
         return None
     return count.value if rc == 0 and count.value > 0 else None
