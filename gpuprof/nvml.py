@@ -72,7 +72,7 @@ class Nvml:
             rc = lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(index), ctypes.byref(handle))
         if rc != 0:
             return None, f"NVML found no GPU {pci_bus_id or index} (error {rc})"
-        return cls(lib, handle), "NVML"
+        return cls(lib, handle), f"NVML, GPU {pci_bus_id or f'index {index}'}"
 
     def _uint(self, fn: Any, *args: Any) -> int | None:
         value = ctypes.c_uint(0)

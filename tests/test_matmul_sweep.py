@@ -177,7 +177,7 @@ class _FakeNvml:
 
 def test_nvml_reads_through_the_c_calls_and_says_why_when_it_cannot():
     nvml, why = Nvml.open(pci_bus_id="0000:05:00.0", lib=_FakeNvml())
-    assert nvml is not None and why == "NVML"
+    assert nvml is not None and why == "NVML, GPU 0000:05:00.0"
     s = nvml.read()
     assert (s.sm_mhz, s.power_w, s.reasons, s.temp_c) == (1755, 612.5, 4, None) and s.energy_j == pytest.approx(1.007)
     missing, why = Nvml.open(pci_bus_id="0000:99:00.0", lib=_FakeNvml())
@@ -249,3 +249,23 @@ def test_rung_10_arrives_at_cta_scope_and_its_first_version_at_cluster_scope(tmp
     assert "mbarrier.arrive.shared::cluster.b64" not in first
     assert "mbarrier.arrive" in entries["ladder_9_persistent"]
     assert "mbarrier.arrive.shared::cluster" not in entries["ladder_9_persistent"]
+
+
+def test_min_time_raises_the_repeats_of_one_kernel_only_as_far_as_its_probe_allows():
+    import argparse
+    import time
+
+    import numpy as np
+
+    from gpuprof import kernels as gk
+    from gpuprof.backend import Backend
+
+    ml = load_script(LADDER)
+    slow = gk.Variant("slow", "slow", lambda: time.sleep(0.002), 1.0, unit="TFLOP/s")
+    args = argparse.Namespace(repeats=3, warmup=0, min_time_s=0.05, clocks=False)
+    [r] = ml.time_variants([slow], Backend("numpy", "cpu", np), args, None)
+    # the probe took at least 2 ms, so at most 25 launches fill 50 ms; never fewer than --repeats
+    assert 3 <= r.extra["repeats"] <= 25 and "nvml" not in r.extra
+    args.min_time_s = 0
+    [r] = ml.time_variants([slow], Backend("numpy", "cpu", np), args, None)
+    assert r.extra["repeats"] == 3

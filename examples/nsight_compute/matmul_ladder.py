@@ -430,7 +430,7 @@ def time_variants(variants: list, backend: Backend, args: argparse.Namespace, cp
 
     nvml = None
     if args.clocks:
-        nvml, why = Nvml.open(pci_bus_id=cp.cuda.Device().pci_bus_id)
+        nvml, why = Nvml.open(pci_bus_id=getattr(cp.cuda.Device(), "pci_bus_id", None))
         if nvml is None:
             print(f"  (--clocks: {why}; no clocks recorded)")
     sampler = Sampler(nvml) if nvml else None

@@ -28,11 +28,11 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from ..artifacts import REPO_ROOT
+from ..artifacts import REPO_ROOT, FoundCapture, find_capture, save_json
 from ..ncu import report as nr
 from ..ncu.plots import PIPES, stall_metric
 
-__all__ = ["SWEEP_SCRIPT", "REFERENCE", "TORCH", "TARGET", "sweep_table", "share_table", "best_rungs", "figure",
+__all__ = ["run_sweep", "SWEEP_SCRIPT", "REFERENCE", "TORCH", "TARGET", "sweep_table", "share_table", "best_rungs", "figure",
            "from_ladder_runs", "shape_name", "l2_request_sources", "cross_block_arrives"]
 
 SWEEP_SCRIPT = REPO_ROOT / "examples" / "nsight_compute" / "matmul_ladder_sweep.py"
@@ -40,6 +40,32 @@ REFERENCE = "cublas_fp32_out"  # cuBLAS computing the same product: BF16 in, FP3
 TORCH = "cublas_bf16_out"  # torch.matmul's BF16 product (BF16 out)
 TARGET = 0.90  # issue 39: the best rung at least 90% of cuBLAS's same product, least favourable process
 TENSOR_PIPE = PIPES["tensor HMMA (mma.sync + wgmma)"]
+
+
+def run_sweep(chapter: str, filename: str = "sweep.json", *, timeout_s: float = 560) -> FoundCapture:
+    """The sweep on this machine's GPU into ``<chapter>/<filename>`` (about 6 minutes on an H100: the
+    script's ``--plan`` prints its estimate); without a GPU, the course's reference."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from ..backend import describe_machine
+    from ..errors import GpuprofError
+    from ..runner import python_target, shell_line
+
+    if describe_machine().device != "cuda":
+        print("No GPU on this machine: showing the course's reference sweep instead.")
+        return find_capture(chapter, filename, prefer="reference")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / filename
+        proc = subprocess.run([sys.executable, str(SWEEP_SCRIPT), "--json", str(out)], text=True, timeout=timeout_s)
+        if not out.exists():
+            raise GpuprofError(f"matmul_ladder_sweep.py wrote no results (exit {proc.returncode}); see its output above.")
+        data = json.loads(out.read_text())
+    command = shell_line(python_target(SWEEP_SCRIPT, "--json", filename))
+    save_json(chapter, filename, data, overwrite=True,
+              command=f"gpuprof.studies.matmul_sweep.run_sweep: {command} (exit {proc.returncode})")
+    return find_capture(chapter, filename)
 
 
 def _shapes() -> list[tuple[str, tuple[int, int, int], str]]:
