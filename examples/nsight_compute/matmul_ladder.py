@@ -422,8 +422,8 @@ def repeats_for(seconds_per_launch: float, min_time_s: float, repeats: int) -> i
 
 
 def time_variants(variants: list, backend: Backend, args: argparse.Namespace, cp) -> list:  # type: ignore[no-untyped-def]
-    """Time each kernel as gk.bench does, one at a time: with --min-time-s, after one probe launch, enough
-    repeats to fill that time; with --clocks, NVML's SM clock, power and event reasons during its window
+    """Time each kernel as gk.bench does, one at a time: with --min-time-s, after a few probe launches, enough
+    repeats to fill that time (wall time, the timing loop's own cost per launch included); with --clocks, NVML's SM clock, power and event reasons during its window
     (extra.nvml), read by a sampler thread (gpuprof.nvml)."""
     from gpuprof.nvml import Nvml, Sampler
     from gpuprof.timing import time_call
@@ -441,8 +441,13 @@ def time_variants(variants: list, backend: Backend, args: argparse.Namespace, cp
         for v in variants:
             repeats = args.repeats
             if args.min_time_s > 0:
-                probe = time_call(v.launch, backend=backend, warmup=1, repeats=1).median
-                repeats = repeats_for(probe, args.min_time_s, args.repeats)
+                # per launch as the timing loop spends it: one event pair and a wait each, so a kernel of
+                # tens of microseconds costs more than its own time (first-call costs go to the untimed launch)
+                time_call(v.launch, backend=backend, warmup=1, repeats=1)
+                start = time.perf_counter()
+                probe = time_call(v.launch, backend=backend, warmup=0, repeats=3).median
+                per_launch = max(probe, (time.perf_counter() - start) / 3)
+                repeats = repeats_for(per_launch, args.min_time_s, args.repeats)
             t0 = time.monotonic()
             [r] = gk.bench([v], backend, warmup=args.warmup, repeats=repeats)
             t1 = time.monotonic()

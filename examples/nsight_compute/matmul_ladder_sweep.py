@@ -62,9 +62,11 @@ MIN_TIME_S = 0.5
 # The time model of --plan and --budget-s. A process's fixed cost (Python, CuPy and PyTorch start-up,
 # the nvcc compile, the inputs) was 9-11 s on the H100 of the first rung-9/10 run (the gaps between its
 # processes' power bursts in nvidia-smi's 250 ms log); the check of the first run about 10 s more.
-# Each kernel: a probe launch, the warm-up, then max(--min-time-s, repeats x its time), its time at
-# ESTIMATE_TFLOPS or faster (rung 7 ran 16384^3 at about 300 TFLOP/s there; the others were faster).
+# Each kernel: 5 probe and warm-up launches, then max(--min-time-s, repeats x its time), its time at
+# ESTIMATE_TFLOPS or faster (rung 7 ran 16384^3 at about 300 TFLOP/s there; the others were faster)
+# plus the timing loop's cost per launch (an event pair and a wait), LAUNCH_S: assumed, not measured.
 PROCESS_S = 11.0
+LAUNCH_S = 100e-6
 CHECK_S = 10.0
 ESTIMATE_TFLOPS = 300.0
 KERNELS_BESIDE_RUNGS = 2  # cuBLAS FP32 out, and torch.matmul BF16 out
@@ -74,8 +76,8 @@ def estimate_run_s(size: tuple[int, int, int], kernels: int, min_time_s: float, 
                    warmup: int = 2) -> float:
     """Estimated wall seconds of one matmul_ladder.py process at ``size`` timing ``kernels`` kernels."""
     m, n, k = size
-    launch_s = 2 * m * n * k / (ESTIMATE_TFLOPS * 1e12)
-    per_kernel = (1 + warmup) * launch_s + max(min_time_s, repeats * launch_s)
+    launch_s = 2 * m * n * k / (ESTIMATE_TFLOPS * 1e12) + LAUNCH_S
+    per_kernel = (4 + warmup) * launch_s + max(min_time_s, repeats * launch_s)
     return PROCESS_S + kernels * per_kernel
 
 
