@@ -190,12 +190,13 @@ def figure(table: pd.DataFrame, gpu: str):  # type: ignore[no-untyped-def]
     ax.axhline(100, color="0.3", lw=1)
     ax.axhline(100 * TARGET, color="0.5", lw=1, ls="--")
     ax.set_xticks(x, shapes, rotation=20, ha="right")
+    ax.set_ylim(0, max(110.0, 1.08 * 100 * float(table["of_cublas"].max())))
     ax.set(ylabel="% of cuBLAS, same product", title=f"Share of cuBLAS per shape ({gpu}; bar: least favourable process, dot: median)")
     ax.legend(fontsize=8, ncol=2)
     kernels = [n for n in dict.fromkeys(table["name"])]
     for name in kernels:
         rows = table[table["name"] == name].set_index("shape").reindex(shapes)
-        line = bx.plot(x, rows["sm_mhz"], marker="o", ms=4, label=rows["kernel"].dropna().iloc[0][:28])[0]
+        line = bx.plot(x, rows["sm_mhz"], marker="o", ms=4, label=rows["kernel"].dropna().iloc[0][:40])[0]
         bx.plot(x, rows["sm_mhz_low"], "_", color=line.get_color(), ms=8)
     bx.set_xticks(x, shapes, rotation=20, ha="right")
     bx.set(ylabel="SM clock during the timed runs, MHz", title="Clock (line: median, tick: lowest) and power")
