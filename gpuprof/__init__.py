@@ -19,6 +19,7 @@ Shared core
 * :mod:`gpuprof.errors`: errors a reader can act on; :mod:`gpuprof.memory_probe`: host and GPU memory
 * :mod:`gpuprof.backend`: torch CUDA -> CuPy -> CPU, the provenance line, a script's PyTorch
 * :mod:`gpuprof.device_state`: the GPU's clocks under load (``nvidia-smi``) and its own peak memory bandwidth
+* :mod:`gpuprof.nvml`: the SM clock, power and clock-event reasons during one timed window (NVML, ctypes)
 * :mod:`gpuprof.timing`: honest timers (warm-up, sync, CUDA events, median and spread)
 * :mod:`gpuprof.ranges`: NVTX ranges with or without the ``nvtx`` package or a GPU
 * :mod:`gpuprof.tools`: finding nsys / ncu, their versions, counter permission, ``require_tool``
@@ -49,7 +50,7 @@ Case studies (:mod:`gpuprof.studies`), by chapter
 * 0: ``speed_of_light``, ``setup_checks``; 1-2: ``capture_overhead``, ``nsys_switches``;
   3: ``weight_streaming``; 4: ``nsight_compute``, ``replay_modes``; 5: ``pytorch_profiler``;
   6: ``cnn_training``, ``cnn_precision``; 7: ``transformer``; 8: ``multi_gpu``;
-  10: ``mixed_precision``; 11: ``matmul_ladder``; 12: ``llm_inference``; 13 (a draft notebook): ``sharded_training``
+  10: ``mixed_precision``; 11: ``matmul_ladder``, ``matmul_sweep``; 12: ``llm_inference``; 13 (a draft notebook): ``sharded_training``
 """
 
 from __future__ import annotations

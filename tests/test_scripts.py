@@ -27,7 +27,8 @@ SMALL_ARGS = {"tiny_kernels.py": ["--steps", "2", "--kernels", "10"], "saxpy.py"
               "nvtx_features.py": ["--steps", "2", "--cost-calls", "1000"],
               "weight_streaming.py": ["--mode", "all"], "llm_decode.py": ["--json", "{tmp}/llm.json"],
               "transpose.py": ["--n", "256"], "occupancy.py": ["--mib", "2"], "divergence.py": ["--iters", "64"],
-              "matmul.py": ["--n", "128"], "matmul_ladder.py": ["--json", "{tmp}/ladder.json"], "spills.py": ["--threads", "1024", "--iters", "8"], "replay_modes.py": [], "torch_conv.py": ["--steps", "2", "--batch", "8"],
+              "matmul.py": ["--n", "128"], "matmul_ladder.py": ["--json", "{tmp}/ladder.json"],
+              "matmul_ladder_sweep.py": ["--shapes", "2048^3", "--processes", "1", "--json", "{tmp}/sweep.json"], "spills.py": ["--threads", "1024", "--iters", "8"], "replay_modes.py": [], "torch_conv.py": ["--steps", "2", "--batch", "8"],
               "train_profiled.py": ["--batch", "8", "--repeat", "2", "--active", "2", "--trace", "{tmp}/t.json.gz"],
               "profiler_overhead.py": ["--steps", "3", "--batch", "8", "--json", "{tmp}/overhead.json"],
               "compiled_and_graphed.py": ["--layers", "1", "--hidden", "64", "--batch", "64", "--warmup", "2", "--steps", "2", "--trace", "{tmp}/c.json.gz",
@@ -112,9 +113,10 @@ def test_runs_to_completion_on_the_cpu_and_checks_its_result(script, completed_r
 
 # Scripts with nothing to compute without a GPU say so instead (the chapter reads reference results).
 NO_RESULT_ON_CPU = {"replay_modes.py": "no GPU here, so there is nothing to launch",
-                    "matmul_ladder.py": "no CUDA GPU here (or --cpu): the rungs are CUDA kernels"}
+                    "matmul_ladder.py": "no CUDA GPU here (or --cpu): the rungs are CUDA kernels",
+                    "matmul_ladder_sweep.py": "matmul_ladder_sweep: nothing ran: matmul_ladder: no CUDA GPU here"}
 # and a script that ran nothing says so in its exit status where its --help promises one
-STATUS_ON_CPU = {"matmul_ladder.py": 3}
+STATUS_ON_CPU = {"matmul_ladder.py": 3, "matmul_ladder_sweep.py": 3}
 
 
 BAD_INPUT = {
@@ -157,7 +159,14 @@ BAD_INPUT = {
                          (["--group-m", "0"], "must be at least 1"),
                          (["--rung", "x"], "--rung takes 'all' or numbers"), (["--size", "4096,0"], "expected three positive sizes"),
                          (["--size", "big"], "expected M,N,K or one number"),
-                         (["--size", "1000000000000"], "must be under 2,147,483,648 (the kernels take them as 32-bit ints)")],
+                         (["--size", "1000000000000"], "must be under 2,147,483,648 (the kernels take them as 32-bit ints)"),
+                         (["--min-time-s", "-1"], "--min-time-s takes 0 to 60 seconds"),
+                         (["--arrive-scope", "gpu"], "invalid choice: 'gpu'")],
+    "matmul_ladder_sweep.py": [(["--shapes", "9999^3", "--plan"], "no shape '9999^3'; the shapes are 2048^3"),
+                               (["--min-time-s", "nan", "--plan"], "--min-time-s takes 0 to 60 seconds"),
+                               (["--processes", "0", "--plan"], "must be at least 1"),
+                               (["--shapes", "2048^3"], "say where the results go with --json FILE"),
+                               (["--json", "/no/such/dir/s.json"], "does not exist")],
     "compiled_and_graphed.py": [(["--modes", "jit"], "no mode jit; the modes are eager, compiled, graphed"),
                                 (["--steps", "0"], "must be at least 1"),
                                 (["--trace", "t.json"], "give a name ending in .json.gz")],
@@ -487,7 +496,7 @@ def test_the_matmul_ladder_compiles_without_spills(tmp_path, target):
     sys.path.insert(0, str(REPO_ROOT / "examples" / "nsight_compute"))
     import matmul_ladder as ml
 
-    assert set(usage) == {r.kernel for r in ml.RUNGS.values()}
+    assert set(usage) == {r.kernel for r in ml.RUNGS.values()} | {ml.RUNG10_RELEASE_CLUSTER.kernel}
     assert all(u.get("spill_store_bytes", 0) == 0 == u.get("spill_load_bytes", 0) for u in usage.values()), usage
 
 

@@ -609,13 +609,30 @@ __device__ __forceinline__ void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 }
 // Arrive on barrier `bar` of the cluster's block `rank` (the same offset in its shared memory).
+// RELEASE_CLUSTER false: mbarrier.arrive's default semantics, release at CTA scope, the form
+// CUTLASS's ClusterBarrier::arrive(cta_id) uses for the same signal. A consumer has nothing to
+// publish here (wgmma.wait_group already saw its reads of the stage complete): it only says
+// the stage is free. RELEASE_CLUSTER true: release at cluster scope, rung 10 as first run. That
+// orders the thread's earlier global stores (the last tile's C) before the arrive for every
+// thread of the cluster; under ncu at 8192^3 it came with about 80 more one-sector L2 requests
+// per arrive than rung 9 made (the H100 has 80 L2 slices), the tensor pipe busy 45% of active
+// cycles against rung 9's 96%, and half of rung 9's speed.
+template <bool RELEASE_CLUSTER>
 __device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t rank) {
-    asm volatile(
-        "{\n .reg .b32 remote;\n"
-        " mapa.shared::cluster.u32 remote, %0, %1;\n"
-        " mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_addr(bar)),
-        "r"(rank)
-        : "memory");
+    if (RELEASE_CLUSTER)
+        asm volatile(
+            "{\n .reg .b32 remote;\n"
+            " mapa.shared::cluster.u32 remote, %0, %1;\n"
+            " mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_addr(bar)),
+            "r"(rank)
+            : "memory");
+    else
+        asm volatile(
+            "{\n .reg .b32 remote;\n"
+            " mapa.shared::cluster.u32 remote, %0, %1;\n"
+            " mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_addr(bar)),
+            "r"(rank)
+            : "memory");
 }
 // One box, written at the same offset into the shared memory of every block in `mask`, each
 // block's barrier at `bar`'s offset counting the bytes that land in that block.
@@ -627,6 +644,17 @@ __device__ __forceinline__ void tma_load_2d_multicast(void* dst, const void* tma
         "l"(tmap), "r"(smem_addr(bar)), "r"(k), "r"(r), "h"(mask)
         : "memory");
 }
+// A consumer warpgroup's "stage free" signal, to the empty barrier of every block that writes
+// into the stage: its own (a local arrive) and, in a cluster, its partner's (a remote one).
+// Rung 10 as first run sent both through mapa with release at cluster scope.
+template <int CLUSTER, bool RELEASE_CLUSTER>
+__device__ __forceinline__ void release_stage(uint64_t* bar, uint32_t rank) {
+    for (uint32_t b = 0; b < CLUSTER; ++b) {
+        if (RELEASE_CLUSTER) mbar_arrive_cluster<true>(bar, b);
+        else if (b == rank) mbar_arrive(bar);
+        else mbar_arrive_cluster<false>(bar, b);
+    }
+}
 #endif
 
 // The body of rungs 9 (CLUSTER 1) and 10 (CLUSTER 2). A unit of work is CLUSTER tiles of one
@@ -637,7 +665,7 @@ __device__ __forceinline__ void tma_load_2d_multicast(void* dst, const void* tma
 // or multiplied (consumers), so stage g % HSTAGES and its phase parity (g / HSTAGES) & 1 need
 // no reset between tiles. Each slice's stage is released exactly once: the slice before
 // after wait_group 1 (as in rung 8), and a tile's last slice after its wait_group 0.
-template <int CLUSTER>
+template <int CLUSTER, bool RELEASE_CLUSTER>
 __device__ __forceinline__ void persistent_body(const void* __restrict__ tmap_a, const void* __restrict__ tmap_w,
                                                 float* __restrict__ C, int M, int N, int K, int group_m) {
 #ifdef LADDER_HOPPER
@@ -720,20 +748,12 @@ __device__ __forceinline__ void persistent_body(const void* __restrict__ tmap_a,
                 for (int k = 0; k < HBK / 16; ++k) wgmma_m64n256k16(d, wgmma_desc(a + k * 16), wgmma_desc(w + k * 16));
                 asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
                 asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-                if (t == 0 && i > 0) {  // the slice before is complete: release its stage in every block
-                    for (uint32_t b = 0; b < CLUSTER; ++b) {
-                        if (CLUSTER > 1) mbar_arrive_cluster(&empty[(g - 1) % HSTAGES], b);
-                        else mbar_arrive(&empty[(g - 1) % HSTAGES]);
-                    }
-                }
+                if (t == 0 && i > 0)  // the slice before is complete: release its stage in every block
+                    release_stage<CLUSTER, RELEASE_CLUSTER>(&empty[(g - 1) % HSTAGES], rank);
             }
             asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-            if (t == 0) {  // the tile's last slice; the producer may already be loading the next tile
-                for (uint32_t b = 0; b < CLUSTER; ++b) {
-                    if (CLUSTER > 1) mbar_arrive_cluster(&empty[(g - 1) % HSTAGES], b);
-                    else mbar_arrive(&empty[(g - 1) % HSTAGES]);
-                }
-            }
+            if (t == 0)  // the tile's last slice; the producer may already be loading the next tile
+                release_stage<CLUSTER, RELEASE_CLUSTER>(&empty[(g - 1) % HSTAGES], rank);
             // The epilogue of rungs 7-8 (same accumulator layout), from registers to C.
             const int r = row0 + c * 64 + warp * 16 + lane / 4;
 #pragma unroll
@@ -755,7 +775,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) ladder_9_persistent(const v
                                                                           const void* __restrict__ tmap_w,
                                                                           float* __restrict__ C, int M, int N, int K,
                                                                           int group_m) {
-    persistent_body<1>(tmap_a, tmap_w, C, M, N, K, group_m);
+    persistent_body<1, false>(tmap_a, tmap_w, C, M, N, K, group_m);
 }
 
 // Rung 10: rung 9 in clusters of two blocks that share each slice of W (TMA multicast). The
@@ -769,5 +789,14 @@ extern "C" __global__ void __launch_bounds__(384, 1) ladder_9_persistent(const v
 extern "C" __global__ void LADDER_CLUSTER_OF_2 __launch_bounds__(384, 1)
     ladder_10_cluster_multicast(const void* __restrict__ tmap_a, const void* __restrict__ tmap_w,
                                 float* __restrict__ C, int M, int N, int K, int group_m) {
-    persistent_body<2>(tmap_a, tmap_w, C, M, N, K, group_m);
+    persistent_body<2, false>(tmap_a, tmap_w, C, M, N, K, group_m);
+}
+
+// Rung 10 as first run (matmul_ladder.py --arrive-scope cluster): the same kernel with its
+// consumers' arrivals released at cluster scope. Kept so that one run can show the defect and
+// its fix side by side (time, ncu's L2 requests and membar stalls).
+extern "C" __global__ void LADDER_CLUSTER_OF_2 __launch_bounds__(384, 1)
+    ladder_10_release_cluster(const void* __restrict__ tmap_a, const void* __restrict__ tmap_w,
+                              float* __restrict__ C, int M, int N, int K, int group_m) {
+    persistent_body<2, true>(tmap_a, tmap_w, C, M, N, K, group_m);
 }

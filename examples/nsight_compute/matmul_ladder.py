@@ -22,6 +22,11 @@ compiled with -lineinfo (so that ncu's source page maps counters to lines):
                              that share each slice of W: each block loads half of it and the
                              TMA multicasts it into both (a third less L2 -> SM traffic)
 
+Rung 10 as first run released its cross-block barrier arrivals at cluster scope: under ncu at
+8192^3 it made about 80 more one-sector L2 requests per arrival than rung 9 made in all (the
+H100 has 80 L2 slices) and ran at half of rung 9's speed. --arrive-scope cluster runs that
+kernel (ladder_10_release_cluster) in rung 10's place, so one run shows the defect and its fix.
+
 Rungs 9 and 10 are the next rungs of issue 39, written for the large shapes (8192^3 and up),
 where that issue measured rung 8 at 64% of cuBLAS and below on an H100; the chapter's tables
 and figures show rungs 1-8 (gpuprof.studies.matmul_ladder passes --rung 1,2,3,4,5,6,7,8). Their grid is sized from the GPU (SMs,
@@ -48,7 +53,10 @@ check); 2 bad input or an error, said in one sentence; 3 nothing ran (no CUDA GP
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import math
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,6 +105,10 @@ RUNGS = {
     10: Rung("ladder_10_cluster_multicast", "10 rung 9, 2-block clusters, W multicast", (384,), (128, 256), 8,
              dynamic_smem=4 * (128 + 256) * 64 * 2 + 1024, min_cc=90, tensor_maps=True, persistent=True, cluster=2),
 }
+# Rung 10 as first run: its consumers' arrivals on both blocks' empty barriers released at cluster scope.
+RUNG10_RELEASE_CLUSTER = dataclasses.replace(RUNGS[10], kernel="ladder_10_release_cluster",
+                                             label="10 as first run, arrivals released at cluster scope")
+MAX_REPEATS = 100_000  # --min-time-s never asks for more timed launches of one kernel than this
 GROUP_M = 16  # rows of tiles that walk along N together (rungs 9-10); see tile_order
 SMALL_GRID = 3  # the check also runs the persistent rungs on this many blocks (rung 10: clusters), looping over tiles
 CHECK_SHAPES = [(512, 512, 512), (1000, 1000, 1000), (777, 520, 264)]  # (M, N, K); the last two fit no tile
@@ -183,10 +195,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-cublas", action="store_true", help="time the rungs only (under ncu: no library kernels)")
     p.add_argument("--group-m", type=positive_int, default=GROUP_M, metavar="G",
                    help=f"rungs 9-10: rows of tiles that walk along N together (default: {GROUP_M}; 1 is row by row)")
+    p.add_argument("--arrive-scope", choices=("cta", "cluster"), default="cta",
+                   help="rung 10's cross-block arrivals: cta (default, the fixed rung) or cluster (rung 10 as first "
+                        "run, kernel ladder_10_release_cluster)")
+    p.add_argument("--min-time-s", type=float, default=0.0, metavar="S",
+                   help="time each kernel for at least S seconds (more repeats than --repeats where needed, so that "
+                        "the clocks read during its runs are its own; default: 0, off)")
+    p.add_argument("--clocks", action="store_true",
+                   help="read the SM clock, power and clock-event reasons from NVML during each kernel's timed runs "
+                        "(results' extra.nvml), so that each rate can be stated per cycle")
     gk.add_bench_arguments(p)
     cpu = next(a for a in p._actions if "--cpu" in a.option_strings)
     cpu.help = "run nothing even where a GPU is available (there is no CPU stand-in: see the exit status below)"
     args = p.parse_args(argv)
+    if not math.isfinite(args.min_time_s) or not 0 <= args.min_time_s <= 60:
+        p.error(f"--min-time-s takes 0 to 60 seconds, not {args.min_time_s}")
     try:
         args.rungs = sorted(RUNGS) if args.rung == "all" else sorted({int(r) for r in args.rung.split(",") if r.strip()})
     except ValueError:
@@ -279,8 +302,11 @@ def max_active_clusters(kernel, rung: int) -> int | None:  # type: ignore[no-unt
                           spec.dynamic_smem, None, None, 0)
     count = ctypes.c_int(0)
     try:
-        rc = ctypes.CDLL("libcuda.so.1").cuOccupancyMaxActiveClusters(ctypes.byref(count), ctypes.c_void_p(kernel.ptr),
-                                                                      ctypes.byref(config))
+        # CuPy's RawKernel keeps the driver's CUfunction in .kernel.ptr (a bare Function has .ptr). The first H100
+        # run fell back to SMs / 2, most likely because it asked the RawKernel for .ptr (ncu: 66 clusters fit)
+        function = getattr(kernel, "kernel", kernel)
+        rc = ctypes.CDLL("libcuda.so.1").cuOccupancyMaxActiveClusters(ctypes.byref(count),
+                                                                      ctypes.c_void_p(function.ptr), ctypes.byref(config))
     except (OSError, AttributeError):
         return None
     return count.value if rc == 0 and count.value > 0 else None
@@ -293,12 +319,14 @@ class Launcher:
     clusters as fit at once (rung 10), never more than there are units of work; ``grid``
     overrides it (in clusters) and ``group_m`` sets the tile order's group."""
 
-    def __init__(self, cp, kernels: dict, group_m: int = GROUP_M) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, cp, kernels: dict, group_m: int = GROUP_M,  # type: ignore[no-untyped-def]
+                 rungs: dict[int, Rung] | None = None) -> None:
         self.cp, self.kernels, self.group_m = cp, kernels, group_m
+        self.rungs = rungs or RUNGS  # RUNGS, or with rung 10 as first run in its place
         self._maps: dict[tuple, tuple] = {}
         self.sms = int(cp.cuda.Device().attributes["MultiProcessorCount"])
         self.clusters: dict[int, int] = {}  # per persistent rung: clusters (rung 9: blocks) resident at once
-        for r, spec in RUNGS.items():
+        for r, spec in self.rungs.items():
             if spec.persistent and spec.kernel in kernels:
                 fit = max_active_clusters(kernels[spec.kernel], r) if spec.cluster > 1 else None
                 if spec.cluster > 1 and fit is None:
@@ -313,7 +341,7 @@ class Launcher:
 
     def __call__(self, rung: int, a, w, c, m: int, n: int, k: int,  # type: ignore[no-untyped-def]
                  grid: int | None = None) -> None:
-        spec = RUNGS[rung]
+        spec = self.rungs[rung]
         if spec.tensor_maps:
             key = (a.data.ptr, w.data.ptr, m, n, k, spec.cluster)
             if key not in self._maps:
@@ -385,6 +413,58 @@ def cublas_fp32_out(cp, a, w, c, m: int, n: int, k: int):  # type: ignore[no-unt
     return launch
 
 
+def repeats_for(seconds_per_launch: float, min_time_s: float, repeats: int) -> int:
+    """Timed launches that fill ``min_time_s`` at ``seconds_per_launch`` (never fewer than ``repeats``, never
+    more than MAX_REPEATS)."""
+    if min_time_s <= 0:
+        return repeats
+    return max(repeats, min(MAX_REPEATS, math.ceil(min_time_s / max(seconds_per_launch, 1e-7))))
+
+
+def time_variants(variants: list, backend: Backend, args: argparse.Namespace, cp) -> list:  # type: ignore[no-untyped-def]
+    """Time each kernel as gk.bench does, one at a time: with --min-time-s, after a few probe launches, enough
+    repeats to fill that time (wall time, the timing loop's own cost per launch included); with --clocks, NVML's SM clock, power and event reasons during its window
+    (extra.nvml), read by a sampler thread (gpuprof.nvml)."""
+    from gpuprof.nvml import Nvml, Sampler
+    from gpuprof.timing import time_call
+
+    nvml = None
+    if args.clocks:
+        nvml, why = Nvml.open(pci_bus_id=getattr(cp.cuda.Device(), "pci_bus_id", None))
+        if nvml is None:
+            print(f"  (--clocks: {why}; no clocks recorded)")
+    sampler = Sampler(nvml) if nvml else None
+    results = []
+    try:
+        if sampler:
+            sampler.__enter__()
+        for v in variants:
+            repeats = args.repeats
+            if args.min_time_s > 0:
+                # per launch as the timing loop spends it: one event pair and a wait each, so a kernel of
+                # tens of microseconds costs more than its own time (first-call costs go to the untimed launch)
+                time_call(v.launch, backend=backend, warmup=1, repeats=1)
+                start = time.perf_counter()
+                probe = time_call(v.launch, backend=backend, warmup=0, repeats=3).median
+                per_launch = max(probe, (time.perf_counter() - start) / 3)
+                repeats = repeats_for(per_launch, args.min_time_s, args.repeats)
+            t0 = time.monotonic()
+            [r] = gk.bench([v], backend, warmup=args.warmup, repeats=repeats)
+            t1 = time.monotonic()
+            r.extra["repeats"] = repeats
+            if sampler:
+                r.extra["nvml"] = nv = sampler.summary(t0, t1)
+                if nv["sm_mhz_median"]:
+                    print(f"    during it: SM clock {nv['sm_mhz_median']:.0f} MHz (lowest {nv['sm_mhz_min']:.0f}), "
+                          f"{(nv['power_w_energy'] or nv['power_w_mean'] or float('nan')):.0f} W, clock-event reasons: "
+                          f"{nv['event_reasons_words']} ({nv['samples']} readings in {nv['seconds']:.2f} s)")
+            results.append(r)
+    finally:
+        if sampler:
+            sampler.__exit__(None, None, None)
+    return results
+
+
 @exit_on_error
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
@@ -408,9 +488,10 @@ def main(argv: list[str] | None = None) -> int:
         raise GpuprofError("none of the chosen rungs runs on this GPU.", "Choose others with --rung.")
     require_memory(product_bytes(m, n, k), "cuda", f"A {m} x {n} x {k} product's inputs and outputs",
                    "--size")
-    kernels = gk.compile_kernels(CU, [RUNGS[r].kernel for r in rungs], cp, arch="sm_90a" if cc == 90 else None,
-                                 max_dynamic_shared={RUNGS[r].kernel: RUNGS[r].dynamic_smem for r in rungs})
-    launch = Launcher(cp, kernels, args.group_m)
+    table = {**RUNGS, **({10: RUNG10_RELEASE_CLUSTER} if args.arrive_scope == "cluster" else {})}
+    kernels = gk.compile_kernels(CU, [table[r].kernel for r in rungs], cp, arch="sm_90a" if cc == 90 else None,
+                                 max_dynamic_shared={table[r].kernel: table[r].dynamic_smem for r in rungs})
+    launch = Launcher(cp, kernels, args.group_m, table)
     print(f"matmul_ladder: C = A W^T, {m} x {n} x {k}, BF16 in, FP32 accumulate and out, "
           f"{2 * m * n * k / 1e9:,.0f} GFLOP per product")
     checks = [] if args.no_check else check_rungs(cp, launch, rungs)
@@ -418,9 +499,9 @@ def main(argv: list[str] | None = None) -> int:
     c = cp.empty((m, n), dtype=cp.float32)
     backend = Backend("cupy", "cuda", cp)
     flops = 2 * m * n * k
-    variants = [gk.Variant(RUNGS[r].kernel, RUNGS[r].label, lambda r=r: launch(r, a, w, c, m, n, k), flops,
-                           unit="TFLOP/s", extra={"rung": r, **({"grid_blocks": launch.grid(r, m, n) * RUNGS[r].cluster,
-                                                                 "group_m": args.group_m} if RUNGS[r].persistent else {})})
+    variants = [gk.Variant(table[r].kernel, table[r].label, lambda r=r: launch(r, a, w, c, m, n, k), flops,
+                           unit="TFLOP/s", extra={"rung": r, **({"grid_blocks": launch.grid(r, m, n) * table[r].cluster,
+                                                                 "group_m": args.group_m} if table[r].persistent else {})})
                 for r in rungs]
     if not args.no_cublas:
         try:
@@ -439,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
                                            lambda: torch.matmul(ta, tw.T), flops, unit="TFLOP/s"))
         except ImportError:
             print("  (no CUDA build of PyTorch here: no torch.matmul row)")
-    results = gk.bench(variants, backend, warmup=args.warmup, repeats=args.repeats)
+    results = time_variants(variants, backend, args, cp)
     print()
     print(gk.format_results(results, results[0], f"vs rung {rungs[0]}"))
     refs = [r for r in results if r.name.startswith("cublas")]
