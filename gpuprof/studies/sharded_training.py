@@ -69,7 +69,8 @@ __all__ = ["MODES", "BUS_FACTOR", "shard_numel", "memory_arithmetic", "sharded_s
            "Link", "fit_link", "UnitCost", "unit_costs", "units_from_record", "StepPrediction", "simulate_step", "predict_scaling",
            "memory_table", "step_table", "read_rank_results", "SCALES", "COLLECTIVES", "mode_steps", "collective_table",
            "overlap_summary", "exposed_collectives", "arrival_skew", "hta_beside", "unit_order", "transfer_times", "link_rows",
-           "predict_by_scale"]
+           "predict_by_scale", "compute_stream", "idle_table", "idle_summary", "kernel_streams", "collective_timeline",
+           "clock_check", "step_spread", "pattern_time"]
 
 MODES = ("ddp", "fsdp_reshard", "fsdp_keep")
 SCALES = (2, 4, 8, 64, 1024)
@@ -632,3 +633,173 @@ def predict_by_scale(units: Sequence[UnitCost], link: Link, optimizer_ms: float,
                          "exposed_ms": p.exposed_ms, "hidden_share": p.hidden_share, "step_ms": p.step_ms,
                          **{f"exposed_{k}_ms": v for k, v in p.exposed_by_collective.items()}})
     return pd.DataFrame(rows)
+
+
+# --- what the step lost: the compute stream's idle time, and the kinds of kernels on it -----------------------------
+
+def compute_stream(d: Any, window: tuple[int, int] | None = None) -> int:
+    """The stream that ran most of rank ``d``'s non-NCCL kernel time (in ``window``): the one the layers'
+    matrix products run on. FSDP2 puts its own copies on streams of its own, and some of them run on this one
+    (:func:`kernel_streams` says which), so "computation" and "the compute stream" are not the same set."""
+    k = d.compute if window is None else d.compute[(d.compute["end"] > window[0]) & (d.compute["start"] < window[1])]
+    if k.empty:
+        raise GpuprofError(f"rank {d.rank}: no computation kernels in the window, so no compute stream.")
+    return int(k.groupby("streamId")["duration_ns"].sum().idxmax())
+
+
+def idle_table(data: dict[int, Any]) -> Any:
+    """Per rank, mode and timed step: what the compute stream did with the step's GPU window.
+
+    Columns: gpu_ms (the window, :func:`mode_steps`), busy_ms (the union of the compute stream's kernels in
+    it), idle_ms (the rest: the time the step lost on the compute stream, whatever the cause: a wait for an
+    all-gather, for a copy on another stream, or for the CPU to launch), exposed_any_ms (the NCCL kernels' wall
+    time with no kernel of *any* other stream beside it, the ``any`` rows of :func:`collective_table`),
+    exposed_stream_ms (the same with only the compute stream's kernels counted as hiding), and comm_ms (the NCCL
+    kernels' union) and other_idle_ms (idle_ms minus exposed_stream_ms: compute-stream idle time with no NCCL kernel
+    running, a wait for something else: the CPU, or a copy on another stream).
+    """
+    import pandas as pd
+
+    from .. import activity as ta
+
+    rows = []
+    empty = pd.DataFrame(columns=["start", "end"])
+    for rank, d in data.items():
+        for s in mode_steps(d).itertuples():
+            window = (s.start, s.end)
+            k = d.kernels[(d.kernels["end"] > s.start) & (d.kernels["start"] < s.end)]
+            nccl, compute = k[k["nccl"]], k[~k["nccl"]]
+            main = compute[compute["streamId"] == compute_stream(d, window)]
+            busy = (ta.exposed_ns(main, empty, window)) / 1e6
+            rows.append({"rank": rank, "mode": s.mode, "step": s.step, "gpu_ms": s.gpu_ms, "busy_ms": busy,
+                         "idle_ms": s.gpu_ms - busy, "comm_ms": ta.exposed_ns(nccl, empty, window) / 1e6,
+                         "exposed_any_ms": ta.exposed_ns(nccl, compute, window) / 1e6,
+                         "exposed_stream_ms": ta.exposed_ns(nccl, main, window) / 1e6})
+    t = pd.DataFrame(rows, columns=["rank", "mode", "step", "gpu_ms", "busy_ms", "idle_ms", "comm_ms",
+                                    "exposed_any_ms", "exposed_stream_ms"])
+    t["other_idle_ms"] = t["idle_ms"] - t["exposed_stream_ms"]
+    return t
+
+
+def idle_summary(table: Any) -> Any:
+    """:func:`idle_table` per mode and rank: the median step's figures (ms), and the NCCL wall time hidden over the
+    timed steps counted two ways: ``hidden_any`` (behind a kernel on any other stream, :func:`overlap_summary`'s
+    share) and ``hidden_stream`` (behind the compute stream's kernels only)."""
+    g = table.groupby(["mode", "rank"], sort=False)
+    out = g[["gpu_ms", "busy_ms", "idle_ms", "comm_ms", "exposed_any_ms", "exposed_stream_ms", "other_idle_ms"]].median()
+    comm = g["comm_ms"].sum()
+    out["hidden_any"] = 1 - g["exposed_any_ms"].sum() / comm
+    out["hidden_stream"] = 1 - g["exposed_stream_ms"].sum() / comm
+    return out.reset_index()
+
+
+def kernel_streams(data: dict[int, Any], mode: str, pattern: str) -> Any:
+    """Per rank, the kernels of ``mode``'s timed steps whose name matches ``pattern`` (a regular expression), by
+    name and stream: count and milliseconds per step (median over the steps), and whether the stream is the
+    compute stream (:func:`compute_stream`). Which stream a copy kernel runs on decides whether it can overlap
+    the layers' computation or runs in series with it."""
+    import pandas as pd
+
+    rows = []
+    for rank, d in data.items():
+        for s in mode_steps(d).itertuples():
+            if s.mode != mode:
+                continue
+            window = (s.start, s.end)
+            main = compute_stream(d, window)
+            k = d.kernels[(d.kernels["end"] > s.start) & (d.kernels["start"] < s.end)]
+            k = k[k["name"].astype(str).str.contains(pattern, regex=True)]
+            for (name, stream), g in k.groupby(["name", "streamId"], sort=False):
+                rows.append({"rank": rank, "step": s.step, "name": str(name), "stream": int(stream),
+                             "compute_stream": int(stream) == main, "kernels": len(g),
+                             "ms": g["duration_ns"].sum() / 1e6})
+    if not rows:
+        raise GpuprofError(f"no kernel matching {pattern!r} in the timed steps of {mode!r}.")
+    t = pd.DataFrame(rows)
+    return t.groupby(["rank", "name", "stream", "compute_stream"], sort=False)[["kernels", "ms"]].median().reset_index()
+
+
+def collective_timeline(data: dict[int, Any], mode: str, kind: str, positions: Sequence[int]) -> Any:
+    """When the ``positions``-th ``kind`` collectives of ``mode``'s steps ran, per rank: start (ms after the step's
+    start), duration, and ``after_previous_ms``, the gap from the end of the previous collective of the same
+    kind to this one's start (negative: they overlapped), each a median over the timed steps. A collective
+    queued behind the one before it on the link starts as that one ends (a gap near zero); one issued late
+    starts well after it."""
+    import pandas as pd
+
+    from ..nsys.ranks import collective_kernels
+
+    rows = []
+    for rank, d in data.items():
+        for s in mode_steps(d).itertuples():
+            if s.mode != mode:
+                continue
+            per = collective_kernels(d, (s.start, s.end))
+            per = per[per["kind"] == kind].sort_values("start", kind="stable").reset_index(drop=True)
+            for p in positions:
+                if p >= len(per):
+                    raise GpuprofError(f"rank {rank}, {mode} step {s.step}: {len(per)} {kind} kernels, no position {p}.")
+                r = per.iloc[p]
+                gap = (r["start"] - per.iloc[p - 1]["end"]) / 1e6 if p > 0 else float("nan")
+                rows.append({"rank": rank, "position": p, "step": s.step, "start_ms": (r["start"] - s.start) / 1e6,
+                             "ms": r["duration_ns"] / 1e6, "after_previous_ms": gap,
+                             "exposed_ms": r["exposed_ns"] / 1e6})
+    if not rows:
+        raise GpuprofError(f"no timed steps of mode {mode!r} in the captures.")
+    t = pd.DataFrame(rows)
+    return t.groupby(["rank", "position"], sort=False)[["start_ms", "ms", "after_previous_ms", "exposed_ms"]].median() \
+        .reset_index()
+
+
+def clock_check(data: dict[int, Any], patterns: Sequence[str] = ("AllGather", "ReduceScatter", "AllReduce")) -> Any:
+    """:func:`gpuprof.nsys.ranks.collective_end_skew` summarised per collective: how far apart the ends of the same
+    collective lie on the ranks once their reports share one axis (median, 5th and 95th percentile, µs). A
+    collective ends on every rank within microseconds of the others, so a spread of microseconds says the
+    reports' clocks agree to that, and a skew of a millisecond between the ranks' starts is real."""
+    import pandas as pd
+
+    from ..nsys.ranks import collective_end_skew
+
+    rows = []
+    for p in patterns:
+        sk = collective_end_skew(data, p)
+        if sk.empty:
+            continue
+        us = sk["end_skew_ns"] / 1e3
+        rows.append({"collective": p, "kernels": len(sk), "end_skew_median_us": float(us.median()),
+                     "p5_us": float(us.quantile(0.05)), "p95_us": float(us.quantile(0.95))})
+    return pd.DataFrame(rows, columns=["collective", "kernels", "end_skew_median_us", "p5_us", "p95_us"])
+
+
+def step_spread(results: Sequence[dict[str, Any]]) -> Any:
+    """Per mode and rank: the timed steps' count, minimum, median and maximum (ms). A median of five hides a drift;
+    the spread shows whether the steps were steady."""
+    import statistics
+
+    import pandas as pd
+
+    rows = []
+    for r in results:
+        for run in r["runs"]:
+            t = [s["step"] for s in run["steps"]]
+            rows.append({"mode": run["mode"], "rank": r["rank"], "steps": len(t), "min_ms": min(t),
+                         "median_ms": statistics.median(t), "max_ms": max(t)})
+    return pd.DataFrame(rows)
+
+
+def pattern_time(data: dict[int, Any], pattern: str) -> Any:
+    """Per mode and rank: the kernels whose name matches ``pattern`` (a regular expression), their count and summed
+    time per timed step (median over the steps, ms). Compares one family of kernels (the matrix products, say)
+    across modes: the same work taking longer beside communication is the contention a model that counts
+    overlap as free leaves out."""
+    import pandas as pd
+
+    rows = []
+    for rank, d in data.items():
+        for s in mode_steps(d).itertuples():
+            k = d.kernels[(d.kernels["end"] > s.start) & (d.kernels["start"] < s.end)]
+            k = k[k["name"].astype(str).str.contains(pattern, regex=True)]
+            rows.append({"mode": s.mode, "rank": rank, "step": s.step, "kernels": len(k),
+                         "ms": k["duration_ns"].sum() / 1e6})
+    t = pd.DataFrame(rows, columns=["mode", "rank", "step", "kernels", "ms"])
+    return t.groupby(["mode", "rank"], sort=False)[["kernels", "ms"]].median().reset_index()
