@@ -70,7 +70,8 @@ __all__ = ["MODES", "BUS_FACTOR", "shard_numel", "memory_arithmetic", "sharded_s
            "memory_table", "step_table", "read_rank_results", "SCALES", "COLLECTIVES", "mode_steps", "collective_table",
            "overlap_summary", "exposed_collectives", "arrival_skew", "hta_beside", "unit_order", "transfer_times", "link_rows",
            "predict_by_scale", "compute_stream", "idle_table", "idle_summary", "kernel_streams", "collective_timeline",
-           "clock_check", "step_spread", "pattern_time"]
+           "clock_check", "step_spread", "pattern_time", "state_shares", "slower_rank_steps",
+           "predicted_against_measured", "hidden_by_kind"]
 
 MODES = ("ddp", "fsdp_reshard", "fsdp_keep")
 SCALES = (2, 4, 8, 64, 1024)
@@ -803,3 +804,58 @@ def pattern_time(data: dict[int, Any], pattern: str) -> Any:
                          "ms": k["duration_ns"].sum() / 1e6})
     t = pd.DataFrame(rows, columns=["mode", "rank", "step", "kernels", "ms"])
     return t.groupby(["mode", "rank"], sort=False)[["kernels", "ms"]].median().reset_index()
+
+
+# --- the issue's checks on a run of n GPUs (the four-GPU run against the two-GPU fit) ------------------------------
+
+STATE = ("parameters", "gradients", "optimizer_state")
+
+
+def state_shares(results: Sequence[dict[str, Any]]) -> Any:
+    """Per mode: the world size, the largest state per GPU over the ranks (parameters, gradients and optimizer
+    state, MiB, measured), and its share of DDP's. FSDP2 keeps 1/n of each on every GPU, so at n GPUs the share
+    is about 1/n (exactly, when every parameter's first dimension divides by n). Needs a ``ddp`` run."""
+    t = memory_table(results)
+    t["state_mib"] = t[[f"{c}_mib" for c in STATE]].sum(axis=1)
+    out = t.groupby("mode", sort=False)["state_mib"].max().reset_index()
+    if "ddp" not in set(out["mode"]):
+        raise GpuprofError("the records hold no ddp run, so no share of DDP's state can be given.",
+                           "Run fsdp_training.py with --mode ddp among the modes.")
+    out.insert(1, "gpus", int(results[0].get("world_size", len(results))))
+    out["share_of_ddp"] = out["state_mib"] / float(out.loc[out["mode"] == "ddp", "state_mib"].iloc[0])
+    return out
+
+
+def slower_rank_steps(results: Sequence[dict[str, Any]]) -> Any:
+    """Per mode: the slower rank's median step and phases (ms): a data-parallel step is as slow as its slowest
+    rank. Columns as :func:`step_table`'s, one row per mode, with ``gpus``."""
+    t = step_table(results)
+    t = t.sort_values("step_ms", kind="stable").groupby("mode", sort=False).tail(1)
+    t.insert(1, "gpus", int(results[0].get("world_size", len(results))))
+    return t.reset_index(drop=True)
+
+
+def predicted_against_measured(pred: Any, measured: Any, *, tolerance: float = 0.15) -> Any:
+    """:func:`predict_by_scale`'s rows beside :func:`slower_rank_steps`' at the same GPU counts and modes:
+    predicted_ms, measured_ms, error (predicted / measured - 1) and ``within`` (|error| <= tolerance). Only the
+    pairs present in both are kept, so a prediction at 8 GPUs with no 8-GPU run is left out, not compared."""
+    m = measured[["gpus", "mode", "step_ms"]].rename(columns={"step_ms": "measured_ms"})
+    p = pred[["gpus", "mode", "step_ms", "exposed_ms"]].rename(columns={"step_ms": "predicted_ms",
+                                                                       "exposed_ms": "predicted_exposed_ms"})
+    out = p.merge(m, on=["gpus", "mode"], how="inner")
+    if out.empty:
+        raise GpuprofError("no GPU count and mode are both predicted and measured.",
+                           f"Predicted: {sorted(set(pred['gpus']))} GPUs; measured: {sorted(set(measured['gpus']))}.")
+    out["error"] = out["predicted_ms"] / out["measured_ms"] - 1
+    out["within"] = out["error"].abs() <= tolerance
+    return out
+
+
+def hidden_by_kind(summary: Any) -> Any:
+    """:func:`overlap_summary` per mode and collective kind, on the worse rank: the lowest hidden share, and the
+    largest exposed time of a median step (ms). The issue's check reads the ``any`` row of each FSDP2 mode; the
+    per-kind rows name where the exposed remainder sits."""
+    g = summary.groupby(["mode", "kind"], sort=False)
+    out = g.agg(ranks=("rank", "size"), comm_ms=("comm_ms", "max"), exposed_ms=("exposed_ms", "max"),
+                hidden_share=("hidden_share", "min"))
+    return out.reset_index()
