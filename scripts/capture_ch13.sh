@@ -39,7 +39,7 @@ W="$OUTDIR/$TAG"
 mkdir -p "$W"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
-BUDGET=${CH13_BUDGET:-450}
+BUDGET=${CH13_BUDGET:-420}
 STEPS=${CH13_STEPS:-env,modes,nsys,recipes,pfoff,compute,toobig,bf16,unit}
 T0=$(date +%s)
 
