@@ -24,7 +24,7 @@
 #   unit      fsdp_reshard --unit block:4 under nsys, with NCCL's tuning log -> unit4.json, unit4_rank*.sqlite.gz
 #   pack      trim the exports (scripts/trim_ch13.py), run scripts/check_ch13.py on the results against the
 #             committed two-GPU fit (check.txt, printed at the end), the tarballs (always runs last)
-# Each step has a time limit and the whole run a budget (CH13_BUDGET seconds, default 450): a step that
+# Each step has a time limit and the whole run a budget (CH13_BUDGET seconds, default 420): a step that
 # cannot finish inside what is left is skipped and logged, so the tarball always comes back. steps.tsv
 # says what ran, how long, and its exit status. Every flag here is one of fsdp_training.py --help's.
 set -u

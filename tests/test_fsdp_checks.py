@@ -290,3 +290,60 @@ def test_capture_script_runs_on_the_cpu_and_packs_the_tarball(tmp_path):
     again = st.collective_table(ranks.rank_data(tmp_path / "again.sqlite", runtime=True))
     pd.testing.assert_frame_equal(again, st.collective_table(ranks.rank_data(REF / "pf_2_rank0.sqlite.gz", runtime=True)))
     shutil.rmtree(tmp_path / "out")
+
+
+# --- the memory probe of fsdp_training.py (GPU only: a stand-in for torch.cuda's allocator counters) -----------------
+
+class FakeCuda:
+    """The caching allocator's counters: allocated bytes and a high-water mark that reset_peak_memory_stats lowers."""
+
+    def __init__(self, allocated: int) -> None:
+        self.allocated, self.high = allocated, allocated
+
+    def alloc(self, n: int) -> None:
+        self.allocated += n
+        self.high = max(self.high, self.allocated)
+
+    def memory_allocated(self) -> int:
+        return self.allocated
+
+    def max_memory_allocated(self) -> int:
+        return self.high
+
+    def reset_peak_memory_stats(self) -> None:
+        self.high = self.allocated
+
+
+def test_memory_probe_finds_each_phases_peak_and_what_was_resident():
+    sys.path.insert(0, str(REPO_ROOT / "examples" / "nsys"))
+    try:
+        import fsdp_training
+    finally:
+        sys.path.pop(0)
+    cuda = FakeCuda(allocated=7)  # left over from an earlier mode
+    probe = fsdp_training.MemoryProbe(type("T", (), {"cuda": cuda})(), gpu=True)
+    cuda.alloc(100)  # the model and its state
+    cuda.alloc(500)  # a warm-up step's leftovers do not count: the mark starts at the timed steps
+    cuda.alloc(-500)
+    probe.start()
+    for activations in (40, 60):  # two steps: activations up in forward, a gradient spike in backward
+        cuda.alloc(activations)
+        probe.phase_done("forward")
+        cuda.alloc(30)
+        cuda.alloc(-30 - activations)
+        probe.phase_done("backward")
+        cuda.alloc(5)
+        cuda.alloc(-5)
+        probe.phase_done("optimizer")
+    rec = probe.record()
+    assert rec["resident_before"] == 7 and rec["after_forward"] == 167
+    assert rec["phase_peaks"] == {"forward": 167, "backward": 197, "optimizer": 112} and rec["peak"] == 197
+    off = fsdp_training.MemoryProbe(None, gpu=False)
+    off.start()
+    off.phase_done("forward")
+    assert off.record() == {}
+    rows = st.memory_table([{"rank": 0, "runs": [{"mode": "ddp", "memory": {
+        "measured": {"parameters": 2**20, "gradients": 2**20, "optimizer_state": 2**21},
+        "arithmetic": {"parameters": 2**20, "gradients": 2**20, "optimizer_state": 2**21},
+        **rec, "activations": rec["peak"] - 2**22}}]}]).iloc[0]
+    assert rows["backward_peak_mib"] == 197 / 2**20 and rows["resident_before_mib"] == 7 / 2**20

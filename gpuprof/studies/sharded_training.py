@@ -363,7 +363,9 @@ def read_rank_results(paths: Iterable[Any]) -> list[dict[str, Any]]:
 
 
 def memory_table(results: Sequence[dict[str, Any]]) -> Any:
-    """Per mode and rank: each memory category measured (MiB) beside the arithmetic, and the peak."""
+    """Per mode and rank: each memory category measured (MiB) beside the arithmetic, and the peak; where the run
+    recorded them (GPU runs of ``fsdp_training.py`` since the phases were probed), each phase's peak
+    (``forward_peak_mib`` ...), the bytes allocated at the end of forward and those resident when the mode began."""
     import pandas as pd
 
     rows = []
@@ -376,6 +378,11 @@ def memory_table(results: Sequence[dict[str, Any]]) -> Any:
                 row[f"{cat}_arith_mib"] = m["arithmetic"][cat] / 2**20
             row["activations_mib"] = None if m.get("activations") is None else m["activations"] / 2**20
             row["peak_mib"] = None if m.get("peak") is None else m["peak"] / 2**20
+            for phase, b in (m.get("phase_peaks") or {}).items():  # runs recorded since the phases were probed
+                row[f"{phase}_peak_mib"] = b / 2**20
+            for key in ("after_forward", "resident_before"):
+                if m.get(key) is not None:
+                    row[f"{key}_mib"] = m[key] / 2**20
             rows.append(row)
     return pd.DataFrame(rows)
 
