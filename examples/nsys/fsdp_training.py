@@ -46,7 +46,9 @@ the step; host clock on a CPU); memory by category: parameters, gradients and op
 from the local sizes of the tensors this rank holds (a shard's, under FSDP2), beside the
 arithmetic (gpuprof.studies.sharded_training); on a GPU, the step's peak allocated memory and
 activations = peak minus the three (gradients are kept between steps, zero_grad(set_to_none=False),
-so the three are resident at the peak); under FSDP2, how many units' all-gathers had been issued
+so the three are resident at the peak), the peak of each phase (forward, backward, optimizer), the
+bytes allocated at the end of forward, and those still allocated when the mode began (an earlier
+mode's leftovers would count in this one's peak); under FSDP2, how many units' all-gathers had been issued
 before the unit was reached (prefetched), in forward and in backward.
 
 Every rank writes its own JSON (--json FILE: FILE's stem + _rank<R>.json), and rank 0 writes
@@ -384,6 +386,48 @@ class PrefetchWatch:
                 "readable": not (None in self.forward or None in self.backward)}
 
 
+class MemoryProbe:
+    """Where in the step the peak falls, and what was resident before the mode began (GPU only; a no-op on a CPU).
+
+    The step's peak minus the parameters, gradients and optimizer state is the page's "activations and
+    buffers". Two questions that figure cannot answer alone: is the peak reached in forward, backward or
+    the optimizer step (each phase's own peak, the allocator's high-water mark reset at each phase's end),
+    and did anything of an earlier mode stay allocated (``resident_before``: bytes allocated when the mode
+    starts, before its model is built; an earlier mode's leftovers count in this mode's peak). The
+    allocator counts on the CPU at allocation time, so reading it needs no synchronisation.
+    """
+
+    PHASES = ("forward", "backward", "optimizer")
+
+    def __init__(self, torch: Any, gpu: bool) -> None:
+        self.torch, self.gpu = torch, gpu
+        self.resident_before = torch.cuda.memory_allocated() if gpu else None
+        self.peaks: dict[str, int] = {}
+        self.after_forward = 0
+
+    def start(self) -> None:
+        """At the timed steps' start: the high-water mark from here on."""
+        if self.gpu:
+            self.torch.cuda.reset_peak_memory_stats()
+
+    def phase_done(self, phase: str) -> None:
+        """At the end of ``phase`` of a timed step: its peak (the largest over the steps), then a fresh mark."""
+        if not self.gpu:
+            return
+        cuda = self.torch.cuda
+        self.peaks[phase] = max(self.peaks.get(phase, 0), int(cuda.max_memory_allocated()))
+        if phase == "forward":
+            self.after_forward = max(self.after_forward, int(cuda.memory_allocated()))
+        cuda.reset_peak_memory_stats()
+
+    def record(self) -> dict[str, Any]:
+        """The fields the JSON's memory record gains: the step's peak (the largest phase peak) and the rest."""
+        if not self.gpu:
+            return {}
+        return {"peak": max(self.peaks.values()), "phase_peaks": dict(self.peaks), "after_forward": self.after_forward,
+                "resident_before": self.resident_before}
+
+
 def shard(args: argparse.Namespace, torch: Any, model: Any, mode: str, gpu: bool) -> PrefetchWatch:
     """fully_shard every unit, then the root; set the prefetching --prefetch asks for; install the watch."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -418,6 +462,7 @@ def train(args: argparse.Namespace, torch: Any, rank: int, world: int, device: s
     from gpuprof.timing import Clock
 
     gpu = device.startswith("cuda")
+    probe = MemoryProbe(torch, gpu)  # before the model: what an earlier mode left allocated
     model = build(args, torch, device)
     watch = None
     if mode == "ddp":
@@ -431,19 +476,22 @@ def train(args: argparse.Namespace, torch: Any, rank: int, world: int, device: s
         if mode == "ddp" and args.mp == "bf16" else contextlib.nullcontext
     clock = Clock(torch, gpu)
 
-    def step() -> Any:
+    def step(done: Callable[[str], None] = lambda phase: None) -> Any:
         clock.mark()
         with annotate("forward"), autocast():
             logits = wrapped(tokens)
             loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
         clock.mark()
+        done("forward")
         with annotate("backward"):
             loss.backward()
         clock.mark()
+        done("backward")
         with annotate("optimizer"):
             opt.step()
             opt.zero_grad(set_to_none=False)  # gradients stay allocated: resident at the peak, like parameters
         clock.mark()
+        done("optimizer")
         return loss
 
     losses = []
@@ -453,13 +501,13 @@ def train(args: argparse.Namespace, torch: Any, rank: int, world: int, device: s
             clock.intervals_ms()
     if gpu:
         torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
+    probe.start()
     steps = []
     for i in range(args.steps):
         if watch is not None:
             watch.reset()
         with annotate(f"step_{i}"):
-            loss = step()
+            loss = step(probe.phase_done)
         if gpu:
             torch.cuda.synchronize()
         forward, backward, optimizer = clock.intervals_ms()
@@ -471,8 +519,8 @@ def train(args: argparse.Namespace, torch: Any, rank: int, world: int, device: s
                               "arithmetic": memory_arithmetic([tuple(p.shape) for p in model.parameters()], world,
                                                               mode, rank, optimizer_states=ADAMW_STATES)}
     if gpu:
-        peak = torch.cuda.max_memory_allocated()
-        memory.update(peak=peak, activations=peak - sum(held.values()))
+        memory.update(probe.record())
+        memory["activations"] = memory["peak"] - sum(held.values())
     # the weights' sum over every rank's part: the same in every mode that trained the same model on the same data
     local = sum(float((p.to_local() if hasattr(p, "to_local") else p).detach().double().sum()) for p in model.parameters())
     total = torch.tensor([local if mode != "ddp" or rank == 0 else 0.0], dtype=torch.float64, device=device)

@@ -69,7 +69,9 @@ __all__ = ["MODES", "BUS_FACTOR", "shard_numel", "memory_arithmetic", "sharded_s
            "Link", "fit_link", "UnitCost", "unit_costs", "units_from_record", "StepPrediction", "simulate_step", "predict_scaling",
            "memory_table", "step_table", "read_rank_results", "SCALES", "COLLECTIVES", "mode_steps", "collective_table",
            "overlap_summary", "exposed_collectives", "arrival_skew", "hta_beside", "unit_order", "transfer_times", "link_rows",
-           "predict_by_scale"]
+           "predict_by_scale", "compute_stream", "idle_table", "idle_summary", "kernel_streams", "collective_timeline",
+           "clock_check", "step_spread", "pattern_time", "state_shares", "slower_rank_steps",
+           "predicted_against_measured", "hidden_by_kind"]
 
 MODES = ("ddp", "fsdp_reshard", "fsdp_keep")
 SCALES = (2, 4, 8, 64, 1024)
@@ -361,7 +363,9 @@ def read_rank_results(paths: Iterable[Any]) -> list[dict[str, Any]]:
 
 
 def memory_table(results: Sequence[dict[str, Any]]) -> Any:
-    """Per mode and rank: each memory category measured (MiB) beside the arithmetic, and the peak."""
+    """Per mode and rank: each memory category measured (MiB) beside the arithmetic, and the peak; where the run
+    recorded them (GPU runs of ``fsdp_training.py`` since the phases were probed), each phase's peak
+    (``forward_peak_mib`` ...), the bytes allocated at the end of forward and those resident when the mode began."""
     import pandas as pd
 
     rows = []
@@ -374,6 +378,11 @@ def memory_table(results: Sequence[dict[str, Any]]) -> Any:
                 row[f"{cat}_arith_mib"] = m["arithmetic"][cat] / 2**20
             row["activations_mib"] = None if m.get("activations") is None else m["activations"] / 2**20
             row["peak_mib"] = None if m.get("peak") is None else m["peak"] / 2**20
+            for phase, b in (m.get("phase_peaks") or {}).items():  # runs recorded since the phases were probed
+                row[f"{phase}_peak_mib"] = b / 2**20
+            for key in ("after_forward", "resident_before"):
+                if m.get(key) is not None:
+                    row[f"{key}_mib"] = m[key] / 2**20
             rows.append(row)
     return pd.DataFrame(rows)
 
@@ -632,3 +641,228 @@ def predict_by_scale(units: Sequence[UnitCost], link: Link, optimizer_ms: float,
                          "exposed_ms": p.exposed_ms, "hidden_share": p.hidden_share, "step_ms": p.step_ms,
                          **{f"exposed_{k}_ms": v for k, v in p.exposed_by_collective.items()}})
     return pd.DataFrame(rows)
+
+
+# --- what the step lost: the compute stream's idle time, and the kinds of kernels on it -----------------------------
+
+def compute_stream(d: Any, window: tuple[int, int] | None = None) -> int:
+    """The stream that ran most of rank ``d``'s non-NCCL kernel time (in ``window``): the one the layers'
+    matrix products run on. FSDP2 puts its own copies on streams of its own, and some of them run on this one
+    (:func:`kernel_streams` says which), so "computation" and "the compute stream" are not the same set."""
+    k = d.compute if window is None else d.compute[(d.compute["end"] > window[0]) & (d.compute["start"] < window[1])]
+    if k.empty:
+        raise GpuprofError(f"rank {d.rank}: no computation kernels in the window, so no compute stream.")
+    return int(k.groupby("streamId")["duration_ns"].sum().idxmax())
+
+
+def idle_table(data: dict[int, Any]) -> Any:
+    """Per rank, mode and timed step: what the compute stream did with the step's GPU window.
+
+    Columns: gpu_ms (the window, :func:`mode_steps`), busy_ms (the union of the compute stream's kernels in
+    it), idle_ms (the rest: the time the step lost on the compute stream, whatever the cause: a wait for an
+    all-gather, for a copy on another stream, or for the CPU to launch), exposed_any_ms (the NCCL kernels' wall
+    time with no kernel of *any* other stream beside it, the ``any`` rows of :func:`collective_table`),
+    exposed_stream_ms (the same with only the compute stream's kernels counted as hiding), and comm_ms (the NCCL
+    kernels' union) and other_idle_ms (idle_ms minus exposed_stream_ms: compute-stream idle time with no NCCL kernel
+    running, a wait for something else: the CPU, or a copy on another stream).
+    """
+    import pandas as pd
+
+    from .. import activity as ta
+
+    rows = []
+    empty = pd.DataFrame(columns=["start", "end"])
+    for rank, d in data.items():
+        for s in mode_steps(d).itertuples():
+            window = (s.start, s.end)
+            k = d.kernels[(d.kernels["end"] > s.start) & (d.kernels["start"] < s.end)]
+            nccl, compute = k[k["nccl"]], k[~k["nccl"]]
+            main = compute[compute["streamId"] == compute_stream(d, window)]
+            busy = (ta.exposed_ns(main, empty, window)) / 1e6
+            rows.append({"rank": rank, "mode": s.mode, "step": s.step, "gpu_ms": s.gpu_ms, "busy_ms": busy,
+                         "idle_ms": s.gpu_ms - busy, "comm_ms": ta.exposed_ns(nccl, empty, window) / 1e6,
+                         "exposed_any_ms": ta.exposed_ns(nccl, compute, window) / 1e6,
+                         "exposed_stream_ms": ta.exposed_ns(nccl, main, window) / 1e6})
+    t = pd.DataFrame(rows, columns=["rank", "mode", "step", "gpu_ms", "busy_ms", "idle_ms", "comm_ms",
+                                    "exposed_any_ms", "exposed_stream_ms"])
+    t["other_idle_ms"] = t["idle_ms"] - t["exposed_stream_ms"]
+    return t
+
+
+def idle_summary(table: Any) -> Any:
+    """:func:`idle_table` per mode and rank: the median step's figures (ms), and the NCCL wall time hidden over the
+    timed steps counted two ways: ``hidden_any`` (behind a kernel on any other stream, :func:`overlap_summary`'s
+    share) and ``hidden_stream`` (behind the compute stream's kernels only)."""
+    g = table.groupby(["mode", "rank"], sort=False)
+    out = g[["gpu_ms", "busy_ms", "idle_ms", "comm_ms", "exposed_any_ms", "exposed_stream_ms", "other_idle_ms"]].median()
+    comm = g["comm_ms"].sum()
+    out["hidden_any"] = 1 - g["exposed_any_ms"].sum() / comm
+    out["hidden_stream"] = 1 - g["exposed_stream_ms"].sum() / comm
+    return out.reset_index()
+
+
+def kernel_streams(data: dict[int, Any], mode: str, pattern: str) -> Any:
+    """Per rank, the kernels of ``mode``'s timed steps whose name matches ``pattern`` (a regular expression), by
+    name and stream: count and milliseconds per step (median over the steps), and whether the stream is the
+    compute stream (:func:`compute_stream`). Which stream a copy kernel runs on decides whether it can overlap
+    the layers' computation or runs in series with it."""
+    import pandas as pd
+
+    rows = []
+    for rank, d in data.items():
+        for s in mode_steps(d).itertuples():
+            if s.mode != mode:
+                continue
+            window = (s.start, s.end)
+            main = compute_stream(d, window)
+            k = d.kernels[(d.kernels["end"] > s.start) & (d.kernels["start"] < s.end)]
+            k = k[k["name"].astype(str).str.contains(pattern, regex=True)]
+            for (name, stream), g in k.groupby(["name", "streamId"], sort=False):
+                rows.append({"rank": rank, "step": s.step, "name": str(name), "stream": int(stream),
+                             "compute_stream": int(stream) == main, "kernels": len(g),
+                             "ms": g["duration_ns"].sum() / 1e6})
+    if not rows:
+        raise GpuprofError(f"no kernel matching {pattern!r} in the timed steps of {mode!r}.")
+    t = pd.DataFrame(rows)
+    return t.groupby(["rank", "name", "stream", "compute_stream"], sort=False)[["kernels", "ms"]].median().reset_index()
+
+
+def collective_timeline(data: dict[int, Any], mode: str, kind: str, positions: Sequence[int]) -> Any:
+    """When the ``positions``-th ``kind`` collectives of ``mode``'s steps ran, per rank: start (ms after the step's
+    start), duration, and ``after_previous_ms``, the gap from the end of the previous collective of the same
+    kind to this one's start (negative: they overlapped), each a median over the timed steps. A collective
+    queued behind the one before it on the link starts as that one ends (a gap near zero); one issued late
+    starts well after it."""
+    import pandas as pd
+
+    from ..nsys.ranks import collective_kernels
+
+    rows = []
+    for rank, d in data.items():
+        for s in mode_steps(d).itertuples():
+            if s.mode != mode:
+                continue
+            per = collective_kernels(d, (s.start, s.end))
+            per = per[per["kind"] == kind].sort_values("start", kind="stable").reset_index(drop=True)
+            for p in positions:
+                if p >= len(per):
+                    raise GpuprofError(f"rank {rank}, {mode} step {s.step}: {len(per)} {kind} kernels, no position {p}.")
+                r = per.iloc[p]
+                gap = (r["start"] - per.iloc[p - 1]["end"]) / 1e6 if p > 0 else float("nan")
+                rows.append({"rank": rank, "position": p, "step": s.step, "start_ms": (r["start"] - s.start) / 1e6,
+                             "ms": r["duration_ns"] / 1e6, "after_previous_ms": gap,
+                             "exposed_ms": r["exposed_ns"] / 1e6})
+    if not rows:
+        raise GpuprofError(f"no timed steps of mode {mode!r} in the captures.")
+    t = pd.DataFrame(rows)
+    return t.groupby(["rank", "position"], sort=False)[["start_ms", "ms", "after_previous_ms", "exposed_ms"]].median() \
+        .reset_index()
+
+
+def clock_check(data: dict[int, Any], patterns: Sequence[str] = ("AllGather", "ReduceScatter", "AllReduce")) -> Any:
+    """:func:`gpuprof.nsys.ranks.collective_end_skew` summarised per collective: how far apart the ends of the same
+    collective lie on the ranks once their reports share one axis (median, 5th and 95th percentile, µs). A
+    collective ends on every rank within microseconds of the others, so a spread of microseconds says the
+    reports' clocks agree to that, and a skew of a millisecond between the ranks' starts is real."""
+    import pandas as pd
+
+    from ..nsys.ranks import collective_end_skew
+
+    rows = []
+    for p in patterns:
+        sk = collective_end_skew(data, p)
+        if sk.empty:
+            continue
+        us = sk["end_skew_ns"] / 1e3
+        rows.append({"collective": p, "kernels": len(sk), "end_skew_median_us": float(us.median()),
+                     "p5_us": float(us.quantile(0.05)), "p95_us": float(us.quantile(0.95))})
+    return pd.DataFrame(rows, columns=["collective", "kernels", "end_skew_median_us", "p5_us", "p95_us"])
+
+
+def step_spread(results: Sequence[dict[str, Any]]) -> Any:
+    """Per mode and rank: the timed steps' count, minimum, median and maximum (ms). A median of five hides a drift;
+    the spread shows whether the steps were steady."""
+    import statistics
+
+    import pandas as pd
+
+    rows = []
+    for r in results:
+        for run in r["runs"]:
+            t = [s["step"] for s in run["steps"]]
+            rows.append({"mode": run["mode"], "rank": r["rank"], "steps": len(t), "min_ms": min(t),
+                         "median_ms": statistics.median(t), "max_ms": max(t)})
+    return pd.DataFrame(rows)
+
+
+def pattern_time(data: dict[int, Any], pattern: str) -> Any:
+    """Per mode and rank: the kernels whose name matches ``pattern`` (a regular expression), their count and summed
+    time per timed step (median over the steps, ms). Compares one family of kernels (the matrix products, say)
+    across modes: the same work taking longer beside communication is the contention a model that counts
+    overlap as free leaves out."""
+    import pandas as pd
+
+    rows = []
+    for rank, d in data.items():
+        for s in mode_steps(d).itertuples():
+            k = d.kernels[(d.kernels["end"] > s.start) & (d.kernels["start"] < s.end)]
+            k = k[k["name"].astype(str).str.contains(pattern, regex=True)]
+            rows.append({"mode": s.mode, "rank": rank, "step": s.step, "kernels": len(k),
+                         "ms": k["duration_ns"].sum() / 1e6})
+    t = pd.DataFrame(rows, columns=["mode", "rank", "step", "kernels", "ms"])
+    return t.groupby(["mode", "rank"], sort=False)[["kernels", "ms"]].median().reset_index()
+
+
+# --- the issue's checks on a run of n GPUs (the four-GPU run against the two-GPU fit) ------------------------------
+
+STATE = ("parameters", "gradients", "optimizer_state")
+
+
+def state_shares(results: Sequence[dict[str, Any]]) -> Any:
+    """Per mode: the world size, the largest state per GPU over the ranks (parameters, gradients and optimizer
+    state, MiB, measured), and its share of DDP's. FSDP2 keeps 1/n of each on every GPU, so at n GPUs the share
+    is about 1/n (exactly, when every parameter's first dimension divides by n). Needs a ``ddp`` run."""
+    t = memory_table(results)
+    t["state_mib"] = t[[f"{c}_mib" for c in STATE]].sum(axis=1)
+    out = t.groupby("mode", sort=False)["state_mib"].max().reset_index()
+    if "ddp" not in set(out["mode"]):
+        raise GpuprofError("the records hold no ddp run, so no share of DDP's state can be given.",
+                           "Run fsdp_training.py with --mode ddp among the modes.")
+    out.insert(1, "gpus", int(results[0].get("world_size", len(results))))
+    out["share_of_ddp"] = out["state_mib"] / float(out.loc[out["mode"] == "ddp", "state_mib"].iloc[0])
+    return out
+
+
+def slower_rank_steps(results: Sequence[dict[str, Any]]) -> Any:
+    """Per mode: the slower rank's median step and phases (ms): a data-parallel step is as slow as its slowest
+    rank. Columns as :func:`step_table`'s, one row per mode, with ``gpus``."""
+    t = step_table(results)
+    t = t.sort_values("step_ms", kind="stable").groupby("mode", sort=False).tail(1)
+    t.insert(1, "gpus", int(results[0].get("world_size", len(results))))
+    return t.reset_index(drop=True)
+
+
+def predicted_against_measured(pred: Any, measured: Any, *, tolerance: float = 0.15) -> Any:
+    """:func:`predict_by_scale`'s rows beside :func:`slower_rank_steps`' at the same GPU counts and modes:
+    predicted_ms, measured_ms, error (predicted / measured - 1) and ``within`` (|error| <= tolerance). Only the
+    pairs present in both are kept, so a prediction at 8 GPUs with no 8-GPU run is left out, not compared."""
+    m = measured[["gpus", "mode", "step_ms"]].rename(columns={"step_ms": "measured_ms"})
+    p = pred[["gpus", "mode", "step_ms", "exposed_ms"]].rename(columns={"step_ms": "predicted_ms",
+                                                                       "exposed_ms": "predicted_exposed_ms"})
+    out = p.merge(m, on=["gpus", "mode"], how="inner")
+    if out.empty:
+        raise GpuprofError("no GPU count and mode are both predicted and measured.",
+                           f"Predicted: {sorted(set(pred['gpus']))} GPUs; measured: {sorted(set(measured['gpus']))}.")
+    out["error"] = out["predicted_ms"] / out["measured_ms"] - 1
+    out["within"] = out["error"].abs() <= tolerance
+    return out
+
+
+def hidden_by_kind(summary: Any) -> Any:
+    """:func:`overlap_summary` per mode and collective kind, on the worse rank: the lowest hidden share, and the
+    largest exposed time of a median step (ms). The issue's check reads the ``any`` row of each FSDP2 mode; the
+    per-kind rows name where the exposed remainder sits."""
+    g = summary.groupby(["mode", "kind"], sort=False)
+    out = g.agg(ranks=("rank", "size"), comm_ms=("comm_ms", "max"), exposed_ms=("exposed_ms", "max"),
+                hidden_share=("hidden_share", "min"))
+    return out.reset_index()
