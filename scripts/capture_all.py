@@ -46,6 +46,9 @@ BUDGET_S = {"00__setting_up.ipynb": 150, "01__nsight_systems.ipynb": 480, "02__n
             "05__pytorch_profiler.ipynb": 330, "06__cnn_training.ipynb": 570,
             "07__transformer.ipynb": 540, "08__multi_gpu.ipynb": 570, "09__your_own_captures.ipynb": 120,
             "10__mixed_precision.ipynb": 420, "11__matmul_ladder.ipynb": 240,
+            # reads its committed references only (the decode runs are started by scripts/capture_ch12.py) and runs
+            # the small configuration on the CPU (seconds)
+            "12__llm_inference.ipynb": 120,
             # reads its committed references only (the FSDP2 runs are started by hand: artifacts/ch13/provenance.json)
             "13__sharded_training.ipynb": 120}
 DEFAULT_BUDGET_S = 120

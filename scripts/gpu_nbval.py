@@ -46,7 +46,8 @@ PARTS = {1: ["01__nsight_systems.ipynb"],
          2: ["03__weight_streaming.ipynb", "04__nsight_compute.ipynb"], 3: ["05__pytorch_profiler.ipynb"],
          4: ["06__cnn_training.ipynb"], 5: ["07__transformer.ipynb"],
          6: ["08__multi_gpu.ipynb"], 7: ["00__setting_up.ipynb", "02__nvtx.ipynb", "09__your_own_captures.ipynb"],
-         8: ["10__mixed_precision.ipynb"], 9: ["11__matmul_ladder.ipynb", "13__sharded_training.ipynb"]}
+         8: ["10__mixed_precision.ipynb"],
+         9: ["11__matmul_ladder.ipynb", "12__llm_inference.ipynb", "13__sharded_training.ipynb"]}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -119,7 +119,7 @@ def test_rows_table_reads_a_cpu_run_of_the_script(tmp_path):
     assert li.script().main(["--cpu", "--batch", "1,2", "--prompt-len", "6", "--new-tokens", "3", "--json", str(out)]) == 0
     t = li.rows_table(out)
     assert list(t.index) == [(r, b) for b in (1, 2) for r in ("eager_dynamic", "eager_static", "eager_fixed")]
-    assert (t["GB_per_s"] > 0).all() and set(t["check"]) == {"identical", "reference"}
+    assert (t["GB_per_s"] > 0).all() and set(t["check"]) == {"identical", "within bound", "reference"}
 
 
 # ----- the capture reader, on a synthetic export -----
@@ -199,3 +199,58 @@ def test_a_capture_without_the_scripts_ranges_is_refused(tmp_path):
     con.close()
     with pytest.raises(GpuprofError, match=r"no rung_<RUNG>_b<BATCH> range"):
         li.decode_steps(path)
+
+
+# ----- chapter 12's committed records -----
+
+def _ch12(name):
+    from gpuprof.artifacts import find_capture
+
+    return find_capture("ch12", name, prefer="reference")
+
+
+def test_the_runs_ceilings_are_read_from_its_own_file():
+    raw = _json("ch12/ceilings.json")
+    c = li.session_ceilings(_ch12("ceilings.json"))
+    assert c.copy_gbps == raw["d2d_gbps"] and c.matmul_tflops == raw["matmul_bf16_tflops"] and c.gpu == raw["gpu"]
+    assert c.copy.source == c.matmul.source == "artifacts/ch12/ceilings.json" and "same session" in c.copy.how
+
+
+def test_the_chapters_shares_are_the_records_rates_over_the_same_sessions_ceilings():
+    """The ladder's share of the copy is the row's GB/s over ceilings.json's, and GB/s is the step's bytes over its
+    time: recomputed here from each row's own steps, independently of rows_table."""
+    raw, ceil = _json("ch12/ladder.json"), _json("ch12/ceilings.json")
+    t = li.rows_table(_ch12("ladder.json"), li.session_ceilings(_ch12("ceilings.json")))
+    for r in raw["rows"]:
+        gbps = r["bytes_per_step"] * len(r["decode_step_ms"]) / (sum(r["decode_step_ms"]) / 1e3) / 1e9
+        assert gbps == pytest.approx(r["decode_gbps"], rel=1e-9)
+        assert t.loc[(r["rung"], r["batch"]), "share_of_copy"] == pytest.approx(gbps / ceil["d2d_gbps"], rel=1e-9)
+        assert t.loc[(r["rung"], r["batch"]), "ms_per_step"] == statistics.median(r["decode_step_ms"])
+
+
+def test_the_sweeps_knee_and_prediction_come_from_its_context_and_rates():
+    sweep, ceil = _json("ch12/sweep.json"), li.session_ceilings(_ch12("ceilings.json"))
+    context = sweep["prompt_len"] + sweep["new_tokens"] // 2
+    t = li.rows_table(sweep, ceil)
+    first, last = sweep["rows"][0], sweep["rows"][-1]
+    assert li.measured_knee(t, "graph", CFG, context) == li.crossover_batch(CFG, context, first["decode_gbps"],
+                                                                             last["decode_tflops"])
+    predicted = li.crossover_batch(CFG, context, ceil.copy_gbps, ceil.matmul_tflops)
+    mem, comp = li.roofline_ms(li.step_cost(CFG, round(predicted), context), ceil)
+    assert mem == pytest.approx(comp, rel=0.01)  # the crossover is where the two times meet
+
+
+def test_the_ladder_figure_draws_every_rung_and_the_sweep():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ceil = li.session_ceilings(_ch12("ceilings.json"))
+    lad, sw = li.rows_table(_ch12("ladder.json"), ceil), li.rows_table(_ch12("sweep.json"), ceil)
+    fig = li.ladder_figure(lad, ceil, sw, {"predicted crossover": 290.0})
+    bars, curve = fig.axes
+    assert len(bars.patches) == len(lad)  # one bar per (rung, batch)
+    assert [tick.get_text() for tick in bars.get_xticklabels()] == list(dict.fromkeys(lad.index.get_level_values(0)))
+    assert any("predicted crossover (290)" in t.get_text() for t in curve.get_legend().get_texts())
+    plt.close(fig)

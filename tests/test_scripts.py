@@ -21,7 +21,7 @@ SCRIPTS = EXAMPLES + [REPO_ROOT / "scripts" / "capture_all.py", REPO_ROOT / "scr
                       REPO_ROOT / "scripts" / "bench_torch_trace.py", REPO_ROOT / "scripts" / "gpu_nbval.py",
                       REPO_ROOT / "scripts" / "reexecute_cells.py", REPO_ROOT / "scripts" / "bench_ranks.py",
                       REPO_ROOT / "scripts" / "tree_memory.py", REPO_ROOT / "scripts" / "trim_ch13.py",
-                      REPO_ROOT / "scripts" / "check_ch13.py"]
+                      REPO_ROOT / "scripts" / "check_ch13.py", REPO_ROOT / "scripts" / "capture_ch12.py"]
 SMALL_ARGS = {"tiny_kernels.py": ["--steps", "2", "--kernels", "10"], "saxpy.py": ["--n", "10000", "--repeats", "2"],
               "data_transfer.py": ["--size-mib", "2", "--curve-max-mib", "1", "--repeats", "2"],
               "memory_allocation.py": ["--size-mib", "2", "--iterations", "5"],
@@ -287,6 +287,26 @@ def test_strict_nbval_parts_cover_every_notebook_once():
 
     named = [n for part in PARTS.values() for n in part]
     assert sorted(named) == sorted(p.name for p in (REPO_ROOT / "notebooks").glob("*.ipynb"))
+
+
+def test_chapter_12s_capture_refuses_without_a_gpu_and_its_runs_parse(capsys):
+    """scripts/capture_ch12.py: one sentence on a CPU, a bad step named; every command it will run is one that
+    llm_decode.py's parser accepts (a typo would otherwise surface only on the GPU machine)."""
+    script = REPO_ROOT / "scripts" / "capture_ch12.py"
+    proc = run(script)
+    assert proc.returncode == 2 and "needs a GPU" in proc.stderr and "Traceback" not in proc.stderr
+    proc = run_here(script, "--only", "ladder,nope", capsys=capsys)
+    assert proc.returncode == 2 and "unknown step(s) nope" in proc.stderr
+    sys.path.insert(0, str(REPO_ROOT / "scripts"))
+    import capture_ch12
+
+    from gpuprof.runner import load_script
+
+    decode = load_script(REPO_ROOT / "examples" / "nsys" / "llm_decode.py")
+    for args, expected in [*capture_ch12.RUNS.values(), (capture_ch12.NSYS_ARGS, 0)]:
+        parsed = decode.parse_args([*args, "--json", "/tmp/x.json"])
+        assert parsed.model == "8b" and parsed.no_clone == (expected == 2)
+    assert decode.parse_args(capture_ch12.NSYS_ARGS).batch == [1]  # nsys records the first batch only
 
 
 def test_memory_the_machine_lacks_is_refused_before_any_work(capsys):

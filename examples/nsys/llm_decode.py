@@ -38,20 +38,33 @@ outputs before the next replay; ``--no-clone`` keeps references instead, and eve
 shows the last step's tokens (the check below fails and says why). The fixed-shape rungs without a
 graph write into the same buffers, so the pitfall shows on a CPU too.
 
-Every rung is checked against eager_static at the same batch (``--no-check`` skips it). Different kernels
-round BF16 differently, so two correct rungs can pick different tokens where the two best logits are
-nearly tied (in BF16 they often are exactly tied), and from there the free-running sequences part for
-good. So the check does not compare free-running tokens: eager_static is generated first (untimed, its
-warm-up), and each other rung's first warm-up is fed eager_static's tokens ("teacher forcing"), so
-every step of both sees the same input. Every step's best logit must then agree with the reference's
-within a tolerance, and where the picks differ, each pick must be within the tolerance of the other's
-in both rungs' logits (a near tie). The tolerance is a share of the reference prefill logits'
-standard deviation: 1e-4 in float32 (the CPU), 0.25 in bfloat16. On the CPU in bfloat16, four of
-8b's layers moved the best logits by at most 0.031 (one bfloat16 step at their size) between
-eager_static and eager_fixed, and a mask that hid each token from itself by 0.125, which 0.25
-does not catch: the float32 check does (tests/test_llm_decode.py), and 0.25 catches what goes wrong
-on a GPU alone (a stale or overwritten buffer moves the logits by about their deviation). The
-timed generations run free; the share of their tokens equal to the reference's is printed too.
+Every rung is checked against eager_static at the same batch (``--no-check`` skips it). The check compares
+logits, not tokens. With random weights the logits are nearly flat (the best few of 128,256 lie within a
+BF16 rounding step of each other), so two correct BF16 rungs pick different tokens wherever their
+rounding differs (the first H100 run, 2026-11-27: picks "not among the other's best 4" at batch 8 and
+up), and from there free-running sequences part for good. So eager_static is generated first (untimed,
+its warm-up), each other rung's first warm-up is fed eager_static's tokens ("teacher forcing"), and every
+step keeps its logits at evenly spaced columns of the vocabulary, at most 4,096 (KEPT_COLUMNS: every
+32nd of 8b's 128,256, so 4,008; all of a smaller one). The statistic: per step of each sequence,
+the mean |difference| from the reference's kept logits, as a share of their standard deviation; the worst step must stay within the bound (TOLERANCE). A mean
+over a step's columns, not the largest single difference: the largest grows with how many values are
+compared (a batch of 1,024 compares 10^4 times more than batch 1), the mean does not.
+
+The bound for bfloat16 is measured, not chosen (:func:`rounding_error`, tests/test_llm_decode.py): the
+same BF16 weights run in bfloat16 and in float32 on the CPU differ by 0.020 of the logits' deviation at
+the worst step with 32 layers (the small configuration deepened to 8b's depth). It grows about as the
+square root of the depth (0.004 at 1 layer, 0.011 at 8, 0.026 at 64) and does not change with the width
+(widths 256, 1,024 and 4,096 agree at equal depth), so 8b's 32 layers are measured by it. Two correct
+BF16 rungs each differ from float32 by about that much, so from each other by at most twice it; the
+bound, 0.08, is twice that again, for the GPU's other kernels. What it catches, measured on the CPU in
+bfloat16 at 32 layers and short contexts (16-28 tokens): the graph's kept outputs without a clone
+(``--no-clone``: 0.8-1.2), the new key and value written one position off (0.19-0.26), each token
+hidden from itself (0.21-0.25), rotary embeddings one position off (0.18); correct rungs 0.02. A
+mistake at one position of the context is diluted by the context's length (random weights spread the
+attention over every position): at 256 tokens those one-position bugs moved the logits by 0.024, no more
+than rounding, so BF16 cannot see them there; float32 can (bound 1e-4, the CPU tests). A stale or
+overwritten output moves every logit at any context. The timed generations run free; the share of
+their tokens equal to the reference's is printed too.
 
 Printed per (rung, batch): prefill ms and TFLOP/s, decode ms per step (median, quartiles), tokens per
 second, the bytes and FLOPs a decoding step needs (the weights it uses, the KV cache it attends over)
@@ -111,9 +124,13 @@ FIXED = ("eager_fixed", "compile", "graph", "compile_graph")  # the rungs that r
 NEEDS_GPU = ("graph", "compile_graph")
 CPU_DEFAULT = ("eager_dynamic", "eager_static", "eager_fixed")
 CACHES = {"dynamic": ("eager_dynamic",), "static": ("eager_static",), "both": ("eager_dynamic", "eager_static")}
-TOPK = 4  # the best logits kept per step: the token is the first; the others let the check recognise a near tie
-# The check's tolerance, as a share of the reference prefill logits' standard deviation (see the module's text).
-TOLERANCE = {"float32": 1e-4, "bfloat16": 0.25}
+TOPK = 4  # the best logits kept per step: the token is the first (the others are printed, not checked)
+# The check keeps this many of each step's logits, evenly spaced over the vocabulary (all of them when it is smaller):
+# enough that a bug, which moves every logit, cannot hide, and few enough to keep every step of a batch of 1,024.
+KEPT_COLUMNS = 4096
+# The check's bound on the worst step's mean |difference| between a rung's kept logits and the reference's, as a share
+# of the reference's kept logits' standard deviation (the module's text gives the measurement bfloat16's comes from).
+TOLERANCE = {"float32": 1e-4, "bfloat16": 0.08}
 LIMITS = {"batch": 4096, "prompt": 131072, "new": 100000, "layers": 1024}
 
 
@@ -260,6 +277,17 @@ class Decoder:
         angles = torch.cat([angles, angles], dim=-1)
         self.cos, self.sin = angles.cos().to(dtype), angles.sin().to(dtype)
 
+    def cast(self, dtype: Any) -> "Decoder":
+        """The same model with every weight (and the rotary tables) converted to ``dtype``: in float32, a BF16
+        model's weights exactly, so that only the arithmetic differs."""
+        other = object.__new__(Decoder)
+        other.__dict__.update(self.__dict__)
+        other.dtype = dtype
+        other.layers = [{k: v.to(dtype) for k, v in w.items()} for w in self.layers]
+        other.embed, other.final_norm, other.lm_head, other.cos, other.sin = (
+            t.to(dtype) for t in (self.embed, self.final_norm, self.lm_head, self.cos, self.sin))
+        return other
+
     def rmsnorm(self, x: Any, w: Any) -> Any:
         return rms_norm(x, w, self.cfg.norm_eps)
 
@@ -328,6 +356,12 @@ def new_cache(kind: str, model: Decoder, batch: int, positions: int, device: str
                                                                                 device, dtype)
 
 
+def kept_columns(torch: Any, vocab: int, device: str) -> Any:
+    """The vocabulary columns whose logits the check keeps: every ``ceil(vocab / KEPT_COLUMNS)``-th, from 0 (no draw:
+    the same columns on every run; with random weights any columns are as good as others)."""
+    return torch.arange(0, vocab, -(-vocab // KEPT_COLUMNS), device=device)
+
+
 def fixed_layer(x: Any, w: dict[str, Any], k_cache: Any, v_cache: Any, pos: Any, mask: Any, cos: Any, sin: Any,
                 q_heads: int, kv_heads: int, head_dim: int, eps: float) -> Any:
     """One layer of a decoding step whose shapes never change, for x [batch, 1, width] at position ``pos``.
@@ -374,9 +408,11 @@ class FixedStep:
         self.pos = torch.zeros(1, dtype=torch.long, device=dev)
         self.top_values = torch.zeros((batch, TOPK), dtype=model.dtype, device=dev)
         self.top_ids = torch.zeros((batch, TOPK), dtype=torch.long, device=dev)
+        self.columns = kept_columns(torch, model.cfg.vocab, dev)
+        self.kept = torch.zeros((batch, len(self.columns)), dtype=model.dtype, device=dev)
 
     def __call__(self) -> None:
-        m, cfg = self.model, self.model.cfg
+        torch, m, cfg = self.model.torch, self.model, self.model.cfg
         x = m.F.embedding(self.tokens, m.embed)
         mask = self.positions <= self.pos
         cos, sin = m.cos.index_select(0, self.pos), m.sin.index_select(0, self.pos)
@@ -387,6 +423,7 @@ class FixedStep:
         values, ids = logits.topk(TOPK, dim=-1)
         self.top_values.copy_(values)
         self.top_ids.copy_(ids)
+        torch.index_select(logits, 1, self.columns, out=self.kept)
         self.tokens.copy_(ids[:, :1])
         self.pos.add_(1)
 
@@ -400,6 +437,7 @@ class EagerRung:
         self.name, self.model, self.batch, self.positions = name, model, batch, positions
         self.kind = name.removeprefix("eager_")
         self.setup_s = 0.0
+        self.columns = kept_columns(model.torch, model.cfg.vocab, model.device)
 
     def prefill(self, prompt: Any) -> Any:
         m = self.model
@@ -410,10 +448,11 @@ class EagerRung:
     def start(self, ids: Any) -> None:
         pass
 
-    def step(self, ids: Any, forced: bool = False) -> tuple[Any, Any]:
+    def step(self, ids: Any, forced: bool = False) -> tuple[Any, Any, Any]:
         logits = self.model.forward(ids[:, :1], self.cache, self.pos)
         self.pos += 1
-        return logits.topk(TOPK, dim=-1)
+        values, top = logits.topk(TOPK, dim=-1)
+        return values, top, logits.index_select(1, self.columns)  # the same kernels as the fixed step's
 
     def release(self) -> None:
         self.cache = None
@@ -436,11 +475,11 @@ class FixedRung:
         self.fixed.tokens.copy_(ids[:, :1])
         self.fixed.pos.fill_(self.prompt_len)
 
-    def step(self, ids: Any, forced: bool = False) -> tuple[Any, Any]:
+    def step(self, ids: Any, forced: bool = False) -> tuple[Any, Any, Any]:
         if forced:  # the step reads its input from its buffer, where the previous step wrote its own pick
             self.fixed.tokens.copy_(ids[:, :1])
         self.run()
-        return self.fixed.top_values, self.fixed.top_ids
+        return self.fixed.top_values, self.fixed.top_ids, self.fixed.kept
 
     def release(self) -> None:
         self.run = None  # type: ignore[assignment]
@@ -489,6 +528,7 @@ def make_fixed_rungs(names: list[str], model: Decoder, batch: int, positions: in
                     compiled_step = FixedStep(model, cache, batch, compiled_layer(torch))
                     compiled_step.tokens, compiled_step.pos = eager_step.tokens, eager_step.pos  # one set of buffers
                     compiled_step.top_values, compiled_step.top_ids = eager_step.top_values, eager_step.top_ids
+                    compiled_step.kept = eager_step.kept
                     eager_step.pos.zero_()
                     compiled_step()  # compiles the layer here, not inside the first timed generation
                 step = compiled_step
@@ -505,11 +545,13 @@ def make_fixed_rungs(names: list[str], model: Decoder, batch: int, positions: in
 
 @dataclass
 class Generation:
-    """One generation's kept outputs: the best TOPK logits and their ids per step ([batch, new + 1, TOPK]), and the
-    prefill logits' standard deviation (the check's scale)."""
+    """One generation's kept outputs: the best TOPK logits and their ids per step ([batch, new + 1, TOPK]), the logits
+    of the :func:`kept_columns` per step ([batch, new + 1, columns]), and those logits' standard deviation (the
+    check's scale)."""
 
     values: Any
     ids: Any
+    kept: Any
     logit_std: float
 
     @property
@@ -528,82 +570,91 @@ def generate(rung: Any, prompt: Any, new_tokens: int, clock: Clock | None = None
     tie made the two pick differently."""
     torch = rung.fixed.model.torch if isinstance(rung, FixedRung) else rung.model.torch
     mark = clock.mark if clock is not None else (lambda: None)
-    values, ids = [], []
+    values, ids, kept = [], [], []
+    columns = rung.fixed.columns if isinstance(rung, FixedRung) else rung.columns
     with torch.inference_mode():
         mark()
         with annotate("prefill"):
             logits = rung.prefill(prompt)
             v, i = logits.topk(TOPK, dim=-1)
+            k = logits.index_select(1, columns)
             rung.start(i if force is None else force[:, :1])
         mark()
         values.append(v)
         ids.append(i)
+        kept.append(k)
         for step in range(new_tokens):
             with annotate(f"decode_step_{step}"):
-                v, i = rung.step(i if force is None else force[:, step:step + 1], force is not None)
+                v, i, k = rung.step(i if force is None else force[:, step:step + 1], force is not None)
                 if rung.static_outputs and clone:
-                    v, i = v.clone(), i.clone()
+                    v, i, k = v.clone(), i.clone(), k.clone()
             mark()
             values.append(v)
             ids.append(i)
-        logit_std = float(logits.float().std())
-    return Generation(torch.stack(values, dim=1), torch.stack(ids, dim=1), logit_std)
+            kept.append(k)
+        kept_all = torch.stack(kept, dim=1)
+        logit_std = float(kept_all.float().std())
+    return Generation(torch.stack(values, dim=1), torch.stack(ids, dim=1), kept_all, logit_std)
 
 
 @dataclass(frozen=True)
 class Check:
-    """A rung's tokens against the reference's (see the module's text for the rule)."""
+    """A rung's logits against the reference's, both fed the reference's tokens (see the module's text for the rule)."""
 
-    status: str  # "reference", "identical", "near tie", "failed" or "not checked"
-    tolerance: float | None
-    max_top_logit_diff: float | None = None  # over the steps compared
-    first_difference: tuple[int, int] | None = None  # [sequence, token] of the first differing token, if any
+    status: str  # "reference", "identical", "within bound", "failed" or "not checked"
+    bound: float | None  # the most the worst step's mean |difference| may be, as a share of the logits' deviation
+    worst_step_mean: float | None = None  # the worst step's mean |difference| of its kept logits, same share
+    worst_at: tuple[int, int] | None = None  # that step's [sequence, token]
+    max_diff: float | None = None  # the largest |difference| of any kept logit, same share (printed, not tested)
+    picks_differ: int | None = None  # steps whose best token differs from the reference's (printed, not tested)
+    steps: int | None = None  # steps compared (sequences x tokens)
     sentence: str = ""
 
     @property
     def ok(self) -> bool:
-        return self.status in ("reference", "identical", "near tie", "not checked")
+        return self.status in ("reference", "identical", "within bound", "not checked")
 
 
-def compare(ref: Generation, forced: Generation, tolerance: float) -> Check:
+def compare(ref: Generation, forced: Generation, bound: float) -> Check:
     """A rung's generation fed the reference's tokens (``generate(..., force=ref.tokens)``) against the reference's.
 
-    Every step of every sequence is compared: the best logits must agree within ``tolerance``, and where the two pick
-    different tokens, each pick must be within ``tolerance`` of the other's in its own logits (a near tie, where
-    rounding decides)."""
-    rv, ri, xv, xi = (t.detach().float().cpu() if t.is_floating_point() else t.detach().cpu()
-                      for t in (ref.values, ref.ids, forced.values, forced.ids))
-    if ri.shape != xi.shape:
-        return Check("failed", tolerance, sentence=f"different shapes {tuple(ri.shape)} and {tuple(xi.shape)}")
-    diff = (rv[..., 0] - xv[..., 0]).abs()
-    worst = float(diff.max())
-    if worst > tolerance:
-        s, t = divmod(int(diff.argmax()), diff.shape[1])
-        return Check("failed", tolerance, worst, (s, t),
-                     f"at [sequence, token] [{s}, {t}] the best logit is {float(xv[s, t, 0]):.4g} against the "
-                     f"reference's {float(rv[s, t, 0]):.4g}, {float(diff[s, t]):.3g} apart (tolerance {tolerance:.3g})")
-    differ = (ri[..., 0] != xi[..., 0]).nonzero().tolist()
-    gaps = []
-    for s, t in differ:
-        a, b = int(ri[s, t, 0]), int(xi[s, t, 0])  # the reference's pick and this rung's
-        pair = []
-        for values, ids, other in ((rv[s, t], ri[s, t], b), (xv[s, t], xi[s, t], a)):
-            where = (ids == other).nonzero()
-            pair.append(float(values[0] - values[int(where[0])]) if len(where) else math.inf)
-        if max(pair) > tolerance:
-            seen = ", ".join(f"not among its best {TOPK}" if g == math.inf else f"{g:.3g}" for g in pair)
-            return Check("failed", tolerance, worst, (s, t),
-                         f"at [sequence, token] [{s}, {t}] it picked {b} where the reference picked {a}, not a near tie "
-                         f"(gaps in the reference's and its own logits: {seen}; tolerance {tolerance:.3g})")
-        gaps.append(max(pair))
-    if not differ:
-        return Check("identical", tolerance, worst, None,
-                     f"fed the reference's tokens: the same picks at every step, best logits within {worst:.3g} "
-                     f"(tolerance {tolerance:.3g})")
-    return Check("near tie", tolerance, worst, tuple(differ[0]),
-                 f"fed the reference's tokens: the same picks but {len(differ)} near tie(s) of {ri.shape[0] * ri.shape[1]} "
-                 f"(first at [sequence, token] {differ[0]}, gaps up to {max(gaps):.3g}), best logits within {worst:.3g} "
-                 f"(tolerance {tolerance:.3g})")
+    Per step of each sequence, the mean |difference| of the kept logits, as a share of the reference's kept logits'
+    standard deviation; the worst step must not pass ``bound``. Which token each picks is not the test (random
+    weights give nearly flat logits, and two correct BF16 rungs pick differently wherever rounding breaks a near
+    tie): how many picks differ is reported, and so is the largest single difference."""
+    rk, xk = ref.kept.detach().float().cpu(), forced.kept.detach().float().cpu()
+    if rk.shape != xk.shape:
+        return Check("failed", bound, sentence=f"different shapes {tuple(rk.shape)} and {tuple(xk.shape)}")
+    scale = ref.logit_std if ref.logit_std > 0 else 1.0
+    diff = (rk - xk).abs() / scale
+    per_step = diff.mean(dim=-1)  # [sequence, token]
+    worst = float(per_step.max())
+    s, t = divmod(int(per_step.argmax()), per_step.shape[1])
+    picks = int((ref.tokens.cpu() != forced.tokens.cpu()).sum())
+    fields = dict(bound=bound, worst_step_mean=worst, worst_at=(s, t), max_diff=float(diff.max()), picks_differ=picks,
+                  steps=per_step.numel())
+    said = (f"the worst step's mean |difference| in logits {worst:.3g} of their standard deviation (bound {bound:.3g}; "
+            f"at [sequence, token] [{s}, {t}]), the largest single one {fields['max_diff']:.3g}; the best token differs "
+            f"at {picks} of {per_step.numel()} steps")
+    if worst > bound:
+        return Check("failed", sentence=f"fed the reference's tokens: {said}", **fields)  # type: ignore[arg-type]
+    return Check("identical" if fields["max_diff"] == 0 else "within bound",  # type: ignore[arg-type]
+                 sentence=f"fed the reference's tokens: {said}", **fields)
+
+
+def rounding_error(cfg: Config, torch: Any, batch: int = 4, prompt_len: int = 16, new: int = 12, seed: int = 0) -> Check:
+    """What BF16 arithmetic alone does to this model's logits: the same BF16 weights run in bfloat16 and in float32
+    on the CPU, the float32 run fed the bfloat16 run's tokens, compared by :func:`compare`'s statistic (bound 0).
+
+    The check's bound for bfloat16 rests on this (see the module's text): two correct BF16 rungs each differ from
+    the float32 result by about this much, so from each other by at most twice it."""
+    positions = prompt_len + new
+    low = Decoder(cfg, torch, "cpu", torch.bfloat16, positions, seed)
+    high = low.cast(torch.float32)
+    prompt = torch.randint(0, cfg.vocab, (batch, prompt_len), generator=torch.Generator().manual_seed(seed + batch))
+    ref = generate(EagerRung(REFERENCE, low, batch, positions), prompt, new)
+    exact = generate(EagerRung(REFERENCE, high, batch, positions), prompt, new, force=ref.tokens)
+    return compare(ref, exact, 0.0)
 
 
 def agreement(ref: Generation, run: Generation) -> tuple[float, int | None]:
@@ -760,7 +811,7 @@ def run_batch(model: Decoder, rungs: list[str], batch: int, prompt_len: int, new
         elif name == REFERENCE:
             c = Check("reference", None, sentence="the reference")
         else:
-            c = compare(ref, forced[name], tolerance_share * ref.logit_std)
+            c = compare(ref, forced[name], tolerance_share)
         row["check"] = {**asdict(c), "ok": c.ok}
         if ref is not None:
             share, first = agreement(ref, timed[name])
@@ -828,15 +879,15 @@ def main(argv: list[str] | None = None) -> int:
         first = failed[0]
         hint = (" --no-clone kept the fixed-shape step's output buffers, which every later step overwrites: each kept "
                 "step shows the last step's tokens. Clone a graph's outputs before its next replay."
-                if args.no_clone else " A correct rung differs from the reference only at near ties.")
+                if args.no_clone else " A correct rung's logits differ from the reference's by BF16 rounding only.")
         raise GpuprofError(f"result check failed: {len(failed)} of {len(rows)} (rung, batch) rows differ from {REFERENCE}; "
                            f"first {first['rung']} at batch {first['batch']}: {first['check']['sentence']}.", hint.strip())
     if args.no_check:
         print("result not checked: --no-check")
     else:
-        print(f"result checked: every rung's tokens against {REFERENCE}'s at each batch "
+        print(f"result checked: every rung's logits against {REFERENCE}'s at each batch "
               f"({sum(r['check']['status'] == 'identical' for r in rows)} identical, "
-              f"{sum(r['check']['status'] == 'near tie' for r in rows)} up to a near tie, of "
+              f"{sum(r['check']['status'] == 'within bound' for r in rows)} within the bound, of "
               f"{sum(r['check']['status'] != 'reference' for r in rows)})")
     return 0
 

@@ -45,8 +45,8 @@ from ..errors import GpuprofError, ReferenceMissing
 from ..nsys import sqlite as ns
 
 __all__ = ["SCRIPT", "CHAPTER", "script", "model_config", "StepCost", "step_cost", "Ceiling", "Ceilings",
-           "recorded_ceilings", "ceiling_records", "roofline_ms", "crossover_batch", "prediction_table", "kv_capacity",
-           "max_context", "capacity_table", "run_decode", "load_results", "rows_table", "measured_knee",
+           "recorded_ceilings", "ceiling_records", "session_ceilings", "roofline_ms", "crossover_batch", "prediction_table", "kv_capacity",
+           "max_context", "capacity_table", "run_decode", "load_results", "rows_table", "measured_knee", "ladder_figure",
            "CAPTURE_OPTIONS", "capture_decode", "decode_steps", "capture_summary", "RUNG_RANGE", "STEP_RANGE"]
 
 SCRIPT = REPO_ROOT / "examples" / "nsys" / "llm_decode.py"
@@ -212,6 +212,19 @@ def recorded_ceilings(gpu: str | None = None, prefer: str = "reference") -> Ceil
     return Ceilings(copy, matmul)
 
 
+def session_ceilings(source: FoundCapture) -> Ceilings:
+    """The ceilings a run measured beside its decode runs (``ceilings.json``: chapter 0's device copy and BF16
+    product, measured by :mod:`gpuprof.studies.speed_of_light` in the same session on the same GPU), which the
+    chapter's shares are taken of: a share of another day's figure would mix two machines' states."""
+    data = source.json()
+    gpu = str(data.get("gpu") or source.machine.get("gpu_name") or "an unnamed GPU")
+    where = f"artifacts/{CHAPTER}/{source.path.name}"
+    return Ceilings(Ceiling(float(data["d2d_gbps"]), "GB/s", gpu, where,
+                            f"device-to-device copy (read + write), {data.get('d2d_how')}, same session"),
+                    Ceiling(float(data["matmul_bf16_tflops"]), "TFLOP/s", gpu, where,
+                            f"BF16 matrix product, {data.get('matmul_how')}, same session"))
+
+
 def roofline_ms(cost: StepCost, ceilings: Ceilings) -> tuple[float, float]:
     """(memory time, compute time) of a step in ms at the ceilings: its bytes at the copy bandwidth, its FLOPs at
     the BF16 rate. The roofline's step takes the larger; a real one at least that."""
@@ -324,6 +337,47 @@ def measured_knee(table: pd.DataFrame, rung: str, cfg: Any, context: int, dtype_
         raise GpuprofError(f"{rung} was measured at {len(t)} batch size(s); the knee needs two or more.",
                            "Run the script with --batch 1,2,4,... .")
     return crossover_batch(cfg, context, float(t["GB_per_s"].iloc[0]), float(t["TFLOP_per_s"].iloc[-1]), dtype_bytes)
+
+
+def ladder_figure(table: pd.DataFrame, ceilings: Ceilings, sweep: pd.DataFrame | None = None,  # type: ignore[no-untyped-def]
+                  marks: dict[str, float] | None = None):
+    """Each rung's decode bandwidth as a share of the measured device copy, per batch (bars), and, with ``sweep``
+    (:func:`rows_table` of a one-rung batch sweep), that rung's shares of the copy and of the BF16 rate against
+    the batch: where the first falls and the second rises, the step turns from memory- to compute-bound.
+    ``marks``: batches to draw as vertical lines on the sweep, by label (the predicted crossover, the measured knee)."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    panels = 2 if sweep is not None else 1
+    fig, axes = plt.subplots(1, panels, figsize=(6.5 * panels, 4.2), squeeze=False)
+    ax = axes[0][0]
+    rungs = list(dict.fromkeys(table.index.get_level_values("rung")))
+    batches = sorted(set(table.index.get_level_values("batch")))
+    width = 0.8 / len(batches)
+    for j, b in enumerate(batches):
+        shares = [float(table.loc[(r, b), "share_of_copy"]) for r in rungs]
+        ax.bar(np.arange(len(rungs)) + (j - (len(batches) - 1) / 2) * width, shares, width, label=f"batch {b}")
+    ax.axhline(1.0, color="k", lw=1)
+    ax.axhline(0.85, color="grey", ls="--", lw=1, label="issue 40's target (85%)")
+    ax.set_xticks(np.arange(len(rungs)), rungs, rotation=20)
+    ax.set_ylabel(f"decode GB/s / device copy ({ceilings.copy_gbps:,.0f} GB/s)")
+    ax.set_title(f"the decode ladder on {ceilings.gpu}")
+    ax.legend(fontsize=8)
+    if sweep is not None:
+        bx = axes[0][1]
+        rung = sweep.index.get_level_values("rung")[0]
+        t = sweep.xs(rung, level="rung").sort_index()
+        bx.plot(t.index, t["share_of_copy"], "o-", label="share of the device copy's bandwidth")
+        bx.plot(t.index, t["share_of_matmul"], "s-", label="share of the BF16 product's rate")
+        for (label, x), style in zip((marks or {}).items(), ("--", ":", "-.")):
+            bx.axvline(x, color="grey", ls=style, lw=1, label=f"{label} ({x:.0f})")
+        bx.set_xscale("log", base=2)
+        bx.set_xlabel("batch (sequences decoded together)")
+        bx.set_ylim(0, 1.05)
+        bx.set_title(f"{rung}: the batch sweep")
+        bx.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
 
 
 # ----- an Nsight Systems capture of the loop -----
