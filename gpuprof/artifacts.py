@@ -33,14 +33,15 @@ from .errors import CaptureExists, GpuprofError, ReferenceMissing
 __all__ = [
     "REPO_ROOT", "reference_dir", "output_dir", "chapter_output", "overwrite_allowed", "atomic_write_bytes",
     "save_json", "record_file", "load_provenance", "find_capture", "FoundCapture", "git_commit",
-    "measure_or_reference", "stored_file", "gzip_reference",
+    "measure_or_reference", "stored_file", "gzip_reference", "gunzipped_copy",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PROVENANCE_FILE = "provenance.json"
 # Exports the course commits gzipped (about a quarter of the size): ``x.sqlite.gz`` stands for ``x.sqlite``, and the
-# readers (gpuprof.nsys.sqlite.open_export) open either.
-GZIPPED_KINDS = (".sqlite",)
+# readers (gpuprof.nsys.sqlite.open_export) open either; ``x.ncu-rep.gz`` likewise for gpuprof.ncu.report's readers
+# (an ncu report compresses to a fifth or less).
+GZIPPED_KINDS = (".sqlite", ".ncu-rep")
 
 
 def reference_dir() -> Path:
@@ -204,6 +205,37 @@ def stored_file(path: Path) -> Path | None:
     if path.suffix in GZIPPED_KINDS and gz.exists():
         return gz
     return None
+
+
+def gunzipped_copy(path: Path) -> Path:
+    """A gzipped capture (``x.sqlite.gz``, ``x.ncu-rep.gz``) decompressed once into a cache folder, keyed by the
+    file's path, size and time, because SQLite and ncu_report open only plain files. The copy keeps the inner
+    suffix (``x-<key>.sqlite``); ``GPUPROF_CACHE_DIR`` overrides the folder (default: the temp dir's
+    ``gpuprof-exports``)."""
+    import hashlib
+
+    if not path.exists():
+        raise GpuprofError(f"{path} does not exist.", "Check the path.")
+    if path.suffix != ".gz":
+        raise GpuprofError(f"{path} is not a .gz file.", "Give the gzipped capture, or open the plain file directly.")
+    inner = Path(path.name[:-len(".gz")])
+    st = path.stat()
+    key = hashlib.sha1(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("GPUPROF_CACHE_DIR") or Path(tempfile.gettempdir()) / "gpuprof-exports")
+    target = cache / f"{inner.stem}-{key}{inner.suffix}"
+    if target.exists():
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(f".{os.getpid()}.partial")
+    try:
+        with gzip.open(path, "rb") as src, tmp.open("wb") as dst:
+            while chunk := src.read(1 << 20):
+                dst.write(chunk)
+    except (OSError, EOFError) as exc:
+        tmp.unlink(missing_ok=True)
+        raise GpuprofError(f"{path} is not a readable gzip file ({exc}).", "Re-export and gzip it again.") from None
+    os.replace(tmp, target)
+    return target
 
 
 def gzip_reference(path: Path) -> Path:

@@ -53,15 +53,24 @@ def cupy_gpu() -> ModuleType | None:
     return None
 
 
-def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options every kernel script shares: warm-up, repeats, where to write results, CPU-only."""
+# What --cpu does in a script with a NumPy stand-in (a small CPU version of its computation, checked, nothing to
+# profile). A script without one passes its own ``cpu_help``: the help must not promise what the script lacks.
+CPU_STAND_IN_HELP = ("run the NumPy stand-in even where a GPU is available (a CPU version of the computation, checked; "
+                     "nothing for ncu to profile)")
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser, *, cpu_help: str = CPU_STAND_IN_HELP) -> None:
+    """The options every kernel script shares: warm-up, repeats, where to write results, CPU-only.
+
+    ``cpu_help`` is what ``--cpu`` does in this script; the default promises a NumPy stand-in, so a
+    script without one (its kernels have no CPU version) must say what it does instead."""
     from .cli import nonnegative_int, output_file, positive_int
 
     parser.add_argument("--warmup", type=nonnegative_int, default=2, help="untimed launches of each kernel first (default: 2)")
     parser.add_argument("--repeats", type=positive_int, default=10,
                         help="timed launches of each kernel; the median is reported (default: 10; use 1 under ncu)")
     parser.add_argument("--json", type=output_file, default=None, metavar="FILE", help="also write the results to FILE")
-    parser.add_argument("--cpu", action="store_true", help="run the NumPy stand-in even where a GPU is available")
+    parser.add_argument("--cpu", action="store_true", help=cpu_help)
 
 
 def choose_kernels(parser: argparse.ArgumentParser, text: str, choices: Sequence[str]) -> list[str]:

@@ -345,3 +345,27 @@ def test_the_report_reads_as_the_cli_prints_it(tmp_path):
             assert abs(shown * scale - read) <= (half_digit + 1e-9) * scale + 1e-9 * abs(read), (name, i, text, read)
     assert empty >= 4 * 11, "the PmSampling metrics without a value (11 per kernel) are the point of this test"
     assert compared >= 0.9 * (compared + skipped) and compared > 2500
+
+
+def test_a_gzipped_report_reads_as_its_plain_copy(tmp_path, monkeypatch):
+    """Chapter 11's newer references are committed as ``x.ncu-rep.gz``: the readers take the .gz, or the plain
+    name that only exists gzipped, and read the same values as from the decompressed report."""
+    import gzip
+    import shutil
+
+    monkeypatch.setenv("GPUPROF_CACHE_DIR", str(tmp_path / "cache"))
+    packed = REPO_ROOT / "artifacts" / "ch11" / "rungs9_10_8192.ncu-rep.gz"
+    plain = tmp_path / "plain.ncu-rep"
+    with gzip.open(packed) as f, plain.open("wb") as g:
+        shutil.copyfileobj(f, g)
+    names = ["gpu__time_duration.sum", "lts__t_requests.sum", "launch__grid_size"]
+    want = nr.metric_table(plain, names)
+    for path in (packed, packed.with_name("rungs9_10_8192.ncu-rep")):
+        got = nr.metric_table(path, names)
+        pd.testing.assert_frame_equal(got, want)
+    assert list(want["kernel"]) == ["ladder_9_persistent", "ladder_10_cluster_multicast"]
+    assert len(list((tmp_path / "cache").glob("rungs9_10_8192-*.ncu-rep"))) == 1
+    broken = tmp_path / "broken.ncu-rep.gz"
+    broken.write_bytes(b"not gzip")
+    with pytest.raises(GpuprofError, match="not a readable gzip"):
+        nr.kernels(broken)

@@ -624,3 +624,49 @@ def test_benchmark_builds_an_export_for_the_report(tmp_path):
     assert report.returncode == 0 and "Top kernels" in report.stdout, report.stderr
     again = run(REPO_ROOT / "scripts" / "bench_trace_analysis.py", "--rows", "5000", "--build-only", str(out))
     assert again.returncode == 2 and "exists" in again.stderr and "Traceback" not in again.stderr
+
+
+# Issue 39, a new user's findings: the kernel scripts share --cpu through gpuprof.kernels.add_bench_arguments.
+BENCH_SCRIPTS = sorted(p for p in EXAMPLES if "add_bench_arguments(" in p.read_text())
+
+
+def test_the_kernel_scripts_are_found():
+    assert {p.name for p in BENCH_SCRIPTS} == {"divergence.py", "matmul.py", "matmul_ladder.py", "occupancy.py",
+                                               "spills.py", "transpose.py"}
+
+
+def _cpu_help(script, capsys) -> str:
+    text = run_here(script, "--help", capsys=capsys).stdout
+    block = text[text.index("  --cpu "):].split("\n  -")[0]
+    return " ".join(block.split())
+
+
+@pytest.mark.parametrize("script", BENCH_SCRIPTS, ids=lambda p: p.name)
+def test_cpu_does_what_its_help_says(script, capsys, tmp_path):
+    """--help promises a NumPy stand-in only where --cpu runs one (exit 0, its result checked); a script without one
+    says so, and --cpu then exits non-zero, saying that nothing ran."""
+    helped = _cpu_help(script, capsys)
+    args = [a.replace("{tmp}", str(tmp_path)) for a in SMALL_ARGS[script.name]]
+    proc = run_here(script, *args, "--cpu", capsys=capsys)
+    if "NumPy stand-in" in helped:
+        assert proc.returncode == 0 and "NumPy" in proc.stdout and "result checked" in proc.stdout, proc.stderr
+    else:
+        assert "no CPU stand-in" in helped, helped
+        assert proc.returncode != 0 and "nothing to run" in proc.stdout, (proc.returncode, proc.stdout)
+
+
+@pytest.mark.parametrize("script,args", [
+    ("matmul.py", ["--n", "1000000"]), ("transpose.py", ["--n", "1000000"]), ("occupancy.py", ["--mib", "100000000"]),
+    ("spills.py", ["--n", "100000000000"])], ids=["matmul", "transpose", "occupancy", "spills"])
+def test_a_size_over_memory_is_refused_before_any_work_on_the_cpu(script, args, capsys):
+    proc = run_here(REPO_ROOT / "examples" / "nsight_compute" / script, *args, "--cpu", capsys=capsys)
+    assert proc.returncode == 2 and "would take" in proc.stderr and "of host memory" in proc.stderr, proc.stderr
+    assert proc.stdout == "" and "Traceback" not in proc.stderr  # nothing started before the refusal
+
+
+def test_the_ladder_without_a_gpu_says_what_the_size_needs_and_refuses_sizes_past_its_kernels(capsys):
+    ladder = REPO_ROOT / "examples" / "nsight_compute" / "matmul_ladder.py"
+    proc = run_here(ladder, "--size", "100000", capsys=capsys)
+    assert proc.returncode == 3 and "would need 149.01 GiB of GPU memory" in proc.stdout, proc.stdout
+    proc = run_here(ladder, "--size", "1000000000000", capsys=capsys)
+    assert proc.returncode == 2 and "must be under 2,147,483,648" in proc.stderr, proc.stderr

@@ -27,7 +27,7 @@ import numpy as np  # noqa: E402
 
 from gpuprof import Backend, exit_on_error  # noqa: E402
 from gpuprof import kernels as gk  # noqa: E402
-from gpuprof.cli import positive_int  # noqa: E402
+from gpuprof.cli import positive_int, require_memory  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
 
 CU = Path(__file__).with_name("divergence.cu")
@@ -84,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
         print("result checked: NumPy's own results, for the layout of each kernel")
         gk.write_json(args.json, {"cpu": True})
         return 0
+    # one float per thread on the GPU, and copied whole to the host for the check: refused before any work
+    require_memory(args.threads * 4, "cuda", f"One float for each of {args.threads:,} threads", "--threads")
+    require_memory(args.threads * 4, "cpu", f"The copy of {args.threads:,} threads' results", "--threads")
     kernels = gk.compile_kernels(CU, list(KERNELS), cp)
     backend = Backend("cupy", "cuda", cp)
     out = cp.empty(args.threads, dtype=cp.float32)

@@ -66,6 +66,8 @@ def relative_error(got: np.ndarray, want: np.ndarray) -> float:
 def run_cpu(n: int, json_path: Path | None) -> None:
     import time
 
+    # float32 A, B and C, their float64 copies and product for the check, and its difference: checked before any work
+    require_memory(52 * n * n, "cpu", f"A {n:,} x {n:,} product in NumPy (and its float64 check)", "--n", lower_bound=True)
     print(f"matmul: no GPU here, so NumPy multiplies two {n} x {n} matrices instead (nothing for ncu to profile)")
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((n, n), dtype=np.float32), rng.standard_normal((n, n), dtype=np.float32)

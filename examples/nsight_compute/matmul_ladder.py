@@ -204,9 +204,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--clocks", action="store_true",
                    help="read the SM clock, power and clock-event reasons from NVML during each kernel's timed runs "
                         "(results' extra.nvml), so that each rate can be stated per cycle")
-    gk.add_bench_arguments(p)
-    cpu = next(a for a in p._actions if "--cpu" in a.option_strings)
-    cpu.help = "run nothing even where a GPU is available (there is no CPU stand-in: see the exit status below)"
+    gk.add_bench_arguments(p, cpu_help="run nothing even where a GPU is available (there is no CPU stand-in: "
+                                       "see the exit status below)")
     args = p.parse_args(argv)
     if not math.isfinite(args.min_time_s) or not 0 <= args.min_time_s <= 60:
         p.error(f"--min-time-s takes 0 to 60 seconds, not {args.min_time_s}")

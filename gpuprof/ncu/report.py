@@ -38,6 +38,7 @@ from typing import Any, Iterable, Sequence
 
 import pandas as pd
 
+from ..artifacts import gunzipped_copy, stored_file
 from ..errors import GpuprofError
 
 __all__ = ["ncu_report_available", "open_report", "kernels", "metrics", "metric_table", "rules", "source_counters",
@@ -94,9 +95,19 @@ def _load(path: str, mtime: float) -> _Report:
     return _Report(Path(path), tuple(_run_dump(Path(path))["kernels"]))
 
 
-def open_report(path: str | Path) -> _Report:
-    """Read a report (cached while the file is unchanged), with one-sentence errors for the usual mistakes."""
+def _readable(path: str | Path) -> Path:
+    """The plain report for ``path``: a gzipped one (``x.ncu-rep.gz``, or ``x.ncu-rep`` committed only
+    gzipped, as the course stores its newer references) decompressed into a cache first, because
+    ncu_report opens only plain files."""
     path = Path(path)
+    path = stored_file(path) or path
+    return gunzipped_copy(path) if path.name.endswith(".ncu-rep.gz") else path
+
+
+def open_report(path: str | Path) -> _Report:
+    """Read a report (cached while the file is unchanged), with one-sentence errors for the usual mistakes.
+    A gzipped report (``x.ncu-rep.gz``) is read through a decompressed copy."""
+    path = _readable(path)
     if not path.exists():
         raise GpuprofError(f"{path} does not exist.", "Check the path, or profile with `ncu -o NAME ...` first.")
     suffix = path.suffix.lower()
@@ -234,7 +245,7 @@ def source_counters(path: str | Path, kernel: int | str, counters: Sequence[str]
     line, and adds the line's text from the report (``--import-source yes``) or from
     a file of the same name under ``search``.
     """
-    path = Path(path)
+    path = _readable(path)
     kernel = _kernel_id(path, kernel)
     data = _source(str(path.resolve()), path.stat().st_mtime, int(kernel), tuple(counters))
     _require_counters(data, path, counters, "Profile with --section SourceCounters (or --set full) and compile with -lineinfo.")
@@ -273,7 +284,7 @@ def sass_counters(path: str | Path, kernel: int | str, counters: Sequence[str] =
     where the line table of :func:`source_counters` hides which instruction it is. The report
     holds the SASS only when SourceCounters (or ``--set full``) was collected.
     """
-    path = Path(path)
+    path = _readable(path)
     kid = _kernel_id(path, kernel)
     data = _sass(str(path.resolve()), path.stat().st_mtime, int(kid), tuple(counters))
     _require_counters(data, path, counters, "Profile with --section SourceCounters (or --set full).")
@@ -299,7 +310,7 @@ def instances(path: str | Path, kernel: int | str, metric: str) -> pd.Series:
     the instruction mix. ``kernel`` is a kernel id or name (its first launch). Sorted by
     value, largest first.
     """
-    path = Path(path)
+    path = _readable(path)
     kid = _kernel_id(path, kernel)
     data = _run_dump(path, "--instances", str(kid), metric)
     if metric not in data["instances"]:

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from ..artifacts import stored_file
+from ..artifacts import gunzipped_copy, stored_file
 from ..errors import GpuprofError
 
 __all__ = ["NoKernelRows", "open_export", "table_names", "kernels", "nvtx_ranges", "runtime_calls",
@@ -90,31 +90,8 @@ def ensure_sqlite(path: str | Path) -> Path:
 
 def _gunzipped(path: Path) -> Path:
     """A gzipped export (the course commits its larger ones so) decompressed once into a cache
-    folder, keyed by the file's path, size and time, so that SQLite can open it."""
-    import gzip
-    import hashlib
-    import os
-    import tempfile
-
-    if not path.exists():
-        raise GpuprofError(f"{path} does not exist.", "Check the path.")
-    st = path.stat()
-    key = hashlib.sha1(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
-    cache = Path(os.environ.get("GPUPROF_CACHE_DIR") or Path(tempfile.gettempdir()) / "gpuprof-exports")
-    target = cache / f"{path.name[:-len('.sqlite.gz')]}-{key}.sqlite"
-    if target.exists():
-        return target
-    cache.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_suffix(f".{os.getpid()}.partial")
-    try:
-        with gzip.open(path, "rb") as src, tmp.open("wb") as dst:
-            while chunk := src.read(1 << 20):
-                dst.write(chunk)
-    except (OSError, EOFError) as exc:
-        tmp.unlink(missing_ok=True)
-        raise GpuprofError(f"{path} is not a readable gzip file ({exc}).", "Re-export and gzip it again.") from None
-    os.replace(tmp, target)
-    return target
+    folder, so that SQLite can open it (:func:`gpuprof.artifacts.gunzipped_copy`)."""
+    return gunzipped_copy(path)
 
 
 def open_export(path: str | Path) -> sqlite3.Connection:
