@@ -388,6 +388,42 @@ def test_layer_table_of_the_reference():
     assert lt.loc["ops", "x_first"] == 1
 
 
+
+def test_split_ratios_of_the_reference_are_the_chapters_verdicts():
+    """The five ratios c7split2 checks, from the committed capture: the figures its stored output prints."""
+    result = json.loads((REF / "layer.json").read_text())
+    r = tr.split_ratios(tr.layer_table(result, REF / "layer.sqlite"))
+    assert {k: round(v, 2) for k, v in r.items()} == {"fusion_gpu": 2.55, "graph_gain": 2.82, "graph_same_gpu": 0.98,
+                                                      "ro_launch_calls_per_layer": 0.75, "ro_over_compiled": 2.34}
+
+
+def test_spread_summary_counts_the_runs_that_fail_each_bound():
+    import sys
+    sys.path.insert(0, str(REPO_ROOT / "scripts"))
+    import spread_ch07_split as sp
+
+    good = {"fusion_gpu": 2.5, "graph_gain": 2.8, "graph_same_gpu": 0.98, "ro_launch_calls_per_layer": 0.75,
+            "ro_over_compiled": 2.3}
+    rows = {r["ratio"]: r for r in sp.summary([good, {**good, "graph_gain": 1.4}, {**good, "graph_same_gpu": 1.12}])}
+    assert rows["graph_gain"]["failed"] == 1 and rows["graph_gain"]["low"] == 1.4 and rows["graph_gain"]["median"] == 2.8
+    assert rows["graph_same_gpu"]["failed"] == 1 and rows["fusion_gpu"]["failed"] == 0
+    assert set(rows) == set(good)
+
+
+def test_spread_script_refuses_in_one_sentence():
+    import subprocess
+    import sys
+
+    script = str(REPO_ROOT / "scripts" / "spread_ch07_split.py")
+    bad = subprocess.run([sys.executable, script, "--runs", "0"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "must be at least 1" in bad.stderr and "Traceback" not in bad.stderr
+    from gpuprof.tools import live_tool
+
+    if not live_tool("nsys"):  # a CPU machine: one sentence, exit 2, nothing captured
+        proc = subprocess.run([sys.executable, script, "--runs", "1"], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and "cannot run here" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_graph_input_copies_of_the_reference():
     """The reference capture's reduce-overhead variant copies its inputs before each replay (2 multi-tensor Copy
     kernels per forward), no other variant does, and without those copies its GPU time is plain torch.compile's."""

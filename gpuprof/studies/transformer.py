@@ -298,6 +298,28 @@ def layer_table(result: dict[str, Any], path: str | Path) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("variant")
 
 
+
+def split_ratios(lt: pd.DataFrame) -> dict[str, float]:
+    """The five ratios chapter 7 checks on the launch-bound layer's ladder (one capture's ``layer_table``).
+
+    Kept in one place because the chapter's verdict cell and ``scripts/spread_ch07_split.py``
+    (the same ratios over several fresh processes, to set each bound from the run-to-run spread)
+    must compute exactly the same numbers.
+
+    * ``fusion_gpu``: op by op over library kernels, GPU kernel time per forward;
+    * ``graph_gain``: library kernels over their CUDA graph, time per forward without the profiler;
+    * ``graph_same_gpu``: the graph's GPU kernel time over the library kernels' (a graph saves launches, not GPU work);
+    * ``ro_launch_calls_per_layer``: ``mode="reduce-overhead"``'s launch calls per layer;
+    * ``ro_over_compiled``: reduce-overhead's gain over op by op divided by plain ``torch.compile``'s.
+    """
+    ops, fused, graph, comp, ro = (lt.loc[v] for v in ("ops", "fused", "graph", "compiled", "reduce-overhead"))
+    return {"fusion_gpu": float(ops["kernel_us_per_forward"] / fused["kernel_us_per_forward"]),
+            "graph_gain": float(fused["us_per_forward"] / graph["us_per_forward"]),
+            "graph_same_gpu": float(graph["kernel_us_per_forward"] / fused["kernel_us_per_forward"]),
+            "ro_launch_calls_per_layer": float(ro["launch_calls_per_layer"]),
+            "ro_over_compiled": float(ro["x_first"] / comp["x_first"])}
+
+
 # What CUDA-graph trees launch before a replay to copy its non-static inputs into the graph's memory
 # (torch._foreach_copy_): ATen's multi-tensor kernel with the Copy functor, e.g.
 # multi_tensor_apply_kernel<TensorListMetadata<2>, UnaryOpFunctor<float, 2, 1, 1>, Copy<float, float>>.
