@@ -99,7 +99,9 @@ def _results():
            "decode_ms_q1": 5.9, "decode_ms_q3": 6.1, "decode_tokens_per_s": 166.0, "bytes_per_step": 15e9,
            "flops_per_step": 15e9, "decode_gbps": 2500.0, "decode_tflops": 2.5, "check": {"status": "identical"},
            "setup_s": 1.0}
-    big = {**row, "batch": 512, "decode_gbps": 1500.0, "decode_tflops": 400.0}
+    # the rates are the median step's: 15e9 bytes in 10 ms is 1,500 GB/s, 4e12 FLOPs 400 TFLOP/s
+    big = {**row, "batch": 512, "decode_ms_per_step": 10.0, "decode_tokens_per_s": 512 / 0.0125, "flops_per_step": 4e12,
+           "decode_gbps": 1.0, "decode_tflops": 1.0}
     return {"rows": [row, big]}
 
 
@@ -108,6 +110,9 @@ def test_rows_table_sets_the_rates_against_the_ceilings():
     r = t.loc[("graph", 1)]
     assert r["share_of_copy"] == pytest.approx(2500 / 3000) and r["share_of_matmul"] == pytest.approx(2.5 / 800)
     assert r["prefill_share_of_matmul"] == pytest.approx(500 / 800) and r["check"] == "identical"
+    big = t.loc[("graph", 512)]  # the JSON's own rates (over the total time) are not used; its mean step is kept
+    assert big["GB_per_s"] == pytest.approx(1500) and big["TFLOP_per_s"] == pytest.approx(400)
+    assert big["tokens_per_s"] == pytest.approx(51200) and big["mean_ms"] == pytest.approx(12.5)
     # the measured knee: the crossover formula with batch 1's bandwidth and batch 512's FLOP rate
     assert li.measured_knee(t, "graph", CFG, 64) == pytest.approx(li.crossover_batch(CFG, 64, 2500.0, 400.0))
     with pytest.raises(GpuprofError, match="needs two or more"):
@@ -218,14 +223,17 @@ def test_the_runs_ceilings_are_read_from_its_own_file():
 
 def test_the_chapters_shares_are_the_records_rates_over_the_same_sessions_ceilings():
     """The ladder's share of the copy is the row's GB/s over ceilings.json's, and GB/s is the step's bytes over its
-    time: recomputed here from each row's own steps, independently of rows_table."""
+    median step, the statistic of the ms column: recomputed here from each row's own steps, independently of
+    rows_table; the script's own rate (over the total time) is the mean step's."""
     raw, ceil = _json("ch12/ladder.json"), _json("ch12/ceilings.json")
     t = li.rows_table(_ch12("ladder.json"), li.session_ceilings(_ch12("ceilings.json")))
     for r in raw["rows"]:
-        gbps = r["bytes_per_step"] * len(r["decode_step_ms"]) / (sum(r["decode_step_ms"]) / 1e3) / 1e9
-        assert gbps == pytest.approx(r["decode_gbps"], rel=1e-9)
-        assert t.loc[(r["rung"], r["batch"]), "share_of_copy"] == pytest.approx(gbps / ceil["d2d_gbps"], rel=1e-9)
-        assert t.loc[(r["rung"], r["batch"]), "ms_per_step"] == statistics.median(r["decode_step_ms"])
+        row, median = t.loc[(r["rung"], r["batch"])], statistics.median(r["decode_step_ms"])
+        gbps = r["bytes_per_step"] / (median / 1e3) / 1e9
+        assert row["ms_per_step"] == median and row["tokens_per_s"] == pytest.approx(r["batch"] / (median / 1e3), rel=1e-9)
+        assert row["share_of_copy"] == pytest.approx(gbps / ceil["d2d_gbps"], rel=1e-9)
+        assert r["bytes_per_step"] / (row["mean_ms"] / 1e3) / 1e9 == pytest.approx(r["decode_gbps"], rel=1e-9)
+        assert row["mean_ms"] == pytest.approx(statistics.mean(r["decode_step_ms"]), rel=1e-6)
 
 
 def test_the_sweeps_knee_and_prediction_come_from_its_context_and_rates():
@@ -233,8 +241,12 @@ def test_the_sweeps_knee_and_prediction_come_from_its_context_and_rates():
     context = sweep["prompt_len"] + sweep["new_tokens"] // 2
     t = li.rows_table(sweep, ceil)
     first, last = sweep["rows"][0], sweep["rows"][-1]
-    assert li.measured_knee(t, "graph", CFG, context) == li.crossover_batch(CFG, context, first["decode_gbps"],
-                                                                             last["decode_tflops"])
+    assert li.measured_knee(t, "graph", CFG, context) == pytest.approx(li.crossover_batch(
+        CFG, context, first["bytes_per_step"] / first["decode_ms_per_step"] / 1e6,
+        last["flops_per_step"] / last["decode_ms_per_step"] / 1e9), rel=1e-9)
+    fit = li.knee_fit(t, "graph")
+    lo, hi = fit.split
+    assert lo < fit.batch < hi * 2 and fit.right[1] > fit.left[1] > 0  # the upper line is the steeper
     predicted = li.crossover_batch(CFG, context, ceil.copy_gbps, ceil.matmul_tflops)
     mem, comp = li.roofline_ms(li.step_cost(CFG, round(predicted), context), ceil)
     assert mem == pytest.approx(comp, rel=0.01)  # the crossover is where the two times meet
@@ -248,9 +260,28 @@ def test_the_ladder_figure_draws_every_rung_and_the_sweep():
 
     ceil = li.session_ceilings(_ch12("ceilings.json"))
     lad, sw = li.rows_table(_ch12("ladder.json"), ceil), li.rows_table(_ch12("sweep.json"), ceil)
-    fig = li.ladder_figure(lad, ceil, sw, {"predicted crossover": 290.0})
+    roof = li.prediction_table(CFG, sorted(set(sw.index.get_level_values("batch"))), 48, ceil)
+    fig = li.ladder_figure(lad, ceil, sw, {"predicted crossover": 290.0}, roofline=roof, fit=li.knee_fit(sw, "graph"))
     bars, curve = fig.axes
     assert len(bars.patches) == len(lad)  # one bar per (rung, batch)
     assert [tick.get_text() for tick in bars.get_xticklabels()] == list(dict.fromkeys(lad.index.get_level_values(0)))
-    assert any("predicted crossover (290)" in t.get_text() for t in curve.get_legend().get_texts())
+    labels = [t.get_text() for t in curve.get_legend().get_texts()]
+    assert "predicted crossover (290)" in labels and "two lines fitted" in labels
+    assert not any("share" in label for label in labels)  # step times, not the two shares that cross by construction
     plt.close(fig)
+
+
+def test_the_two_line_fit_finds_a_known_knee():
+    """Step times on two known lines, 5 + 0.001 n up to 256 and 0.03 n - 2.424 beyond (they cross at 256): the fit
+    returns both lines and the crossing; a single straight line is refused."""
+    import pandas as pd
+
+    batches = [1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 768, 1024]
+    ms = [5 + 0.001 * n if n <= 256 else 0.03 * n - 2.424 for n in batches]
+    t = pd.DataFrame({"rung": "graph", "batch": batches, "ms_per_step": ms}).set_index(["rung", "batch"])
+    fit = li.knee_fit(t, "graph")
+    assert fit.batch == pytest.approx(256, rel=1e-6) and fit.right[1] == pytest.approx(0.03)
+    assert fit.left == pytest.approx((5.0, 0.001)) and fit.sse == pytest.approx(0, abs=1e-12)
+    line = t.assign(ms_per_step=[5 + 0.001 * n for n in batches])
+    with pytest.raises(GpuprofError, match="one straight line"):
+        li.knee_fit(line, "graph")

@@ -12,7 +12,8 @@ over a list of batch sizes). This module holds what the chapter would otherwise 
 * the ceilings that arithmetic is set against, as the course measured them on each GPU
   (:func:`recorded_ceilings`: chapter 0's device copy and BF16 product, else chapter 4's device copy
   and chapter 11's cuBLAS product), each with its file and GPU, never a typed-in number;
-* the script's results as tables (:func:`run_decode`, :func:`rows_table`, :func:`measured_knee`);
+* the script's results as tables (:func:`run_decode`, :func:`rows_table`) and the knee of a batch sweep's step
+  times (:func:`knee_fit`: two lines fitted);
 * an Nsight Systems capture of the loop read per rung (:func:`capture_decode`, :func:`decode_steps`,
   :func:`capture_summary`): kernels and launch calls per decoding step, the CPU's time per step, the
   GPU's busy share, and which of the two bounds the loop.
@@ -46,7 +47,7 @@ from ..nsys import sqlite as ns
 
 __all__ = ["SCRIPT", "CHAPTER", "script", "model_config", "StepCost", "step_cost", "Ceiling", "Ceilings",
            "recorded_ceilings", "ceiling_records", "session_ceilings", "roofline_ms", "crossover_batch", "prediction_table", "kv_capacity",
-           "max_context", "capacity_table", "run_decode", "load_results", "rows_table", "measured_knee", "ladder_figure",
+           "max_context", "capacity_table", "run_decode", "load_results", "rows_table", "KneeFit", "knee_fit", "measured_knee", "ladder_figure",
            "CAPTURE_OPTIONS", "capture_decode", "decode_steps", "capture_summary", "RUNG_RANGE", "STEP_RANGE"]
 
 SCRIPT = REPO_ROOT / "examples" / "nsys" / "llm_decode.py"
@@ -308,30 +309,84 @@ def load_results(source: FoundCapture | str | Path | dict[str, Any]) -> dict[str
 
 
 def rows_table(source: FoundCapture | str | Path | dict[str, Any], ceilings: Ceilings | None = None) -> pd.DataFrame:
-    """One row per (rung, batch): prefill ms and TFLOP/s, decode ms per step (median, quartiles), tokens/s, GB and
-    GFLOP per step, GB/s and TFLOP/s achieved, the check; with ``ceilings``, the achieved shares of the copy
-    bandwidth and of the BF16 rate (prefill's too)."""
+    """One row per (rung, batch): prefill ms and TFLOP/s, decode ms per step (median, quartiles, and the mean), and
+    the rates of the median step: tokens/s (batch / median), GB/s and TFLOP/s (the bytes and FLOPs a step needs at
+    the generation's mean context, over the median step); with ``ceilings``, their shares of the copy bandwidth and
+    of the BF16 rate (prefill's too).
+
+    Why the median, not the script's own rates: the JSON's ``decode_tokens_per_s`` and ``decode_gbps`` are totals
+    over the summed step times (the mean step), which a few slow steps move (the eager rungs' steps on a busy host
+    spread by up to 2x). A table whose ms column is the median and whose rates came from the mean does not let a
+    reader get one from the other; here every figure of a row comes from the same median step. ``mean_ms`` keeps
+    the other statistic (the script's rates are batch / mean_ms) for rows where the two differ."""
     res = load_results(source)
     rows = []
     for r in res["rows"]:
+        median_s = r["decode_ms_per_step"] / 1e3
         row = {"rung": r["rung"], "batch": r["batch"], "prefill_ms": r["prefill_ms"], "prefill_tflops": r["prefill_tflops"],
                "ms_per_step": r["decode_ms_per_step"], "q1_ms": r["decode_ms_q1"], "q3_ms": r["decode_ms_q3"],
-               "tokens_per_s": r["decode_tokens_per_s"], "GB_per_step": r["bytes_per_step"] / 1e9,
-               "GFLOP_per_step": r["flops_per_step"] / 1e9, "GB_per_s": r["decode_gbps"], "TFLOP_per_s": r["decode_tflops"],
-               "check": r["check"]["status"], "setup_s": r["setup_s"]}
+               "mean_ms": r["batch"] / r["decode_tokens_per_s"] * 1e3,
+               "tokens_per_s": r["batch"] / median_s, "GB_per_step": r["bytes_per_step"] / 1e9,
+               "GFLOP_per_step": r["flops_per_step"] / 1e9, "GB_per_s": r["bytes_per_step"] / median_s / 1e9,
+               "TFLOP_per_s": r["flops_per_step"] / median_s / 1e12, "check": r["check"]["status"], "setup_s": r["setup_s"]}
         if ceilings is not None:
-            row["share_of_copy"] = r["decode_gbps"] / ceilings.copy_gbps
-            row["share_of_matmul"] = r["decode_tflops"] / ceilings.matmul_tflops
+            row["share_of_copy"] = row["GB_per_s"] / ceilings.copy_gbps
+            row["share_of_matmul"] = row["TFLOP_per_s"] / ceilings.matmul_tflops
             row["prefill_share_of_matmul"] = r["prefill_tflops"] / ceilings.matmul_tflops
         rows.append(row)
     return pd.DataFrame(rows).set_index(["rung", "batch"])
 
 
+@dataclass(frozen=True)
+class KneeFit:
+    """Two straight lines fitted to a sweep's step times against the batch (least squares, each side of a split),
+    and where they cross: the measured knee. ``left``/``right``: (intercept ms, slope ms per sequence)."""
+
+    batch: float  # where the two lines cross
+    split: tuple[int, int]  # the last batch of the left line, the first of the right one
+    left: tuple[float, float]
+    right: tuple[float, float]
+    sse: float  # the summed squared residuals, ms^2
+
+    def line_ms(self, batch: float) -> float:
+        """The fitted step: the left line below the knee, the right one above it."""
+        a, b = self.left if batch <= self.batch else self.right
+        return a + b * batch
+
+
+def knee_fit(table: pd.DataFrame, rung: str, column: str = "ms_per_step", min_points: int = 2) -> KneeFit:
+    """The measured knee of one rung's sweep: of every split of its batches into a lower and an upper run (each of at
+    least ``min_points``), the one whose two least-squares lines of step time against batch leave the smallest summed
+    squared residuals; the knee is where those two lines cross. It reads the step times only, so it can disagree
+    with the roofline's prediction (which :func:`crossover_batch` computes from the arithmetic and two ceilings)."""
+    t = table.xs(rung, level="rung").sort_index()
+    x, y = t.index.to_numpy(dtype=float), t[column].to_numpy(dtype=float)
+    if len(x) < 2 * min_points:
+        raise GpuprofError(f"{rung} was measured at {len(x)} batch size(s); a two-line fit needs {2 * min_points} or more.",
+                           "Run the script with --batch 1,2,4,... past the expected knee.")
+    best: KneeFit | None = None
+    for k in range(min_points, len(x) - min_points + 1):
+        lines, sse = [], 0.0
+        for xs, ys in ((x[:k], y[:k]), (x[k:], y[k:])):
+            slope, intercept = np.polyfit(xs, ys, 1)
+            lines.append((float(intercept), float(slope)))
+            sse += float(((intercept + slope * xs - ys) ** 2).sum())
+        (a1, b1), (a2, b2) = lines
+        if np.isclose(b1, b2, rtol=1e-6, atol=0.0):  # parallel: no crossing
+            continue
+        cross = (a1 - a2) / (b2 - b1)
+        if best is None or sse < best.sse:
+            best = KneeFit(cross, (int(x[k - 1]), int(x[k])), lines[0], lines[1], sse)
+    if best is None:
+        raise GpuprofError(f"{rung}'s step times lie on one straight line: no knee.", "Extend the sweep past the turn.")
+    return best
+
+
 def measured_knee(table: pd.DataFrame, rung: str, cfg: Any, context: int, dtype_bytes: int = 2) -> float | None:
-    """Where one rung's measured sweep turns, by the same formula as the prediction (:func:`crossover_batch`) with
-    the rates the rung achieved: the bandwidth at its smallest batch (memory-bound there) and the FLOP rate at its
-    largest. Meaningful only when the largest batch is past the turn (its step grows with its FLOPs): a sweep that
-    stops short of it underrates the FLOP rate and puts the turn too early. ``table``: :func:`rows_table`."""
+    """The prediction's formula (:func:`crossover_batch`) with the rates one rung achieved: the bandwidth at its
+    smallest batch and the FLOP rate at its largest. Not a measurement of where the step turns: the formula depends
+    only on the ratio of the two rates (a ridge), so this says how far the achieved ridge is from the ceilings'.
+    The knee of the step times themselves is :func:`knee_fit`'s. ``table``: :func:`rows_table`."""
     t = table.xs(rung, level="rung").sort_index()
     if len(t) < 2:
         raise GpuprofError(f"{rung} was measured at {len(t)} batch size(s); the knee needs two or more.",
@@ -340,11 +395,15 @@ def measured_knee(table: pd.DataFrame, rung: str, cfg: Any, context: int, dtype_
 
 
 def ladder_figure(table: pd.DataFrame, ceilings: Ceilings, sweep: pd.DataFrame | None = None,  # type: ignore[no-untyped-def]
-                  marks: dict[str, float] | None = None):
+                  marks: dict[str, float] | None = None, roofline: pd.DataFrame | None = None, fit: KneeFit | None = None):
     """Each rung's decode bandwidth as a share of the measured device copy, per batch (bars), and, with ``sweep``
-    (:func:`rows_table` of a one-rung batch sweep), that rung's shares of the copy and of the BF16 rate against
-    the batch: where the first falls and the second rises, the step turns from memory- to compute-bound.
-    ``marks``: batches to draw as vertical lines on the sweep, by label (the predicted crossover, the measured knee)."""
+    (:func:`rows_table` of a one-rung batch sweep), that rung's measured step time (median, quartiles as error bars)
+    against the batch, with the roofline's step (``roofline``: :func:`prediction_table`'s ``step_ms``) and the two
+    lines of ``fit`` (:func:`knee_fit`) over it. ``marks``: batches drawn as vertical lines, by label.
+
+    Why step times and not the two shares (of the copy, of the BF16 rate): their ratio is bytes/FLOPs x ridge, so
+    the two share curves cross where the arithmetic's intensity equals the ridge whatever the GPU measured; a
+    crossing drawn from them would look like a measurement and be the prediction."""
     import matplotlib.pyplot as plt
     import numpy as np
 
@@ -360,20 +419,27 @@ def ladder_figure(table: pd.DataFrame, ceilings: Ceilings, sweep: pd.DataFrame |
     ax.axhline(1.0, color="k", lw=1)
     ax.axhline(0.85, color="grey", ls="--", lw=1, label="issue 40's target (85%)")
     ax.set_xticks(np.arange(len(rungs)), rungs, rotation=20)
-    ax.set_ylabel(f"decode GB/s / device copy ({ceilings.copy_gbps:,.0f} GB/s)")
+    ax.set_ylabel(f"decode GB/s (median step) / device copy ({ceilings.copy_gbps:,.0f} GB/s)")
     ax.set_title(f"the decode ladder on {ceilings.gpu}")
     ax.legend(fontsize=8)
     if sweep is not None:
         bx = axes[0][1]
         rung = sweep.index.get_level_values("rung")[0]
         t = sweep.xs(rung, level="rung").sort_index()
-        bx.plot(t.index, t["share_of_copy"], "o-", label="share of the device copy's bandwidth")
-        bx.plot(t.index, t["share_of_matmul"], "s-", label="share of the BF16 product's rate")
-        for (label, x), style in zip((marks or {}).items(), ("--", ":", "-.")):
-            bx.axvline(x, color="grey", ls=style, lw=1, label=f"{label} ({x:.0f})")
+        x = t.index.to_numpy(dtype=float)
+        bx.errorbar(x, t["ms_per_step"], yerr=[t["ms_per_step"] - t["q1_ms"], t["q3_ms"] - t["ms_per_step"]],
+                    fmt="o", label="measured step (median, quartiles)")
+        if roofline is not None:
+            bx.plot(roofline.index, roofline["step_ms"], "k-", lw=1, label="the roofline's step (ceilings)")
+        if fit is not None:
+            xs = np.geomspace(x.min(), x.max(), 200)
+            bx.plot(xs, [fit.line_ms(v) for v in xs], color="tab:orange", lw=1, label="two lines fitted")
+        for (label, v), style in zip((marks or {}).items(), ("--", ":", "-.")):
+            bx.axvline(v, color="grey", ls=style, lw=1, label=f"{label} ({v:.0f})")
         bx.set_xscale("log", base=2)
         bx.set_xlabel("batch (sequences decoded together)")
-        bx.set_ylim(0, 1.05)
+        bx.set_ylabel("ms per decoding step")
+        bx.set_ylim(0, None)
         bx.set_title(f"{rung}: the batch sweep")
         bx.legend(fontsize=8)
     fig.tight_layout()
