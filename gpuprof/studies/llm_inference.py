@@ -357,7 +357,9 @@ class KneeFit:
 def knee_fit(table: pd.DataFrame, rung: str, column: str = "ms_per_step", min_points: int = 2) -> KneeFit:
     """The measured knee of one rung's sweep: of every split of its batches into a lower and an upper run (each of at
     least ``min_points``), the one whose two least-squares lines of step time against batch leave the smallest summed
-    squared residuals; the knee is where those two lines cross. It reads the step times only, so it can disagree
+    squared residuals, among the splits whose two lines cross between the lower run's last batch and the upper
+    run's first (a crossing outside its own split would put a batch on the wrong line); the knee is where those two
+    lines cross. It reads the step times only, so it can disagree
     with the roofline's prediction (which :func:`crossover_batch` computes from the arithmetic and two ceilings)."""
     t = table.xs(rung, level="rung").sort_index()
     x, y = t.index.to_numpy(dtype=float), t[column].to_numpy(dtype=float)
@@ -375,10 +377,13 @@ def knee_fit(table: pd.DataFrame, rung: str, column: str = "ms_per_step", min_po
         if np.isclose(b1, b2, rtol=1e-6, atol=0.0):  # parallel: no crossing
             continue
         cross = (a1 - a2) / (b2 - b1)
+        if not x[k - 1] <= cross <= x[k]:  # the lines must cross between the two runs they were fitted to
+            continue
         if best is None or sse < best.sse:
             best = KneeFit(cross, (int(x[k - 1]), int(x[k])), lines[0], lines[1], sse)
     if best is None:
-        raise GpuprofError(f"{rung}'s step times lie on one straight line: no knee.", "Extend the sweep past the turn.")
+        raise GpuprofError(f"{rung}'s step times give no two lines that cross between the batches they split: no knee.",
+                           "Extend the sweep past the turn, or add batches around it.")
     return best
 
 
