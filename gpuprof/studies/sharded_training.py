@@ -728,11 +728,12 @@ def idle_summary(table: Any) -> Any:
     return out.reset_index()
 
 
-def kernel_streams(data: dict[int, Any], mode: str, pattern: str) -> Any:
+def kernel_streams(data: dict[int, Any], mode: str, pattern: str, *, column: str = "name") -> Any:
     """Per rank, the kernels of ``mode``'s timed steps whose name matches ``pattern`` (a regular expression), by
     name and stream: count and milliseconds per step (median over the steps), and whether the stream is the
     compute stream (:func:`compute_stream`). Which stream a copy kernel runs on decides whether it can overlap
-    the layers' computation or runs in series with it."""
+    the layers' computation or runs in series with it. ``column`` ``demangled`` matches the full signature
+    instead (a template argument, say, which the short name leaves out)."""
     import pandas as pd
 
     rows = []
@@ -743,7 +744,7 @@ def kernel_streams(data: dict[int, Any], mode: str, pattern: str) -> Any:
             window = (s.start, s.end)
             main = compute_stream(d, window)
             k = d.kernels[(d.kernels["end"] > s.start) & (d.kernels["start"] < s.end)]
-            k = k[k["name"].astype(str).str.contains(pattern, regex=True)]
+            k = k[k[column].astype(str).str.contains(pattern, regex=True)]
             for (name, stream), g in k.groupby(["name", "streamId"], sort=False):
                 rows.append({"rank": rank, "step": s.step, "name": str(name), "stream": int(stream),
                              "compute_stream": int(stream) == main, "kernels": len(g),
