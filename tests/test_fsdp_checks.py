@@ -230,6 +230,18 @@ def test_check_script_on_the_references_passes_and_prints_the_fit():
     r = run_check("--fit", str(REF), "--run", str(REF))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "289.5 GB/s" in r.stdout and "503.508" in r.stdout and "all checks passed" in r.stdout
+    assert "within 50%: ok" in r.stdout and "no_comm_error" in r.stdout
+
+
+def test_exposed_against_measured_fails_a_model_without_communication():
+    summary = pd.DataFrame({"mode": ["fsdp_reshard"] * 4, "kind": ["all_gather", "reduce_scatter"] * 2,
+                            "rank": [0, 0, 1, 1], "exposed_ms": [1.0, 2.0, 1.5, 1.0]})
+    pred = pd.DataFrame({"gpus": [4], "mode": ["fsdp_reshard"], "exposed_all_gather_ms": [1.2],
+                         "exposed_reduce_scatter_ms": [0.0]})
+    t = st.exposed_against_measured(pred, summary).set_index("kind")
+    assert t.loc["all_gather", "measured_ms"] == 1.0 and t.loc["reduce_scatter", "measured_ms"] == 1.0  # the lesser
+    assert t.loc["all_gather", "within"] and not t.loc["reduce_scatter", "within"]
+    assert t.loc["reduce_scatter", "error"] == pytest.approx(-1.0)
 
 
 def test_check_script_fails_a_run_the_model_misses(tmp_path):
