@@ -10,10 +10,14 @@ if it was traced). It prints, each with its check:
 2. the model of ``gpuprof.studies.sharded_training`` fitted on ``--fit`` (its ``--prefetch off``
    collectives and its one-GPU compute; ``--compute`` takes the one-GPU run from elsewhere, e.g. the
    same machine as ``--run``), its prediction at the run's GPU count beside the measured step of the
-   slower rank, within 15%;
+   slower rank, within 15% (the issue's target), with the same model's error without its
+   communication beside it: at these sizes the exposed part is under 1% of a step, so the step
+   check alone cannot fail a model whose communication is wrong;
 3. with the run's exports: the hidden share and the exposed time per mode and collective (the
-   ``any`` row of each FSDP2 mode at least 85%), and, if ``--run`` holds ``pf_off`` exports too,
-   the link fitted on them beside the two-GPU fit.
+   ``any`` row of each FSDP2 mode at least 85%), the model's exposed time per mode and collective
+   kind beside the run's (the rank that waited least for its peer), within ``--exposed-tolerance``
+   (50%: the two-GPU fit's own errors reach -28% and +34%), and, if ``--run`` holds ``pf_off``
+   exports too, the link fitted on them beside the two-GPU fit.
 
 Exits 1 if a check fails, 2 if a file is missing.
 
@@ -64,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compute", type=Path, default=None,
                    help="compute_1gpu.json to take the per-unit compute from (default: --run's, else --fit's)")
     p.add_argument("--tolerance", type=float, default=0.15, help="the prediction's allowed error (default 0.15)")
+    p.add_argument("--exposed-tolerance", type=float, default=0.5,
+                   help="the predicted exposed time per collective kind: its allowed error (default 0.5)")
     args = p.parse_args(argv)
     pd.set_option("display.width", 200)
     failed = []
@@ -98,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
           f"a ring step; compute from {compute}), at {n} GPUs:\n" + side.round(3).to_string(index=False))
     for r in side.itertuples():
         failed += [] if r.within else [f"{r.mode} prediction"]
-    print(f"   within {args.tolerance:.0%}: {verdict(bool(side['within'].all()))}")
+    print(f"   within {args.tolerance:.0%}: {verdict(bool(side['within'].all()))}; the same model without communication "
+          f"errs by {side['no_comm_error'].min():+.1%} to {side['no_comm_error'].max():+.1%} (no_comm_error), so the "
+          "step alone does not test the communication: section 3 does")
 
     traced = exports(args.run, "modes")
     if traced:
@@ -113,6 +121,11 @@ def main(argv: list[str] | None = None) -> int:
                 failed += [] if ok else [f"{mode} hidden share"]
                 print(f"   {mode}: {float(row['hidden_share'].iloc[0]):.1%} of the NCCL wall time hidden "
                       f"(target at least 85%): {verdict(ok)}")
+        versus = st.exposed_against_measured(pred, summary, tolerance=args.exposed_tolerance)
+        print(f"   the model's exposed time per collective kind beside the run's (the rank that waited less):\n"
+              + versus.round(3).to_string(index=False))
+        failed += [f"{r.mode} {r.kind} exposed" for r in versus.itertuples() if not r.within]
+        print(f"   within {args.exposed_tolerance:.0%}: {verdict(bool(versus['within'].all()))}")
     else:
         print(f"\n3. {args.run} holds no modes_rank*.sqlite exports: no hidden shares.")
     off_run = exports(args.run, "pf_off")

@@ -5,9 +5,12 @@ ranks' do not fit what one device call returns. The chapter reads only the timed
 its NVTX ranges and the synchronisations that close each step's GPU window, so each export is
 (1) scrubbed of the machine's environment (:func:`gpuprof.nsys.export_edit.scrub_environment`),
 (2) cut to the kernels that start inside its timed steps' GPU windows
-(:func:`gpuprof.studies.sharded_training.mode_steps`), with the copy, memset, synchronisation,
-event, overhead and diagnostic tables dropped and only the ``*Synchronize*`` CUDA calls kept
-(:func:`gpuprof.nsys.export_edit.trim_reference`), and (3) gzipped (mtime 0, so the same input
+(:func:`gpuprof.studies.sharded_training.mode_steps`), with the event, overhead and diagnostic
+tables dropped (:func:`gpuprof.nsys.export_edit.trim_reference`), and the memory copies, memsets,
+the streams' waits on events (CUPTI's synchronization records) and the CUDA API calls (the
+launches) cut to the same windows, every ``*Synchronize*`` call kept
+(:func:`gpuprof.nsys.export_edit.keep_in_windows`): the chapter reads them to tell apart what
+the compute stream waited for (the two-GPU references, trimmed before this, lack them), and (3) gzipped (mtime 0, so the same input
 gives the same bytes). The sentence saying what was removed goes into ``--notes`` (JSON, one
 entry per output file), for the provenance. The inputs are copied first and never changed.
 
@@ -28,8 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpuprof.errors import GpuprofError, exit_on_error  # noqa: E402
 
-DROP = ("CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION",
-        "CUPTI_ACTIVITY_KIND_CUDA_EVENT", "PROFILER_OVERHEAD", "DIAGNOSTIC_EVENT")
+DROP = ("CUPTI_ACTIVITY_KIND_CUDA_EVENT", "PROFILER_OVERHEAD", "DIAGNOSTIC_EVENT")
+# kept, but only inside the timed steps' windows: what ran between the kernels, and the calls that launched them
+IN_WINDOWS = ("CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION",
+              "CUPTI_ACTIVITY_KIND_RUNTIME")
 
 
 def trim_one(src: Path, out_dir: Path) -> tuple[Path, str]:
@@ -51,7 +56,9 @@ def trim_one(src: Path, out_dir: Path) -> tuple[Path, str]:
             raise GpuprofError(f"{src}: no timed step_N ranges, so nothing to keep.",
                                "Was it captured from examples/nsys/fsdp_training.py?")
         windows = [(int(a), int(b)) for a, b in zip(steps["start"], steps["end"])]
-        note = export_edit.trim_reference(work, drop_tables=DROP, keep_windows=windows, keep_calls="Synchronize")
+        note = export_edit.trim_reference(work, drop_tables=DROP, keep_windows=windows)
+        cut = export_edit.keep_in_windows(work, IN_WINDOWS, windows, keep_calls="Synchronize")
+        note = "; ".join(n for n in (note, cut) if n)
         out = out_dir / (src.name + ".gz")
         with open(work, "rb") as fi, gzip.GzipFile(out, "wb", mtime=0) as fo:
             shutil.copyfileobj(fi, fo)

@@ -74,6 +74,10 @@ def test_a_step_worked_by_hand():
     assert p.compute_ms == 12.0 and p.comm_ms == pytest.approx(8.0)
     assert p.exposed_by_collective == pytest.approx({"all_gather": 1.0, "reduce_scatter": 1.0})
     assert p.step_ms == pytest.approx(14.0) and p.hidden_share == pytest.approx(0.75)
+    # which ones, by their position among their kind's collectives in issue order: forward's all-gathers are 0-3,
+    # backward's 4-7 (unit 3's first); the reduce-scatters 0-3 (unit 0's last)
+    assert [(kind, pos) for kind, pos, _ in p.exposed_at] == [("all_gather", 0), ("all_gather", 4), ("reduce_scatter", 3)]
+    assert [ms for _, _, ms in p.exposed_at] == pytest.approx([0.5, 0.5, 1.0])
     # without prefetch every all-gather waits: 4 in forward, and in backward each queues behind the last reduce-scatter
     off = st.simulate_step(units, "fsdp_reshard", 2, link, prefetch=0)
     assert off.exposed_by_collective["all_gather"] == pytest.approx(2.0 + 0.5 + 3 * 1.5)

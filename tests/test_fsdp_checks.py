@@ -67,6 +67,40 @@ def test_idle_table_by_hand():
     assert st.compute_stream(two_steps()) == COMPUTE
 
 
+def test_idle_split_by_hand():
+    d = two_steps()
+    d.kernels = pd.concat([d.kernels, kernels([("copy_out", SIDE, 1196, 1198)])], ignore_index=True)
+    t = st.idle_table({0: d}).set_index("step")
+    # step 0: the side kernel 1092-1096 ran under the reduce-scatter (1025-1098): no side-only time; nothing ran
+    # 1098-1099. Step 1: nothing ran 1195-1199 but the copy 1196-1198: 2 side-only, 2 with no kernel at all
+    assert t[["side_only_ms", "no_kernel_ms", "other_idle_ms"]].to_numpy().ravel().tolist() == \
+        pytest.approx([0, 1e-6, 1e-6, 2e-6, 2e-6, 4e-6])
+    assert (t["side_only_ms"] + t["no_kernel_ms"] + t["exposed_stream_ms"]).tolist() == pytest.approx(t["idle_ms"].tolist())
+
+
+def test_keep_in_windows_cuts_tables_and_spares_the_synchronisations(tmp_path):
+    import sqlite3
+
+    from gpuprof.nsys.export_edit import keep_in_windows
+
+    db = tmp_path / "x.sqlite"
+    with sqlite3.connect(db) as c:
+        c.execute("CREATE TABLE StringIds (id INTEGER, value TEXT)")
+        c.executemany("INSERT INTO StringIds VALUES (?, ?)", [(1, "cudaLaunchKernel_v7000"), (2, "cudaDeviceSynchronize_v3020")])
+        c.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_RUNTIME (start INTEGER, end INTEGER, nameId INTEGER)")
+        c.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?, ?, ?)",
+                      [(5, 6, 1), (15, 16, 1), (25, 26, 2), (35, 36, 1)])
+        c.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_MEMSET (start INTEGER, end INTEGER)")
+        c.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_MEMSET VALUES (?, ?)", [(12, 13), (22, 23), (31, 32)])
+    note = keep_in_windows(db, ["CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_MEMSET", "ABSENT"],
+                           [(10, 20), (30, 40)], keep_calls="Synchronize")
+    with sqlite3.connect(db) as c:
+        assert [r[0] for r in c.execute("SELECT start FROM CUPTI_ACTIVITY_KIND_RUNTIME ORDER BY start")] == [15, 25, 35]
+        assert [r[0] for r in c.execute("SELECT start FROM CUPTI_ACTIVITY_KIND_MEMSET ORDER BY start")] == [12, 31]
+    assert "CUPTI_ACTIVITY_KIND_RUNTIME 3 of 4" in note and "CUPTI_ACTIVITY_KIND_MEMSET 2 of 3" in note
+    assert "ABSENT" not in note
+
+
 def test_kernel_streams_and_pattern_time_by_hand():
     d = {0: two_steps()}
     ks = st.kernel_streams(d, "fsdp_reshard", "gemm|copy_in").set_index("name")
@@ -196,6 +230,18 @@ def test_check_script_on_the_references_passes_and_prints_the_fit():
     r = run_check("--fit", str(REF), "--run", str(REF))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "289.5 GB/s" in r.stdout and "503.508" in r.stdout and "all checks passed" in r.stdout
+    assert "within 50%: ok" in r.stdout and "no_comm_error" in r.stdout
+
+
+def test_exposed_against_measured_fails_a_model_without_communication():
+    summary = pd.DataFrame({"mode": ["fsdp_reshard"] * 4, "kind": ["all_gather", "reduce_scatter"] * 2,
+                            "rank": [0, 0, 1, 1], "exposed_ms": [1.0, 2.0, 1.5, 1.0]})
+    pred = pd.DataFrame({"gpus": [4], "mode": ["fsdp_reshard"], "exposed_all_gather_ms": [1.2],
+                         "exposed_reduce_scatter_ms": [0.0]})
+    t = st.exposed_against_measured(pred, summary).set_index("kind")
+    assert t.loc["all_gather", "measured_ms"] == 1.0 and t.loc["reduce_scatter", "measured_ms"] == 1.0  # the lesser
+    assert t.loc["all_gather", "within"] and not t.loc["reduce_scatter", "within"]
+    assert t.loc["reduce_scatter", "error"] == pytest.approx(-1.0)
 
 
 def test_check_script_fails_a_run_the_model_misses(tmp_path):

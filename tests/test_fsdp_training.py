@@ -166,3 +166,26 @@ def test_the_parameter_arithmetic_is_the_models():
             model = transformer_lm(100, 32, 4, 48, 5, 16, group)
         assert sum(p.numel() for p in model.parameters()) == transformer_lm_parameters(100, 32, 48, 5, 16)["total"]
         assert [len(run.layers) for run in model.blocks] == ([1] * 5 if group == 1 else [3, 2])
+
+
+LEFTOVER = """
+import gc, sys
+from gpuprof.runner import load_script
+fsdp = load_script(sys.argv[1])
+args = fsdp.parse_args(["--cpu", "--warmup", "1", "--steps", "2"])
+torch, rank, world, device = fsdp.setup(args)
+from torch.distributed.fsdp import FSDPModule
+gc.disable()  # only what reference counting frees may go: an automatic collection would hide a leftover
+fsdp.train(args, torch, rank, world, device, "fsdp_reshard")
+print("alive", sum(isinstance(o, FSDPModule) for o in gc.get_objects()))
+"""
+
+
+def test_a_mode_leaves_no_sharded_module_alive_for_the_next():
+    # train() collects garbage at its end; if the last step's loss (its graph reaches FSDP2's parameter groups)
+    # were still alive then, the sharded model would survive as cyclic garbage and count in the next mode's peak
+    p = subprocess.run([__import__("sys").executable, "-c", LEFTOVER, str(SCRIPT)], capture_output=True, text=True,
+                       timeout=300, cwd=REPO_ROOT, env={**__import__("os").environ, "OMP_NUM_THREADS": "1",
+                                                        "PYTHONPATH": str(REPO_ROOT)})
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "alive 0" in p.stdout, p.stdout

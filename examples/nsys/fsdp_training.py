@@ -527,7 +527,9 @@ def train(args: argparse.Namespace, torch: Any, rank: int, world: int, device: s
     dist.all_reduce(total)
     result = {"mode": mode, "losses": losses, "steps": steps, "memory": memory, "weights_sum": float(total),
               "prefetched": None if watch is None else watch.counts(len(model.blocks), mode == "fsdp_reshard")}
-    del wrapped, model, opt, watch
+    # the last step's loss holds its autograd graph, whose FSDP2 nodes reach the sharded parameters and their
+    # gradients: alive at gc.collect(), they would be cyclic garbage after return and count in the next mode's peak
+    del wrapped, model, opt, watch, loss, step, tokens, targets
     gc.collect()
     if gpu:
         torch.cuda.empty_cache()

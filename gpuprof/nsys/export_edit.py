@@ -3,7 +3,7 @@
 :mod:`gpuprof.nsys.sqlite` only reads exports; the functions here change them, so a
 reader of a module can tell which of the two it is calling. :func:`scrub_environment` runs
 on every export the course writes (the capture machine's environment variables are not
-kept); :func:`keep_callchains` and :func:`trim_reference` shrink a course reference to what
+kept); :func:`keep_callchains`, :func:`trim_reference` and :func:`keep_in_windows` shrink a course reference to what
 its chapter reads, and say what they removed.
 """
 
@@ -17,7 +17,7 @@ from typing import Sequence
 
 from .sqlite import KERNEL_TABLE, RUNTIME_TABLE, nvtx_ranges, open_export, table_names
 
-__all__ = ["ENV_REMOVED", "scrub_environment", "keep_callchains", "trim_reference"]
+__all__ = ["ENV_REMOVED", "scrub_environment", "keep_callchains", "trim_reference", "keep_in_windows"]
 
 ENV_REMOVED = "(removed by gpuprof: the capture machine's environment variables are not kept)"
 
@@ -140,3 +140,39 @@ def trim_reference(path: str | Path, *, drop_tables: Sequence[str] = (), keep_ke
         conn.execute("VACUUM")
     after = path.stat().st_size
     return "; ".join(notes) + f" ({before / 2**20:.1f} -> {after / 2**20:.1f} MiB)"
+
+
+def keep_in_windows(path: str | Path, tables: Sequence[str], windows: Sequence[tuple[int, int]], *,
+                    keep_calls: str | None = None) -> str:
+    """Cut whole activity tables of an export to the rows that start inside ``windows`` ((start, end), ns, the
+    export's clock), instead of dropping them: a chapter that reads what ran between its kernels (memory copies and
+    memsets, the streams' waits on events, the CUDA calls that launched the work) needs them only in the steps it
+    measures. In the CUDA API table, ``keep_calls`` (a regex searched in the call's name, e.g. ``Synchronize``) also
+    keeps the matching calls outside the windows. Tables the export lacks are skipped. Returns the sentence for the
+    provenance, saying how many rows each table kept."""
+    path = Path(path)
+    before = path.stat().st_size
+    notes = []
+    with closing(sqlite3.connect(path)) as conn:
+        present = table_names(conn)
+        conn.execute("CREATE TEMP TABLE cut_windows (lo INTEGER, hi INTEGER)")
+        conn.executemany("INSERT INTO cut_windows VALUES (?, ?)", [(int(a), int(b)) for a, b in windows])
+        rx = re.compile(keep_calls) if keep_calls is not None else None
+        conn.create_function("keep_call", 1, lambda s: rx is not None and s is not None and rx.search(s) is not None)
+        for t in tables:
+            if t not in present:
+                continue
+            total = conn.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0]
+            spared = (f" AND NOT keep_call((SELECT value FROM StringIds WHERE StringIds.id = \"{t}\".nameId))"
+                      if t == RUNTIME_TABLE and rx is not None else "")
+            conn.execute(f'DELETE FROM "{t}" WHERE NOT EXISTS (SELECT 1 FROM cut_windows WHERE "{t}".start >= lo '
+                         f'AND "{t}".start <= hi){spared}')
+            kept = conn.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0]
+            notes.append(f"{t} {kept} of {total}")
+        conn.commit()
+        conn.execute("VACUUM")
+    said = f" (and the calls matching {keep_calls!r})" if keep_calls is not None else ""
+    if not notes:
+        return ""
+    return (f"the rows starting inside {len(windows)} given windows were kept{said}: " + ", ".join(notes)
+            + f" ({before / 2**20:.1f} -> {path.stat().st_size / 2**20:.1f} MiB)")
