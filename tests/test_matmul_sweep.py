@@ -108,9 +108,10 @@ def test_the_first_h100_run_reads_as_a_sweep(run1):
     assert ms.sweep_table(run1)["sm_mhz"].isna().all()  # that run read no clocks per kernel
 
 
-def test_cross_block_arrives_at_8192():
-    # 64 x 32 tiles, 128 slices of K, 2 consumer warpgroups, 2 blocks each
-    assert ms.cross_block_arrives(8192, 8192, 8192) == 2048 * 128 * 2 * 2 == 1_048_576
+def test_cluster_arrives_at_8192():
+    # 64 x 32 tiles, 128 slices of K, 2 consumer warpgroups, 2 barriers each (own block's and partner's)
+    assert ms.cluster_arrives(8192, 8192, 8192) == 2048 * 128 * 2 * 2 == 1_048_576
+    assert ms.cluster_arrives(8192, 8192, 8192, cluster=1) == 1_048_576 // 2  # rung 9: only its own barrier
 
 
 @pytest.mark.skipif(not ncu_report_available(), reason="ncu_report is not available here")
@@ -120,13 +121,15 @@ def test_rung_10s_extra_l2_requests_per_arrive_in_the_first_report(tmp_path):
         shutil.copyfileobj(f, g)
     s = ms.l2_request_sources(report)
     r9, r10 = s.loc["ladder_9_persistent"], s.loc["ladder_10_cluster_multicast"]
-    arrives = ms.cross_block_arrives(8192, 8192, 8192)
+    arrives = ms.cluster_arrives(8192, 8192, 8192)
     # about 80 more one-sector requests per arrive (the H100 has 80 L2 slices), from each of two sources
     assert 70 < (r10["other_requests_M"] - r9["other_requests_M"]) * 1e6 / arrives < 90
     assert 70 < (r10["fabric_requests_M"] - r9["fabric_requests_M"]) * 1e6 / arrives < 95
     assert r10["other_sectors_M"] / r10["other_requests_M"] < 1.1
     assert r9["other_requests_M"] < 1 and r10["tensor_pipe_pct"] < 50 < 90 < r9["tensor_pipe_pct"]
     assert r10["ms"] > 2 * r9["ms"]
+    # the counters add up over 80 L2 slices, whatever device__attribute_l2s_count says
+    assert (ms.l2_instances(report) == 80).all()
 
 
 def test_nvml_windows_summarise_only_their_own_readings():
