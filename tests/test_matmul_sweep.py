@@ -128,8 +128,16 @@ def test_rung_10s_extra_l2_requests_per_arrive_in_the_first_report(tmp_path):
     assert r10["other_sectors_M"] / r10["other_requests_M"] < 1.1
     assert r9["other_requests_M"] < 1 and r10["tensor_pipe_pct"] < 50 < 90 < r9["tensor_pipe_pct"]
     assert r10["ms"] > 2 * r9["ms"]
-    # the counters add up over 80 L2 slices, whatever device__attribute_l2s_count says
     assert (ms.l2_instances(report) == 80).all()
+
+
+@pytest.mark.skipif(not ncu_report_available(), reason="ncu_report is not available here")
+def test_l2_instances_are_the_counters_slices_not_the_device_attribute():
+    # the second H100's report says 96 L2 slices (12 FBPs x 8), but its lts__ counters add up over 80
+    from gpuprof.ncu import report as nr
+    report = REPO_ROOT / "artifacts" / "ch11" / "rung10_first_8192.ncu-rep.gz"
+    assert nr.metric_table(report, ["device__attribute_l2s_count"])["device__attribute_l2s_count"].iloc[0] == 96
+    assert ms.l2_instances(report).to_dict() == {"ladder_10_release_cluster": 80.0}
 
 
 def test_nvml_windows_summarise_only_their_own_readings():
@@ -272,3 +280,20 @@ def test_min_time_raises_the_repeats_of_one_kernel_only_as_far_as_its_probe_allo
     args.min_time_s = 0
     [r] = ml.time_variants([slow], Backend("numpy", "cpu", np), args, None)
     assert r.extra["repeats"] == 3
+
+
+def test_l2_instances_refuses_a_report_without_a_sum_and_avg_pair(monkeypatch):
+    import pandas as pd
+
+    def table(report, names, missing="raise"):  # every L2 counter's .avg absent, as in a report without them
+        return pd.DataFrame({"kernel": ["k"], **{n: [float("nan") if n.endswith(".avg") else 1.0] for n in names}})
+
+    monkeypatch.setattr(ms.nr, "metric_table", table)
+    with pytest.raises(ValueError, match="no L2 counter with both .sum and .avg"):
+        ms.l2_instances("r.ncu-rep")
+
+    def counted(report, names, missing="raise"):
+        return pd.DataFrame({"kernel": ["k"], names[0]: [800.0], names[1]: [10.0]})
+
+    monkeypatch.setattr(ms.nr, "metric_table", counted)
+    assert ms.l2_instances("r.ncu-rep").to_dict() == {"k": 80.0}
