@@ -108,9 +108,10 @@ def test_the_first_h100_run_reads_as_a_sweep(run1):
     assert ms.sweep_table(run1)["sm_mhz"].isna().all()  # that run read no clocks per kernel
 
 
-def test_cross_block_arrives_at_8192():
-    # 64 x 32 tiles, 128 slices of K, 2 consumer warpgroups, 2 blocks each
-    assert ms.cross_block_arrives(8192, 8192, 8192) == 2048 * 128 * 2 * 2 == 1_048_576
+def test_cluster_arrives_at_8192():
+    # 64 x 32 tiles, 128 slices of K, 2 consumer warpgroups, 2 barriers each (own block's and partner's)
+    assert ms.cluster_arrives(8192, 8192, 8192) == 2048 * 128 * 2 * 2 == 1_048_576
+    assert ms.cluster_arrives(8192, 8192, 8192, cluster=1) == 1_048_576 // 2  # rung 9: only its own barrier
 
 
 @pytest.mark.skipif(not ncu_report_available(), reason="ncu_report is not available here")
@@ -120,13 +121,23 @@ def test_rung_10s_extra_l2_requests_per_arrive_in_the_first_report(tmp_path):
         shutil.copyfileobj(f, g)
     s = ms.l2_request_sources(report)
     r9, r10 = s.loc["ladder_9_persistent"], s.loc["ladder_10_cluster_multicast"]
-    arrives = ms.cross_block_arrives(8192, 8192, 8192)
+    arrives = ms.cluster_arrives(8192, 8192, 8192)
     # about 80 more one-sector requests per arrive (the H100 has 80 L2 slices), from each of two sources
     assert 70 < (r10["other_requests_M"] - r9["other_requests_M"]) * 1e6 / arrives < 90
     assert 70 < (r10["fabric_requests_M"] - r9["fabric_requests_M"]) * 1e6 / arrives < 95
     assert r10["other_sectors_M"] / r10["other_requests_M"] < 1.1
     assert r9["other_requests_M"] < 1 and r10["tensor_pipe_pct"] < 50 < 90 < r9["tensor_pipe_pct"]
     assert r10["ms"] > 2 * r9["ms"]
+    assert (ms.l2_instances(report) == 80).all()
+
+
+@pytest.mark.skipif(not ncu_report_available(), reason="ncu_report is not available here")
+def test_l2_instances_are_the_counters_slices_not_the_device_attribute():
+    # the second H100's report says 96 L2 slices (12 FBPs x 8), but its lts__ counters add up over 80
+    from gpuprof.ncu import report as nr
+    report = REPO_ROOT / "artifacts" / "ch11" / "rung10_first_8192.ncu-rep.gz"
+    assert nr.metric_table(report, ["device__attribute_l2s_count"])["device__attribute_l2s_count"].iloc[0] == 96
+    assert ms.l2_instances(report).to_dict() == {"ladder_10_release_cluster": 80.0}
 
 
 def test_nvml_windows_summarise_only_their_own_readings():
@@ -269,3 +280,20 @@ def test_min_time_raises_the_repeats_of_one_kernel_only_as_far_as_its_probe_allo
     args.min_time_s = 0
     [r] = ml.time_variants([slow], Backend("numpy", "cpu", np), args, None)
     assert r.extra["repeats"] == 3
+
+
+def test_l2_instances_refuses_a_report_without_a_sum_and_avg_pair(monkeypatch):
+    import pandas as pd
+
+    def table(report, names, missing="raise"):  # every L2 counter's .avg absent, as in a report without them
+        return pd.DataFrame({"kernel": ["k"], **{n: [float("nan") if n.endswith(".avg") else 1.0] for n in names}})
+
+    monkeypatch.setattr(ms.nr, "metric_table", table)
+    with pytest.raises(ValueError, match="no L2 counter with both .sum and .avg"):
+        ms.l2_instances("r.ncu-rep")
+
+    def counted(report, names, missing="raise"):
+        return pd.DataFrame({"kernel": ["k"], names[0]: [800.0], names[1]: [10.0]})
+
+    monkeypatch.setattr(ms.nr, "metric_table", counted)
+    assert ms.l2_instances("r.ncu-rep").to_dict() == {"k": 80.0}

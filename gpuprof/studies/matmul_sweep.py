@@ -15,8 +15,10 @@ the clocks were read). This module turns it into the chapter's table and figure:
 * :func:`figure`: the shares per shape and rung beside the clocks and power;
 * :func:`from_ladder_runs`: single ``matmul_ladder.py --json`` files (one process per shape, as the
   first H100 run of rungs 9-10 made them) read as a sweep;
-* :func:`l2_request_sources`, :func:`cross_block_arrives`: the ncu counters that showed rung 10's
-  defect (L2 requests that neither the SMs' loads nor the L2 fabric made, per cross-block arrive).
+* :func:`l2_request_sources`, :func:`cluster_arrives`, :func:`l2_instances`: the ncu counters that showed
+  rung 10's defect (L2 requests that neither the SMs' loads nor the L2 fabric made, per cluster-scope arrive
+  on a stage barrier; half of those arrives are on the block's own barrier), and how many L2 slices ncu's
+  ``lts__`` counters add up over (which is not always ``device__attribute_l2s_count``).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from ..ncu import report as nr
 from ..ncu.plots import PIPES, stall_metric
 
 __all__ = ["run_sweep", "SWEEP_SCRIPT", "REFERENCE", "TORCH", "TARGET", "sweep_table", "share_table", "best_rungs", "figure",
-           "from_ladder_runs", "shape_name", "l2_request_sources", "cross_block_arrives"]
+           "from_ladder_runs", "shape_name", "l2_request_sources", "cluster_arrives", "l2_instances"]
 
 SWEEP_SCRIPT = REPO_ROOT / "examples" / "nsight_compute" / "matmul_ladder_sweep.py"
 REFERENCE = "cublas_fp32_out"  # cuBLAS computing the same product: BF16 in, FP32 accumulate and out
@@ -211,11 +213,29 @@ def figure(table: pd.DataFrame, gpu: str):  # type: ignore[no-untyped-def]
     return fig
 
 
-def cross_block_arrives(m: int, n: int, k: int, tile: tuple[int, int, int] = (128, 256, 64), cluster: int = 2) -> int:
-    """Rung 10's consumer arrivals on the stage barriers at M x N x K: per tile, each of 2 consumer
-    warpgroups releases each K-slice's stage in every block of the cluster."""
+def cluster_arrives(m: int, n: int, k: int, tile: tuple[int, int, int] = (128, 256, 64), cluster: int = 2) -> int:
+    """Rung 10's consumer arrivals on the stage (``empty``) barriers at M x N x K: per tile, each of 2
+    consumer warpgroups releases each K-slice's stage on the barrier of every block of the cluster, its
+    own and its partner's. So for a cluster of 2 half of them are on the block's own barrier; in rung 10
+    as first written all of them were cluster-scope releases through ``mapa`` (the count the chapter
+    divides its extra L2 requests by), in the fixed rung 10 only the partner's half is remote."""
     tiles = -(-m // tile[0]) * -(-n // tile[1])
     return tiles * -(-k // tile[2]) * 2 * cluster
+
+
+_INSTANCED = ("lts__t_requests", "lts__t_bytes", "lts__cycles_elapsed", "lts__t_sectors")
+
+
+def l2_instances(report: str | Path) -> pd.Series:
+    """Per kernel: how many L2 slices (LTS instances) ncu's ``lts__`` counters add up over, as ``.sum`` /
+    ``.avg`` of the first such counter the report holds both of. Why: ``device__attribute_l2s_count`` is
+    ``fbp_count`` x ``num_l2s_per_fbp`` and has read 96 on an H100 whose counters add up over 80."""
+    for base in _INSTANCED:
+        t = nr.metric_table(report, [f"{base}.sum", f"{base}.avg"], missing="nan")
+        if t[f"{base}.avg"].notna().all():
+            return (t[f"{base}.sum"] / t[f"{base}.avg"]).set_axis(t["kernel"]).rename("l2_instances")
+    raise ValueError(f"{report}: no L2 counter with both .sum and .avg ({', '.join(_INSTANCED)}), so the slice count "
+                     "the counters add up over cannot be read from it")
 
 
 L2_METRICS = ["gpu__time_duration.sum", "lts__t_requests.sum", "lts__t_requests_srcunit_tex.sum",
@@ -225,7 +245,8 @@ L2_METRICS = ["gpu__time_duration.sum", "lts__t_requests.sum", "lts__t_requests_
 
 def l2_request_sources(report: str | Path) -> pd.DataFrame:
     """Per kernel: L2 requests (and sectors) by source: the SMs' TEX path (their loads, stores and TMA
-    copies), the L2 fabric between the two L2 partitions, and the rest (``other``: neither); the tensor
+    copies; its sectors too, for the multicast's saving), the L2 fabric between the two L2 partitions,
+    and the rest (``other``: neither); the tensor
     pipe's busy share of active cycles, and the membar stall (Warp State Statistics) where the report has it."""
     membar = stall_metric("membar")
     t = nr.metric_table(report, [*L2_METRICS, membar], missing="nan")
@@ -233,6 +254,8 @@ def l2_request_sources(report: str | Path) -> pd.DataFrame:
         "kernel": t["kernel"], "ms": t["gpu__time_duration.sum"] / 1e6,
         "tex_requests_M": t["lts__t_requests_srcunit_tex.sum"] / 1e6,
         "fabric_requests_M": t["lts__t_requests_srcunit_ltcfabric.sum"] / 1e6,
+        "tex_sectors_M": t["lts__t_sectors_srcunit_tex.sum"] / 1e6,
+        "fabric_sectors_M": t["lts__t_sectors_srcunit_ltcfabric.sum"] / 1e6,
         "other_requests_M": (t["lts__t_requests.sum"] - t["lts__t_requests_srcunit_tex.sum"]
                              - t["lts__t_requests_srcunit_ltcfabric.sum"]) / 1e6,
         "other_sectors_M": (t["lts__t_sectors.sum"] - t["lts__t_sectors_srcunit_tex.sum"]
