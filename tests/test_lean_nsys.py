@@ -182,3 +182,13 @@ def test_statistics_taken_a_group_of_names_at_a_time_are_those_of_one_groupby(mo
     keep = codes >= 0
     want = stats.group_stats(codes[keep], values[keep])
     pd.testing.assert_frame_equal(got, want, check_index_type=False, check_exact=True)
+
+
+def test_the_median_taken_in_place_is_numpys():
+    from gpuprof.report.activity_view import _median_in_place
+
+    rng = np.random.default_rng(38)
+    for n in (1, 2, 3, 10, 11, 1_000, 1_001):
+        for _ in range(20):
+            d = rng.integers(-10**12, 10**12, n)
+            assert _median_in_place(d.copy()) == float(np.median(d))

@@ -39,6 +39,7 @@ def _expand(paths: Sequence[str | Path]) -> list[tuple[Path, str, Path | None]]:
 def build_pages(paths: Sequence[str | Path], *, steps: str | None = None, window: str | None = None,
                 top: int = 15) -> list[Page]:
     """One page per capture (a folder's captures each get one, then one page side by side)."""
+    from ..memory_probe import give_back_memory
     from .ncu_page import ncu_page
     from .timeline_page import ranks_page, timeline_page
 
@@ -51,6 +52,7 @@ def build_pages(paths: Sequence[str | Path], *, steps: str | None = None, window
             view, page = _lean_page(path, kind, steps, window, top)
             if page is None:
                 view = load(path, kind, steps=steps)
+                give_back_memory()  # the reading's freed pages, before the page's stages
                 page = timeline_page(view, window=window, top=top)
             pages.append(page)
             if folder is not None:

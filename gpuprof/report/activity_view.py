@@ -564,6 +564,18 @@ def _launch_pace(view: ActivityView, gaps: pd.DataFrame, factor: float) -> tuple
     return pace_of(gaps, c_start, c_end, np.sort(starts), factor)
 
 
+def _median_in_place(d: np.ndarray) -> float:
+    """``float(np.median(d))`` of an integer array, partitioning ``d`` itself instead of a copy (at 20 million calls
+    the copy was 160 MB): the middle value, or the float64 mean of the two middle ones, as numpy takes it."""
+    n = len(d)
+    k = n // 2
+    if n % 2:
+        d.partition(k)
+        return float(d[k])
+    d.partition([k - 1, k])
+    return float(np.mean(d[k - 1:k + 1].astype(np.float64)))
+
+
 def pace_of(gaps: pd.DataFrame, c_start: np.ndarray, c_end: np.ndarray, starts: np.ndarray,
             factor: float) -> tuple[np.ndarray, np.ndarray]:
     """:func:`_launch_pace` from each gap's launching call (``c_start``, ``c_end``: float ns, NaN for none) and the
@@ -574,7 +586,7 @@ def pace_of(gaps: pd.DataFrame, c_start: np.ndarray, c_end: np.ndarray, starts: 
     queued = np.nan_to_num(c_end, nan=np.inf) <= gaps["start"].to_numpy(dtype=float)
     if len(starts) < 3:
         return queued, paced
-    usual = float(np.median(np.diff(starts)))
+    usual = _median_in_place(np.diff(starts))
     prev_i = np.searchsorted(starts, np.nan_to_num(c_start, nan=-1), side="left") - 1
     prev = np.where(prev_i >= 0, starts[np.clip(prev_i, 0, None)], np.nan)
     with np.errstate(invalid="ignore"):

@@ -325,13 +325,9 @@ class LeanView:
         u = self.union()
         gs, ge, gc = u["gaps"]
         lo, hi = self.work_span
-        # the union the in-memory idle_gaps would see, its short gaps filled: it finds exactly the long gaps
-        bs, be = np.concatenate([[lo], ge]), np.concatenate([gs, [hi]])
-        keep = be > bs
-        union = pd.DataFrame({"start": bs[keep], "end": be[keep]})
         want = np.unique(gc[np.isfinite(gc)]).astype(np.int64)
-        calls, found, issue = _pass(lambda ordered: self._call_pass(ordered, gs, ge, want))  # type: ignore[misc]
-        gaps = activity.idle_gaps(union, calls, min_gap_ns=min_gap_ns, window=(lo, hi))
+        answers, found, issue = _pass(lambda ordered: self._call_pass(ordered, gs, ge, want))  # type: ignore[misc]
+        gaps = activity.gap_table(gs, ge, answers if len(gs) else None)
         short_cause = CAUSES["short"].replace("10 us", f"{min_gap_ns / 1e3:g} us")
 
         def pace(g: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -346,9 +342,9 @@ class LeanView:
         return idle_table(gaps, u["short"], short_cause, pace)
 
     def _call_pass(self, ordered: bool, gs: np.ndarray, ge: np.ndarray,
-                   want: np.ndarray) -> tuple[pd.DataFrame, tuple[np.ndarray, np.ndarray], np.ndarray]:
+                   want: np.ndarray) -> tuple[tuple, tuple[np.ndarray, np.ndarray], np.ndarray]:
         lo, hi = self.work_span
-        kept: list[np.ndarray] = []
+        meet = _GapCalls(gs, ge)
         n_issue = 0
         f_start, f_end = np.full(len(want), np.nan), np.full(len(want), np.nan)
         issue_ids = np.array([i for i, t in self.strings.items() if _ISSUE_CALL.search(str(t))], dtype=np.int64)
@@ -356,11 +352,7 @@ class LeanView:
             issue = np.empty(_capacity(conn, ns.RUNTIME_TABLE), dtype=np.int64)
             for rows in _in_order(conn, ns.RUNTIME_TABLE, ["end", "nameId", "correlationId"], ordered):
                 s, e, name, corr = rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3]
-                if len(gs):  # calls that overlap a long gap: the only ones idle_gaps can name
-                    i = np.clip(np.searchsorted(ge, s, side="right"), 0, len(gs) - 1)
-                    hit = (ge[i] > s) & (gs[i] < e)
-                    if hit.any():
-                        kept.append(rows[hit][:, :3])
+                meet.add(s, e, name)
                 if len(want):  # the first call with each wanted id
                     pos = np.clip(np.searchsorted(want, corr), 0, len(want) - 1)
                     hit = np.flatnonzero((want[pos] == corr))
@@ -373,11 +365,9 @@ class LeanView:
                 m = int(mine.sum())
                 issue[n_issue:n_issue + m] = s[mine]
                 n_issue += m
-        k = np.concatenate(kept) if kept else np.zeros((0, 3), dtype=np.int64)
-        calls = pd.DataFrame({"start": k[:, 0], "end": k[:, 1], "name": self._names_of(k[:, 2])})
         issue = issue[:n_issue]
         issue.sort()  # in place: they came in time order already where the rows did
-        return calls, (f_start, f_end), issue
+        return meet.answers(lambda i: stats.api_name(self.strings.get(int(i), str(int(i))))), (f_start, f_end), issue
 
     def _names_of(self, ids: np.ndarray) -> np.ndarray:
         if len(ids) == 0:
@@ -565,6 +555,69 @@ class LeanView:
         key = tcode[:n_out].astype(np.int64) * len(dems) + dcode[:n_out]  # the key outside_table reads
         del tcode, dcode
         return k_df, key, dur[:n_out], dems
+
+
+class _GapCalls:
+    """What :func:`gpuprof.activity.idle_gaps` says of each long gap from the CUDA calls, fed the calls in time
+    order a step at a time: per gap the call that overlaps it most (the first of equals), and the part of it that
+    any call covers, carried from step to step (the union's reach). The same arithmetic as
+    :func:`gpuprof.activity._gap_calls`: gaps met by at most GAP_CALLS_AT_ONCE calls of a step in rounds, one
+    array operation per call rank; the others gap by gap."""
+
+    def __init__(self, gs: np.ndarray, ge: np.ndarray) -> None:
+        self.gs, self.ge = gs, ge
+        self.best = np.zeros(len(gs), dtype=np.int64)
+        self.name = np.full(len(gs), -1, dtype=np.int64)
+        self.union = np.zeros(len(gs), dtype=np.int64)
+        self.reach = gs.astype(np.int64).copy()
+
+    def add(self, rs: np.ndarray, re_: np.ndarray, names: np.ndarray) -> None:
+        if len(rs) == 0 or len(self.gs) == 0:
+            return
+        a0 = int(np.searchsorted(self.ge, rs[0], side="right"))  # gaps that end after the step's first call starts
+        b0 = int(np.searchsorted(self.gs, re_.max(), side="left"))  # and begin before its last end
+        if b0 <= a0:
+            return
+        idx = np.arange(a0, b0)
+        g_s, g_e = self.gs[idx], self.ge[idx]
+        run_end = np.maximum.accumulate(re_)
+        first = np.searchsorted(run_end, g_s, side="right")
+        count = np.maximum(np.searchsorted(rs, g_e, side="left") - first, 0)
+        few = count <= activity.GAP_CALLS_AT_ONCE
+        for k in range(int(count[few].max()) if few.any() else 0):
+            sel = np.flatnonzero(few & (count > k))
+            at, gi = first[sel] + k, idx[sel]
+            a, b = np.maximum(rs[at], self.gs[gi]), np.minimum(re_[at], self.ge[gi])
+            ov = b - a
+            better = ov > self.best[gi]
+            self.best[gi[better]], self.name[gi[better]] = ov[better], names[at[better]]
+            self.union[gi] += np.maximum(0, b - np.maximum(a, self.reach[gi]))
+            self.reach[gi] = np.maximum(self.reach[gi], b)
+        for j in np.flatnonzero(~few):
+            g, f = int(idx[j]), int(first[j])
+            at = slice(f, f + int(count[j]))
+            a, b = np.maximum(rs[at], self.gs[g]), np.minimum(re_[at], self.ge[g])
+            ov = b - a
+            m = int(np.argmax(ov))
+            if ov[m] > self.best[g]:
+                self.best[g], self.name[g] = ov[m], names[f + m]
+            prev = np.maximum.accumulate(np.concatenate([[self.reach[g]], b]))[:-1]
+            self.union[g] += int(np.maximum(0, b - np.maximum(a, prev)).sum())
+            self.reach[g] = max(int(self.reach[g]), int(b.max()))
+
+    def answers(self, call_name: Callable[[int], str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(call, its share, share covered by any call) per gap, as :func:`gpuprof.activity.gap_table` takes them."""
+        n = len(self.gs)
+        calls = np.full(n, "", dtype=object)
+        shares, covered = np.zeros(n), np.zeros(n)
+        hit = self.best > 0
+        length = self.ge - self.gs
+        shares[hit] = self.best[hit] / length[hit]
+        covered[hit] = self.union[hit] / length[hit]
+        names: dict[int, str] = {}
+        calls[hit] = [names.setdefault(int(i), call_name(int(i))) if int(i) not in names else names[int(i)]
+                      for i in self.name[hit]]
+        return calls, shares, covered
 
 
 class _Gaps:

@@ -27,6 +27,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from .. import activity  # noqa: E402
+from ..memory_probe import give_back_memory  # noqa: E402
 from ..kernel_kinds import is_communication, time_by_kind  # noqa: E402
 from ..nsys import stats  # noqa: E402
 from .activity_view import LAUNCH_PACE_FACTOR, ActivityView, headline, idle_by_cause, step_table  # noqa: E402
@@ -169,6 +170,7 @@ def _operators(page: Page, view: ActivityView, top: int) -> None:
         return
     from ..torch_profiler.summary import op_summary
 
+    give_back_memory()  # its one table of operators and ranges is the report's last large one
     page.add("Operators (CPU)", table=op_summary(view.extra["trace"]), terminal_rows=top,
              note="As key_averages(): self CPU time is the operator's own, its children's taken out.")
 
@@ -178,6 +180,7 @@ def timeline_page(view: ActivityView, *, window: str | None = None, top: int = 1
     kind = "Nsight Systems export" if view.tool == "nsys" else "PyTorch profiler trace"
     page = Page(title=view.path.name, path=view.path, kind=kind)
     facts = headline(view)
+    give_back_memory()  # each stage from what is held, not from the pages the one before freed (see its text)
     page.facts = facts
     counts = pd.Series(view.devices).value_counts() if view.devices else pd.Series(dtype=int)
     gpus = ", ".join(f"{n} x {name}" if n > 1 else str(name) for name, n in counts.items()) or "not recorded"
@@ -219,11 +222,13 @@ def timeline_page(view: ActivityView, *, window: str | None = None, top: int = 1
         return page
 
     steps = step_table(view)
+    give_back_memory()
     if len(steps):
         page.add("Steps", table=steps, terminal_rows=8, html_rows=200, png=_steps_figure(steps),
                  note="launches: kernels, copies and memsets whose launching call fell inside the step, on any thread; "
                       "gpu_busy_ms: the union of their intervals; busy_share: busy over their span.")
     idle = view.idle_by_cause() if lean else idle_by_cause(view)
+    give_back_memory()
     page.add("GPU idle, by what the CPU was doing", table=idle,
              note=f"All {facts['idle_ms']:,.2f} idle ms of the window. A gap of 10 us or more is 'already launched' when "
                   "the work that ended it had been launched before it began (the GPU waited on itself); "
