@@ -451,8 +451,12 @@ class LeanView:
         pt = {(int(p), int(t)) for p, t in zip(ns.pid_of(tids), ns.tid_of(tids))} if len(tids) else set()
         if len(pt) != len(tids):
             raise Unsupported("two threads share a (PID, TID)")
-        k_in, key, dur, dems = _pass(lambda o: self._kernel_range_pass(o, inside_calls, out_corr, out_tid, shared))  # type: ignore[misc]
+        k_in, codes, dur, dems = _pass(lambda o: self._kernel_range_pass(o, inside_calls, out_corr, out_tid, shared))  # type: ignore[misc]
         del out_corr, out_tid
+        key = codes[0].astype(np.int64)  # the key outside_table reads: thread code * names + name code, in place
+        key *= len(dems)
+        key += codes[1]
+        del codes
         parts = stats.nvtx_kern_parts(k_in, inside_calls, ranges) if len(k_in) else []
         st = batched_group_stats(key, dur)
         del key, dur
@@ -552,9 +556,7 @@ class LeanView:
         dems = np.empty(max(len(dem_code), 1), dtype=object)
         dems[:] = "?"
         dems[list(dem_code.values())] = list(dem_code.keys())
-        key = tcode[:n_out].astype(np.int64) * len(dems) + dcode[:n_out]  # the key outside_table reads
-        del tcode, dcode
-        return k_df, key, dur[:n_out], dems
+        return k_df, (tcode[:n_out], dcode[:n_out]), dur[:n_out], dems
 
 
 class _GapCalls:
