@@ -192,3 +192,17 @@ def test_the_median_taken_in_place_is_numpys():
         for _ in range(20):
             d = rng.integers(-10**12, 10**12, n)
             assert _median_in_place(d.copy()) == float(np.median(d))
+
+
+@pytest.mark.parametrize("tail", [600, 100], ids=["kept-by-the-pass", "sqlite"])
+def test_the_timeline_of_a_capture_without_steps_is_cut_as_before(tmp_path, monkeypatch, tail):
+    from gpuprof.report import timeline_page as tp
+
+    path = _copy(tmp_path)
+    monkeypatch.setattr(tp, "TIMELINE_MAX_OPS", 500)  # the figure of the last 500 GPU operations: cut here
+    monkeypatch.setattr(ln, "TAIL_STARTS", tail)  # kept by the pass over the kernels, or (fewer) asked of SQLite
+    monkeypatch.setattr(ln, "CHUNK_ROWS", 211)
+    whole, lean = _both(path)
+    assert "Without steps, the capture's last 500 GPU operations" in next(b.note for b in whole.blocks
+                                                                          if b.heading == "Timeline")
+    _assert_same(whole, lean)

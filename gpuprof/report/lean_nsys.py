@@ -53,6 +53,10 @@ covers them: at 5 million kernels the in-memory report peaked at 984 MiB (artifa
 2026-11-27, branch big4), the 1 GiB that issue 38 sets. ``GPUPROF_LEAN=1`` reads every export in passes (where
 covered), ``GPUPROF_LEAN=0`` none."""
 
+TAIL_STARTS = 50_000
+"""Kernel starts the pass over the kernels keeps from the end (the timeline figure's TIMELINE_MAX_OPS last GPU
+operations need at most that many of them), so that no second pass over the kernels, or SQLite's sort, finds them."""
+
 GROUP_ROWS = 1 << 21
 """Rows per group of names whose statistics are taken at once (a name with more rows is a group on its own)."""
 
@@ -260,12 +264,14 @@ class LeanView:
                   if len(self.copies) else (np.array([], np.int64), np.array([], np.int64)))
         acc = _Gaps(us, ue, ss, s_corr)
         count = total = kbusy = 0
+        tail = np.array([], dtype=np.int64)  # the last TAIL_STARTS kernel starts, for the timeline's window
         near: list[np.ndarray] = []
         cur: tuple[int, int, float] | None = None  # the kernels' open union piece: start, end, first kernel's id
         first: tuple[int, float] | None = None
         with closing(self._conn()) as conn:
             for rows in _in_order(conn, ns.KERNEL_TABLE, ["end", "correlationId", "deviceId"], ordered):
                 s, e = rows[:, 0], rows[:, 1]
+                tail = np.concatenate([tail, s])[-TAIL_STARTS:]
                 inside = (s >= lo) & (s < hi)
                 count += int(inside.sum())
                 total += int((e - s)[inside].sum())
@@ -292,7 +298,7 @@ class LeanView:
         acc.add(np.array([cur[1]]), np.array([hi]), np.array([np.nan]))        # after the last one
         gs, ge, gc = acc.long()
         return {"count": count, "total": total, "kbusy": kbusy, "idle": acc.short_ns + int((ge - gs).sum()),
-                "short": {"gaps": acc.short_n, "ns": acc.short_ns}, "gaps": (gs, ge, gc),
+                "short": {"gaps": acc.short_n, "ns": acc.short_ns}, "gaps": (gs, ge, gc), "tail": tail,
                 "near": pd.DataFrame(np.concatenate(near) if near else np.zeros((0, 3), dtype=np.int64),
                                      columns=["start", "end", "deviceId"])}
 
@@ -433,9 +439,12 @@ class LeanView:
         n = self.kernel_count + len(self.copies) + len(self.memsets)
         if n <= most:
             return w, False
-        with closing(self._conn()) as conn:
-            top = np.array([r[0] for r in conn.execute(
-                f"SELECT start FROM {ns.KERNEL_TABLE} ORDER BY start DESC LIMIT ?", (most,))], dtype=np.int64)
+        if most <= TAIL_STARTS:  # kept by the pass over the kernels
+            top = self.union()["tail"]
+        else:
+            with closing(self._conn()) as conn:
+                top = np.array([r[0] for r in conn.execute(
+                    f"SELECT start FROM {ns.KERNEL_TABLE} ORDER BY start DESC LIMIT ?", (most,))], dtype=np.int64)
         starts = np.concatenate([top] + [d["start"].to_numpy(dtype=np.int64) for d in (self.copies, self.memsets)])
         k = len(starts) - most
         return (max(int(np.partition(starts, k)[k]), w[0]), w[1]), True
