@@ -206,3 +206,58 @@ def test_the_timeline_of_a_capture_without_steps_is_cut_as_before(tmp_path, monk
     assert "Without steps, the capture's last 500 GPU operations" in next(b.note for b in whole.blocks
                                                                           if b.heading == "Timeline")
     _assert_same(whole, lean)
+
+
+@pytest.mark.parametrize("step", [7, 50, 100_000])
+def test_gap_calls_fed_in_steps_equal_idle_gaps(step):
+    """Every column of idle_gaps (the call overlapping each gap most, its share, the share any call covers, the
+    label) from calls fed a step at a time, on host_sync's kernels and calls (gaps of 10 us or more)."""
+    from gpuprof import activity
+
+    path = REPO_ROOT / "artifacts" / "ch03" / "host_sync.sqlite"
+    k, rt = ns.kernels(path, launch=False), ns.runtime_calls(path)
+    want = activity.idle_gaps(k, rt, min_gap_ns=10_000)
+    s, e = activity.merge_intervals(k["start"].to_numpy(), k["end"].to_numpy())
+    gs, ge = e[:-1], s[1:]
+    keep = ge - gs >= 10_000
+    gs, ge = gs[keep], ge[keep]
+    meet = ln._GapCalls(gs, ge)
+    names = rt["name"].to_numpy()
+    codes = {n: i for i, n in enumerate(dict.fromkeys(names))}
+    ids = np.array([codes[n] for n in names], dtype=np.int64)
+    for a in range(0, len(rt), step):
+        meet.add(rt["start"].to_numpy()[a:a + step], rt["end"].to_numpy()[a:a + step], ids[a:a + step])
+    text = {i: n for n, i in codes.items()}
+    got = activity.gap_table(gs, ge, meet.answers(lambda i: stats.api_name(text[i])))
+    assert len(got) > 100 and (got["covered_share"] > got["cpu_call_share"]).any()
+    pd.testing.assert_frame_equal(got, want, check_exact=True)
+
+
+@pytest.mark.parametrize("step", [5, 64, 10_000])
+def test_gap_calls_fed_in_steps_equal_idle_gaps_with_overlapping_calls(step):
+    """Calls on several threads that overlap each other, some long enough to span many gaps (a synchronize), some
+    starting at one time: the union each gap keeps must carry its reach across calls and across steps."""
+    from gpuprof import activity
+
+    rng = np.random.default_rng(38)
+    ks = np.sort(rng.integers(0, 10_000_000, 400))
+    kernels = pd.DataFrame({"start": ks, "end": ks + rng.integers(1_000, 30_000, len(ks))})
+    cs = np.sort(np.concatenate([rng.integers(0, 10_000_000, 600), np.repeat(rng.integers(0, 10_000_000, 40), 3)]))
+    ce = cs + np.where(rng.random(len(cs)) < 0.02, rng.integers(100_000, 2_000_000, len(cs)),
+                       rng.integers(500, 15_000, len(cs)))
+    names = rng.choice(["cudaLaunchKernel", "cudaStreamSynchronize", "cudaMemcpyAsync"], len(cs))
+    rt = pd.DataFrame({"start": cs, "end": ce, "name": names})
+    want = activity.idle_gaps(kernels, rt, min_gap_ns=10_000)
+    s, e = activity.merge_intervals(ks, kernels["end"].to_numpy())
+    gs, ge = e[:-1], s[1:]
+    keep = ge - gs >= 10_000
+    gs, ge = gs[keep], ge[keep]
+    meet = ln._GapCalls(gs, ge)
+    codes = {n: i for i, n in enumerate(dict.fromkeys(names))}
+    ids = np.array([codes[n] for n in names], dtype=np.int64)
+    for a in range(0, len(cs), step):
+        meet.add(cs[a:a + step], ce[a:a + step], ids[a:a + step])
+    text = {i: n for n, i in codes.items()}
+    got = activity.gap_table(gs, ge, meet.answers(lambda i: stats.api_name(text[i])))
+    assert (got["covered_share"] < 1).any() and (got["covered_share"] == 1).any()
+    pd.testing.assert_frame_equal(got, want, check_exact=True)
