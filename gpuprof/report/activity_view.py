@@ -146,6 +146,10 @@ def _nsys(path: Path) -> ActivityView:
                         devices=[str(n) for n in info["name"]] if "name" in info else [])
 
 
+_RUNTIME_COLUMNS = ("start", "end", "name", "correlationId", "globalTid")
+"""The CUDA calls' columns the report reads (its measures, the steps' launches, the API table)."""
+
+
 def _kineto(path: Path) -> ActivityView:
     from ..torch_profiler.trace import read_trace
 
@@ -166,7 +170,8 @@ def _kineto(path: Path) -> ActivityView:
         memsets["bytes"] = np.nan
     devices = [str(n) for n in t.devices["name"]] if not t.devices.empty and "name" in t.devices else []
     return ActivityView(path=path, tool="kineto", kernels=kernels, copies=copies, memsets=memsets,
-                        runtime=t.runtime_calls(), ranges=t.annotations(), devices=devices, extra={"trace": t})
+                        runtime=t.runtime_calls(columns=_RUNTIME_COLUMNS), ranges=t.annotations(), devices=devices,
+                        extra={"trace": t})
 
 
 def load(path: str | Path, kind: str, *, steps: str | None = None) -> ActivityView:
