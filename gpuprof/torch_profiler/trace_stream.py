@@ -508,7 +508,7 @@ def _read_parallel(path: Path, block: int, workers: int) -> Streamed:
         if got[1] is not None:
             meta = got[1]
         taken += 1
-        if taken % TRIM_EVERY == 0:
+        if TRIM_EVERY and taken % TRIM_EVERY == 0:
             _give_back_memory()
 
     with _open(path) as fh, ProcessPoolExecutor(workers, mp_context=ctx) as pool:
@@ -536,7 +536,10 @@ TRIM_EVERY = 8
 """Blocks between two returns of freed memory to the system while reading (:func:`_give_back_memory`): the
 unpickled and reduced blocks leave freed pages in glibc's heap that it would otherwise keep, and the tables grow
 around them. On a 202 MB trace (743,083 events, two workers) the report's process held 221 MiB when the last block
-came in without it, 135 MiB with it (its peak while reading 224 against 203 MiB); a call costs milliseconds."""
+came in without it, 135 MiB with it (its peak while reading 224 against 203 MiB). 0: never. The pages returned are
+faulted in again when the heap grows, which costs system time: on the 2 GB trace the report with these returns (and
+those between its stages) used 5% less memory and about 10% more CPU than without (bench_torch_trace_big.txt,
+2026-11-27, big6); which of the two returns costs what was not measured apart."""
 
 
 def _give_back_memory() -> None:
@@ -688,7 +691,7 @@ def _read(path: Path, block: int) -> Streamed:
             acc.add(_reduce(events))
             del events
             n += 1
-            if n % TRIM_EVERY == 0:
+            if TRIM_EVERY and n % TRIM_EVERY == 0:
                 _give_back_memory()
     return acc.finish(meta)
 
