@@ -200,9 +200,10 @@ class Trace:
     def runtime_calls(self, *, driver: bool = True, columns: Sequence[str] | None = None) -> pd.DataFrame:
         """CUDA runtime (and driver) API calls on CPU threads, with ``correlationId`` and ``globalTid``.
 
-        ``columns``: only these (the report's view reads five of the ten). On a 2 GB trace the view, this merged and
-        sorted copy its largest part, added 194 MiB to the tables with every column (big3's staged run) and 44 MiB
-        with five (big6's; artifacts/tools/bench_torch_trace_big.txt); the rows and their order are the same."""
+        ``columns``: only these (the report's view reads five of the ten). On a 2 GB trace the report's view (this
+        merged, sorted copy and the copies' parsed names) added 194 MiB to the tables with every column (big3's staged
+        run) and 44 MiB with five (big6's; artifacts/tools/bench_torch_trace_big.txt); the rows and their order are
+        the same."""
         t = self._tables["runtime"]
         if columns is not None:
             t = t[[c for c in columns if c in t.columns]]
