@@ -132,8 +132,8 @@ def test_rows_out_of_time_order_are_read_in_sqlites_sort(tmp_path, monkeypatch):
 
 
 def test_a_gpu_many_launches_behind_the_cpu(tmp_path, monkeypatch):
-    """Every kernel shifted 50 ms later (hundreds of launches behind its call): the gaps' causes, the calls that
-    overlap them and the 'already launched' rule all meet kernels whose calls are long over."""
+    """Every kernel shifted 50 ms later than its launching call: the gaps' causes, the calls that overlap them and
+    the 'already launched' rule all meet kernels whose calls are long over."""
     path = _copy(tmp_path)
     with sqlite3.connect(path) as con:
         con.execute(f"UPDATE {ns.KERNEL_TABLE} SET start = start + 50000000, end = end + 50000000")
