@@ -177,18 +177,16 @@ def idle_gaps(kernels: pd.DataFrame, runtime: pd.DataFrame | None = None, *, min
     gap_s = np.concatenate([[lo], e])
     gap_e = np.concatenate([s, [hi]])
     keep = (gap_e - gap_s) >= min_gap_ns
-    gaps = pd.DataFrame({"start": gap_s[keep], "end": gap_e[keep]})
-    gaps["duration_ns"] = gaps["end"] - gaps["start"]
-    gaps["cpu_call"], gaps["cpu_call_share"], gaps["covered_share"] = "", 0.0, 0.0
-    if runtime is not None and not runtime.empty and not gaps.empty:
+    gs_all, ge_all = gap_s[keep], gap_e[keep]
+    answers = None
+    if runtime is not None and not runtime.empty and len(gs_all):
         rs, re_, names = runtime["start"].to_numpy(), runtime["end"].to_numpy(), runtime["name"].to_numpy()
         if not is_sorted(rs):
             order = np.argsort(rs, kind="stable")
             rs, re_, names = rs[order], re_[order], names[order]
-        calls = np.full(len(gaps), "", dtype=object)  # filled in arrays, assigned once: a cell-by-cell
-        shares = np.zeros(len(gaps))                    # DataFrame write cost a second per 40,000 gaps
-        covered = np.zeros(len(gaps))
-        gs_all, ge_all = gaps["start"].to_numpy(), gaps["end"].to_numpy()
+        calls = np.full(len(gs_all), "", dtype=object)  # filled in arrays, assigned once: a cell-by-cell
+        shares = np.zeros(len(gs_all))                    # DataFrame write cost a second per 40,000 gaps
+        covered = np.zeros(len(gs_all))
         if all(a.dtype.kind in "iu" for a in (rs, re_, gs_all, ge_all)):
             _gap_calls(rs, re_, names, gs_all, ge_all, calls, shares, covered)
         else:  # times that are not integers (a missing one is NaN): call by call, as always
@@ -196,7 +194,21 @@ def idle_gaps(kernels: pd.DataFrame, runtime: pd.DataFrame | None = None, *, min
             for i, (gs, ge) in enumerate(zip(gs_all, ge_all)):
                 first = np.searchsorted(rs, gs - longest)
                 _one_gap(rs, re_, names, i, gs, ge, first, np.searchsorted(rs, ge), calls, shares, covered)
-        gaps["cpu_call"], gaps["cpu_call_share"], gaps["covered_share"] = calls, shares, covered
+        answers = (calls, shares, covered)
+    return gap_table(gs_all, ge_all, answers)
+
+
+def gap_table(gap_s: np.ndarray, gap_e: np.ndarray,
+              answers: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> pd.DataFrame:
+    """:func:`idle_gaps`' table from the gaps (in time order) and, where there are CUDA calls, each gap's call that
+    overlaps it most, its share and the share covered by any call (``answers``; None: no calls); apart so that a
+    reader of an export too large to hold finds the answers in its own pass over the calls."""
+    cols = ["start", "end", "duration_ns", "cpu_call", "cpu_call_share", "covered_share", "label"]
+    gaps = pd.DataFrame({"start": gap_s, "end": gap_e})
+    gaps["duration_ns"] = gaps["end"] - gaps["start"]
+    gaps["cpu_call"], gaps["cpu_call_share"], gaps["covered_share"] = "", 0.0, 0.0
+    if answers is not None:
+        gaps["cpu_call"], gaps["cpu_call_share"], gaps["covered_share"] = answers
     gaps["label"] = np.select([gaps["cpu_call_share"].to_numpy() >= 0.5, gaps["covered_share"].to_numpy() < 0.5],
                               [gaps["cpu_call"].to_numpy(dtype=object), HOST_CODE], "several CUDA calls")
     return gaps.sort_values("duration_ns", ascending=False, ignore_index=True)[cols]

@@ -18,7 +18,7 @@ from typing import overload
 import numpy as np
 import pandas as pd
 
-__all__ = ["COMMUNICATION_RULE", "is_communication", "KIND_RULES", "kernel_kind", "time_by_kind", "PRECISION_RULES", "precision", "time_by_precision",
+__all__ = ["COMMUNICATION_RULE", "is_communication", "KIND_RULES", "kernel_kind", "time_by_kind", "kinds_of_pairs", "PRECISION_RULES", "precision", "time_by_precision",
            "FAST_F32_ATTENTION", "tensor_cores", "matmul_table"]
 
 # Communication: a kernel whose name starts with "nccl", case-insensitive. NCCL names every kernel it
@@ -99,11 +99,7 @@ def time_by_kind(kernels: pd.DataFrame, name_column: str = "name", demangled_col
         # trace repeats a few hundred names millions of times, and the rules are regular expressions.
         keys = [name_column] + ([demangled_column] if demangled_column in kernels else [])
         g = kernels.groupby(keys, sort=False, dropna=False)["duration_ns"]
-        pairs = pd.DataFrame({"n": g.size(), "t": g.sum()}).reset_index()
-        dem = pairs[demangled_column] if demangled_column in kernels else [None] * len(pairs)
-        pairs["kind"] = [kernel_kind(n, d) for n, d in zip(pairs[name_column], dem)]
-        out = (pairs.groupby("kind").agg(kernels=("n", "sum"), time_ms=("t", "sum"),
-                                         names=(name_column, "nunique")).reset_index())
+        return kinds_of_pairs(pd.DataFrame({"n": g.size(), "t": g.sum()}).reset_index(), name_column, demangled_column)
     else:  # float durations: one sum over the rows, in their order, as always
         names = kernels[name_column].tolist()
         demangled = kernels[demangled_column].tolist() if demangled_column in kernels else [None] * len(names)
@@ -111,6 +107,19 @@ def time_by_kind(kernels: pd.DataFrame, name_column: str = "name", demangled_col
         kinds = [seen[p] if p in seen else seen.setdefault(p, kernel_kind(*p)) for p in zip(names, demangled)]
         out = (kernels.assign(kind=kinds).groupby("kind").agg(kernels=("duration_ns", "size"), time_ms=("duration_ns", "sum"),
                                                               names=(name_column, "nunique")).reset_index())
+    return _kind_table(out)
+
+
+def kinds_of_pairs(pairs: pd.DataFrame, name_column: str = "name", demangled_column: str = "demangled") -> pd.DataFrame:
+    """:func:`time_by_kind` from one row per distinct (name, demangled) pair with its kernel count ``n`` and
+    integer total time ``t`` (ns): what an SQL ``GROUP BY`` of an export gives without reading its rows."""
+    dem = pairs[demangled_column] if demangled_column in pairs else [None] * len(pairs)
+    pairs = pairs.assign(kind=[kernel_kind(n, d) for n, d in zip(pairs[name_column], dem)])
+    return _kind_table(pairs.groupby("kind").agg(kernels=("n", "sum"), time_ms=("t", "sum"),
+                                                 names=(name_column, "nunique")).reset_index())
+
+
+def _kind_table(out: pd.DataFrame) -> pd.DataFrame:
     out["time_ms"] = out["time_ms"] / 1e6
     out["share"] = out["time_ms"] / out["time_ms"].sum()
     return out.sort_values("time_ms", ascending=False, ignore_index=True)[["kind", "kernels", "time_ms", "share", "names"]]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["available_memory", "total_memory"]
+__all__ = ["available_memory", "total_memory", "give_back_memory"]
 
 
 def _memory(device: str, total: bool) -> int | None:
@@ -50,3 +50,19 @@ def available_memory(device: str) -> int | None:
 def total_memory(device: str) -> int | None:
     """Bytes of memory ``device`` ("cuda" or "cpu") has in all, or None if unknown."""
     return _memory(device, total=True)
+
+
+def give_back_memory() -> None:
+    """Hand memory that Python freed back to the system (glibc's ``malloc_trim``; a no-op elsewhere).
+
+    glibc keeps the pages that millions of freed small objects leave in its heap for later use, so a
+    process that builds and drops large tables stays as large as its largest moment plus that waste:
+    the report calls this between its stages and while it reads a trace, so each stage starts from
+    what is really held."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+

@@ -31,8 +31,39 @@ import pandas as pd
 from ..activity import api_name, name_codes
 from .sqlite import pid_of, tid_of
 
-__all__ = ["kernel_summary", "nvtx_summary", "nvtx_kern_summary", "memop_time_summary", "memop_size_summary", "api_summary", "api_name",
+__all__ = ["kernel_summary", "group_stats", "summary_table", "nvtx_kern_parts", "nvtx_kern_table", "outside_table", "nvtx_summary", "nvtx_kern_summary", "memop_time_summary", "memop_size_summary", "api_summary", "api_name",
            "memop_operations", "compare_summaries", "EXACT_COLUMNS", "FLOAT_COLUMNS"]
+
+
+def group_stats(keys: np.ndarray, values: np.ndarray) -> pd.DataFrame:
+    """Per distinct key (in order of first appearance; a missing key left out, as pandas' groupby does): sum, size,
+    mean, median, min, max and std (n - 1; NaN for one value) of the integer ``values``.
+
+    Apart from :func:`summary_table` so that a reader of an export too large to hold (gpuprof.report.lean_nsys)
+    can compute the same statistics in groups of keys at a time: each group's values, in their order, meet the
+    same pandas reductions, so the numbers are the same to the last bit."""
+    g = pd.DataFrame({"key": keys, "v": np.asarray(values, dtype=np.int64)}).groupby("key", sort=False)["v"]
+    return pd.DataFrame({"sum": g.sum(), "size": g.size(), "mean": g.mean(), "median": g.median(), "min": g.min(),
+                         "max": g.max(), "std": g.std(ddof=1)})
+
+
+def summary_table(stats: pd.DataFrame, key_name: str, *, count: str = "Instances", unit: str = "ns",
+                  scale: float = 1.0) -> pd.DataFrame:
+    """The ``nsys stats`` table from :func:`group_stats`' statistics (see :func:`_summary`)."""
+    out = pd.DataFrame({
+        f"Total{' Time' if unit == 'ns' else ''} ({unit})": stats["sum"] / scale,
+        count: stats["size"],
+        f"Avg ({unit})": stats["mean"] / scale,
+        f"Med ({unit})": stats["median"] / scale,
+        f"Min ({unit})": stats["min"] / scale,
+        f"Max ({unit})": stats["max"] / scale,
+        f"StdDev ({unit})": stats["std"].fillna(0.0) / scale,
+    })
+    total = out.columns[0]
+    if unit == "ns":
+        out.insert(0, "Time (%)", 100 * out[total] / out[total].sum())
+    out.index.name = key_name
+    return out.sort_values([total], ascending=False, kind="stable").reset_index()
 
 
 def _summary(values: pd.Series, keys: pd.Series, key_name: str, *, count: str = "Instances", unit: str = "ns",
@@ -42,21 +73,8 @@ def _summary(values: pd.Series, keys: pd.Series, key_name: str, *, count: str = 
     ``values`` are integers (nanoseconds or bytes); ``scale`` divides them for display
     units (bytes to MB) after the integer statistics are taken.
     """
-    g = pd.DataFrame({"key": keys.to_numpy(), "v": values.to_numpy(dtype=np.int64)}).groupby("key", sort=False)["v"]
-    out = pd.DataFrame({
-        f"Total{' Time' if unit == 'ns' else ''} ({unit})": g.sum() / scale,
-        count: g.size(),
-        f"Avg ({unit})": g.mean() / scale,
-        f"Med ({unit})": g.median() / scale,
-        f"Min ({unit})": g.min() / scale,
-        f"Max ({unit})": g.max() / scale,
-        f"StdDev ({unit})": g.std(ddof=1).fillna(0.0) / scale,
-    })
-    total = out.columns[0]
-    if unit == "ns":
-        out.insert(0, "Time (%)", 100 * out[total] / out[total].sum())
-    out.index.name = key_name
-    return out.sort_values([total], ascending=False, kind="stable").reset_index()
+    return summary_table(group_stats(keys.to_numpy(), values.to_numpy(dtype=np.int64)), key_name, count=count,
+                         unit=unit, scale=scale)
 
 
 def kernel_summary(kernels: pd.DataFrame, by: str = "demangled") -> pd.DataFrame:
@@ -98,14 +116,22 @@ def nvtx_kern_summary(kernels: pd.DataFrame, runtime: pd.DataFrame, ranges: pd.D
     function (users compose it from ``nvtx_sum`` and ``cuda_gpu_kern_sum``, which cannot
     say which range launched what); this one is tested cell by cell against nsys's CSV.
     """
+    return nvtx_kern_table(nvtx_kern_parts(kernels, runtime, ranges))
+
+
+NVTX_KERN_COLUMNS = ["NVTX Range", "Style", "PID", "TID", "NVTX Inst", "Kern Inst", "Total Time (ns)", "Avg (ns)",
+                     "Med (ns)", "Min (ns)", "Max (ns)", "StdDev (ns)", "Kernel Name"]
+
+
+def nvtx_kern_parts(kernels: pd.DataFrame, runtime: pd.DataFrame, ranges: pd.DataFrame) -> list[pd.DataFrame]:
+    """The rows of :func:`nvtx_kern_summary` before they are put together: the groups of the kernels inside ranges,
+    then those outside every range (empty list: no kernel with a launching call)."""
     from ..activity import attribute_kernels, launches_of
 
-    cols = ["NVTX Range", "Style", "PID", "TID", "NVTX Inst", "Kern Inst", "Total Time (ns)", "Avg (ns)", "Med (ns)",
-            "Min (ns)", "Max (ns)", "StdDev (ns)", "Kernel Name"]
     # only the columns read below: at 5 million kernels every column more was 40 MB in each of two merges
     k = kernels[["start", "correlationId", "duration_ns", "demangled"]].dropna(subset=["correlationId"])
     if k.empty or runtime.empty:
-        return pd.DataFrame(columns=cols)
+        return []
     ranges = ranges.reset_index(drop=True)
     # A CUDA graph launch is one call with one correlation id for all its kernels: kernels are
     # told apart by their row (_kid), never by correlation id.
@@ -150,13 +176,19 @@ def nvtx_kern_summary(kernels: pd.DataFrame, runtime: pd.DataFrame, ranges: pd.D
             part.insert(0, "style", fixed["style"])
             part.insert(0, "range", fixed["range"])
         parts.append(part)
+    return parts
+
+
+def nvtx_kern_table(parts: list[pd.DataFrame]) -> pd.DataFrame:
+    """:func:`nvtx_kern_summary`'s table from its groups' rows (:func:`nvtx_kern_parts`, then the kernels outside
+    every range, as :func:`outside_table` makes them, with empty ``range`` and ``style``)."""
     if not parts:
-        return pd.DataFrame(columns=cols)
+        return pd.DataFrame(columns=NVTX_KERN_COLUMNS)
     out = pd.concat(parts, ignore_index=True)
     out = out.rename(columns={"range": "NVTX Range", "style": "Style", "demangled": "Kernel Name"})
     out = out.sort_values(["NVTX Range", "Style", "PID", "TID", "Total Time (ns)", "Kernel Name"],
                           ascending=[True, True, True, True, False, True], kind="stable", ignore_index=True)
-    return out[cols]
+    return out[NVTX_KERN_COLUMNS]
 
 
 def _outside_groups(launches: pd.DataFrame, away: np.ndarray) -> pd.DataFrame | None:
@@ -174,9 +206,16 @@ def _outside_groups(launches: pd.DataFrame, away: np.ndarray) -> pd.DataFrame | 
     away = away & ~pd.isna(dems)[dem_code]  # groupby leaves a missing name out
     key = tid_code[away] * len(dems) + dem_code[away]
     del tid_code, dem_code
-    d = pd.DataFrame({"key": key, "v": launches["duration_ns"].to_numpy()[away]}, copy=False).groupby("key", sort=False)["v"]
-    out = pd.DataFrame({"Kern Inst": d.size(), "Total Time (ns)": d.sum(), "Avg (ns)": d.mean(), "Med (ns)": d.median(),
-                        "Min (ns)": d.min(), "Max (ns)": d.max(), "StdDev (ns)": d.std(ddof=1).fillna(0.0)})
+    stats = group_stats(key, launches["duration_ns"].to_numpy()[away])
+    return outside_table(stats, tids, dems)
+
+
+def outside_table(stats: pd.DataFrame, tids: np.ndarray, dems: np.ndarray) -> pd.DataFrame:
+    """:func:`_outside_groups`' rows from :func:`group_stats` keyed by ``thread code * len(dems) + name code``
+    (``tids``: the threads' globalTid, ``dems``: the names, by code)."""
+    out = pd.DataFrame({"Kern Inst": stats["size"], "Total Time (ns)": stats["sum"], "Avg (ns)": stats["mean"],
+                        "Med (ns)": stats["median"], "Min (ns)": stats["min"], "Max (ns)": stats["max"],
+                        "StdDev (ns)": stats["std"].fillna(0.0)})
     k = out.index.to_numpy()
     tid = tids[k // len(dems)]
     out.insert(0, "NVTX Inst", 0)

@@ -39,6 +39,7 @@ def _expand(paths: Sequence[str | Path]) -> list[tuple[Path, str, Path | None]]:
 def build_pages(paths: Sequence[str | Path], *, steps: str | None = None, window: str | None = None,
                 top: int = 15) -> list[Page]:
     """One page per capture (a folder's captures each get one, then one page side by side)."""
+    from ..memory_probe import give_back_memory
     from .ncu_page import ncu_page
     from .timeline_page import ranks_page, timeline_page
 
@@ -48,8 +49,12 @@ def build_pages(paths: Sequence[str | Path], *, steps: str | None = None, window
     folders: dict[Path, list[tuple[Path, dict[str, float]]]] = {}
     for path, kind, folder in _expand(paths):
         if kind in TIMELINE_KINDS:
-            view = load(path, kind, steps=steps)
-            pages.append(timeline_page(view, window=window, top=top))
+            view, page = _lean_page(path, kind, steps, window, top)
+            if page is None:
+                view = load(path, kind, steps=steps)
+                give_back_memory()  # the reading's freed pages, before the page's stages
+                page = timeline_page(view, window=window, top=top)
+            pages.append(page)
             if folder is not None:
                 folders.setdefault(folder, []).append((view.path, headline(view)))
             del view
@@ -59,6 +64,24 @@ def build_pages(paths: Sequence[str | Path], *, steps: str | None = None, window
         if len(views) > 1:
             pages.insert(0, ranks_page(views))
     return pages
+
+
+def _lean_page(path: Path, kind: str, steps: str | None, window: str | None, top: int):  # type: ignore[no-untyped-def]
+    """(view, page) of an nsys export of millions of kernels read in passes (:mod:`gpuprof.report.lean_nsys`),
+    where that reader covers it; (None, None): read it whole. What it does not cover may show only on the way
+    (calls that share a correlation id): the page is then built again from the whole export."""
+    if kind != "nsys":
+        return None, None
+    from .lean_nsys import Unsupported, lean_view, wants_lean
+    from .timeline_page import timeline_page
+
+    if not wants_lean(path):
+        return None, None
+    try:
+        view = lean_view(path, steps)
+        return view, timeline_page(view, window=window, top=top)
+    except Unsupported:
+        return None, None
 
 
 def build_diff(before: str | Path, after: str | Path, *, steps: str | None = None,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Callable
 from pathlib import Path
 
 import numpy as np
@@ -145,6 +146,10 @@ def _nsys(path: Path) -> ActivityView:
                         devices=[str(n) for n in info["name"]] if "name" in info else [])
 
 
+_RUNTIME_COLUMNS = ("start", "end", "name", "correlationId", "globalTid")
+"""The CUDA calls' columns the report reads (its measures, the steps' launches, the API table)."""
+
+
 def _kineto(path: Path) -> ActivityView:
     from ..torch_profiler.trace import read_trace
 
@@ -165,7 +170,8 @@ def _kineto(path: Path) -> ActivityView:
         memsets["bytes"] = np.nan
     devices = [str(n) for n in t.devices["name"]] if not t.devices.empty and "name" in t.devices else []
     return ActivityView(path=path, tool="kineto", kernels=kernels, copies=copies, memsets=memsets,
-                        runtime=t.runtime_calls(), ranges=t.annotations(), devices=devices, extra={"trace": t})
+                        runtime=t.runtime_calls(columns=_RUNTIME_COLUMNS), ranges=t.annotations(), devices=devices,
+                        extra={"trace": t})
 
 
 def load(path: str | Path, kind: str, *, steps: str | None = None) -> ActivityView:
@@ -404,6 +410,8 @@ def headline(view: ActivityView) -> dict[str, float]:
     communication/computation overlap on the file's nanoseconds),
     copy_bytes, api_calls.
     """
+    if getattr(view, "lean", False):  # an export read in passes (gpuprof.report.lean_nsys): it answers itself
+        return view.headline()
     segs = view.segments
     if not segs:
         return {"window_ms": 0.0, "steps": 0, "kernels": 0}
@@ -549,7 +557,6 @@ def _launch_pace(view: ActivityView, gaps: pd.DataFrame, factor: float) -> tuple
     call_row = r_rows[first]
     c_start = np.where(found, view.runtime["start"].to_numpy()[call_row].astype(float), np.nan)
     c_end = np.where(found, view.runtime["end"].to_numpy()[call_row].astype(float), np.nan)
-    queued = np.nan_to_num(c_end, nan=np.inf) <= gaps["start"].to_numpy(dtype=float)
     issue = _name_matches(view.runtime["name"], _ISSUE_CALL)
     starts = view.runtime["start"].to_numpy(dtype=np.int64)[issue]
     if not view.segments:
@@ -559,10 +566,32 @@ def _launch_pace(view: ActivityView, gaps: pd.DataFrame, factor: float) -> tuple
         hi = np.array([b for _, b in view.segments], dtype=np.int64)
         i = np.searchsorted(lo, starts, side="right") - 1
         starts = starts[(i >= 0) & (starts < hi[np.clip(i, 0, None)])]
-    starts = np.sort(starts)
+    return pace_of(gaps, c_start, c_end, np.sort(starts), factor)
+
+
+def _median_in_place(d: np.ndarray) -> float:
+    """``float(np.median(d))`` of an integer array, partitioning ``d`` itself instead of a copy (at 20 million calls
+    the copy was 160 MB): the middle value, or the float64 mean of the two middle ones, as numpy takes it."""
+    n = len(d)
+    k = n // 2
+    if n % 2:
+        d.partition(k)
+        return float(d[k])
+    d.partition([k - 1, k])
+    return float(np.mean(d[k - 1:k + 1].astype(np.float64)))
+
+
+def pace_of(gaps: pd.DataFrame, c_start: np.ndarray, c_end: np.ndarray, starts: np.ndarray,
+            factor: float) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_launch_pace` from each gap's launching call (``c_start``, ``c_end``: float ns, NaN for none) and the
+    sorted starts of the issuing calls inside the segments: apart so that a reader of an export too large to hold
+    (:mod:`gpuprof.report.lean_nsys`) finds those in its own passes and decides by the same rule."""
+    n = len(gaps)
+    paced = np.zeros(n, dtype=bool)
+    queued = np.nan_to_num(c_end, nan=np.inf) <= gaps["start"].to_numpy(dtype=float)
     if len(starts) < 3:
         return queued, paced
-    usual = float(np.median(np.diff(starts)))
+    usual = _median_in_place(np.diff(starts))
     prev_i = np.searchsorted(starts, np.nan_to_num(c_start, nan=-1), side="left") - 1
     prev = np.where(prev_i >= 0, starts[np.clip(prev_i, 0, None)], np.nan)
     with np.errstate(invalid="ignore"):
@@ -607,17 +636,27 @@ def idle_by_cause(view: ActivityView, *, min_gap_ns: int = IDLE_MIN_GAP_NS,
     del short
     union = pd.DataFrame({"start": merged[0], "end": merged[1]})  # idle_gaps merges again: the union is its own union
     del merged
-    parts: list[pd.DataFrame] = []
     gaps = pd.concat([activity.idle_gaps(union, view.runtime, min_gap_ns=min_gap_ns, window=seg) for seg in segs],
                      ignore_index=True)
     del union
+    return idle_table(gaps, short_row, short_cause,
+                      None if view.runtime.empty else lambda g: _launch_pace(view, g, pace_factor))
+
+
+def idle_table(gaps: pd.DataFrame, short_row: dict[str, int], short_cause: str,
+               pace: Callable[[pd.DataFrame], tuple[np.ndarray, np.ndarray]] | None) -> pd.DataFrame:
+    """:func:`idle_by_cause`'s table from the gaps of :func:`gpuprof.activity.idle_gaps` (over every segment, in
+    its order), the short gaps' count and sum (``short_row``: gaps, ns), and ``pace``, which says of each gap
+    whether it was already launched and whether launch-bound (None: the capture has no CUDA API calls)."""
+    cols = ["cause", "gaps", "idle_ms", "share"]
+    parts: list[pd.DataFrame] = []
     if len(gaps):
         dur = gaps["duration_ns"].to_numpy(dtype=float)
         ids = np.arange(len(gaps))
-        if view.runtime.empty:
+        if pace is None:
             parts.append(pd.DataFrame({"cause": CAUSES["untraced"], "ns": dur, "gap": ids}))
         else:
-            queued, paced = _launch_pace(view, gaps, pace_factor)
+            queued, paced = pace(gaps)
             whole = np.where(queued, CAUSES["queued"], np.where(paced, CAUSES["paced"], ""))
             split = whole == ""
             covered = dur * gaps["cpu_call_share"].to_numpy(dtype=float)

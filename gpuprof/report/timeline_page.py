@@ -27,6 +27,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from .. import activity  # noqa: E402
+from ..memory_probe import give_back_memory  # noqa: E402
 from ..kernel_kinds import is_communication, time_by_kind  # noqa: E402
 from ..nsys import stats  # noqa: E402
 from .activity_view import LAUNCH_PACE_FACTOR, ActivityView, headline, idle_by_cause, step_table  # noqa: E402
@@ -169,6 +170,7 @@ def _operators(page: Page, view: ActivityView, top: int) -> None:
         return
     from ..torch_profiler.summary import op_summary
 
+    give_back_memory()  # its one table of operators and ranges is the report's last large one
     page.add("Operators (CPU)", table=op_summary(view.extra["trace"]), terminal_rows=top,
              note="As key_averages(): self CPU time is the operator's own, its children's taken out.")
 
@@ -178,6 +180,7 @@ def timeline_page(view: ActivityView, *, window: str | None = None, top: int = 1
     kind = "Nsight Systems export" if view.tool == "nsys" else "PyTorch profiler trace"
     page = Page(title=view.path.name, path=view.path, kind=kind)
     facts = headline(view)
+    give_back_memory()  # each stage from what is held, not from the pages the one before freed (see its text)
     page.facts = facts
     counts = pd.Series(view.devices).value_counts() if view.devices else pd.Series(dtype=int)
     gpus = ", ".join(f"{n} x {name}" if n > 1 else str(name) for name, n in counts.items()) or "not recorded"
@@ -195,7 +198,11 @@ def timeline_page(view: ActivityView, *, window: str | None = None, top: int = 1
                      f"{facts['gpu_busy']:.1%} of it, kernels alone {facts['kernel_busy']:.1%}.")
     else:
         lines.append("The capture holds no GPU work: no kernel, copy or memset.")
-    devices = view.kernels["deviceId"].dropna().unique() if "deviceId" in view.kernels else []
+    lean = getattr(view, "lean", False)  # an export read in passes (gpuprof.report.lean_nsys): it answers itself
+    if lean:
+        devices = view.kernel_devices
+    else:
+        devices = view.kernels["deviceId"].dropna().unique() if "deviceId" in view.kernels else []
     if len(devices) > 1:
         lines.append(f"The capture holds {len(devices)} GPUs: busy and idle above are over their union (some GPU "
                      "ran something); the per-GPU table below says which one waited.")
@@ -215,11 +222,13 @@ def timeline_page(view: ActivityView, *, window: str | None = None, top: int = 1
         return page
 
     steps = step_table(view)
+    give_back_memory()
     if len(steps):
         page.add("Steps", table=steps, terminal_rows=8, html_rows=200, png=_steps_figure(steps),
                  note="launches: kernels, copies and memsets whose launching call fell inside the step, on any thread; "
                       "gpu_busy_ms: the union of their intervals; busy_share: busy over their span.")
-    idle = idle_by_cause(view)
+    idle = view.idle_by_cause() if lean else idle_by_cause(view)
+    give_back_memory()
     page.add("GPU idle, by what the CPU was doing", table=idle,
              note=f"All {facts['idle_ms']:,.2f} idle ms of the window. A gap of 10 us or more is 'already launched' when "
                   "the work that ended it had been launched before it began (the GPU waited on itself); "
@@ -230,18 +239,19 @@ def timeline_page(view: ActivityView, *, window: str | None = None, top: int = 1
                   "and host code the rest (no CUDA call: Python, the framework, data loading). "
                   "The host code row cannot tell these apart: a CPU-side profile (nsys -s cpu, py-spy) can.")
 
-    if len(view.kernels):
+    if (view.kernel_count if lean else len(view.kernels)):
         by = "demangled" if view.tool == "nsys" else "name"
-        top_k = stats.kernel_summary(view.kernels, by=by)
+        top_k = view.kernel_summary() if lean else stats.kernel_summary(view.kernels, by=by)
         page.add("Top kernels", table=top_k, terminal_rows=top, html_rows=max(top, 40), short_names="Name",
                  note="Whole capture, as nsys stats' cuda_gpu_kern_sum (same columns; names demangled)."
                  if view.tool == "nsys" else "Whole capture; Total Time equals key_averages' self device time.")
-        page.add("Kernels by kind", table=time_by_kind(view.kernels), terminal_rows=14,
+        page.add("Kernels by kind", table=view.time_by_kind() if lean else time_by_kind(view.kernels), terminal_rows=14,
                  note="Kinds from kernel names (gpuprof.kernel_kinds); 'other' is never a guess.")
     if view.tool == "nsys" and len(view.ranges):
         page.add("NVTX ranges", table=stats.nvtx_summary(view.ranges), terminal_rows=top,
                  note="As nsys stats' nvtx_sum.")
-        page.add("Kernels by NVTX range", table=stats.nvtx_kern_summary(view.kernels, view.runtime, view.ranges),
+        page.add("Kernels by NVTX range", table=view.nvtx_kern_summary() if lean
+                 else stats.nvtx_kern_summary(view.kernels, view.runtime, view.ranges),
                  terminal=False, html_rows=100, short_names="Kernel Name",
                  note="As nsys stats' nvtx_kern_sum: a kernel counts in every range open on its launching thread; "
                       "the first rows (no range) are kernels launched outside every range, e.g. by autograd's thread.")
@@ -252,8 +262,8 @@ def timeline_page(view: ActivityView, *, window: str | None = None, top: int = 1
         if len(view.copies):
             page.add("Copy bandwidth", table=activity.copy_summary(view.copies),
                      note="gbps: bytes over the copies' own busy time (GB/s).")
-    if len(view.runtime):
-        page.add("CUDA API calls", table=stats.api_summary(view.runtime), terminal_rows=8,
+    if (view.runtime_count if lean else len(view.runtime)):
+        page.add("CUDA API calls", table=view.api_summary() if lean else stats.api_summary(view.runtime), terminal_rows=8,
                  note="As nsys stats' cuda_api_sum.")
     if view.tool == "kineto":
         mem = view.extra["trace"].memory_events()
@@ -268,7 +278,7 @@ def timeline_page(view: ActivityView, *, window: str | None = None, top: int = 1
         elif len(view.steps):
             tw = (int(view.steps.iloc[-1]["start"]), int(view.steps.iloc[-1]["end"]))
         else:
-            tw, cut = _recent_window(view, w)
+            tw, cut = view.recent_window(w, TIMELINE_MAX_OPS) if lean else _recent_window(view, w)
     except ValueError as exc:
         from ..errors import GpuprofError
 
