@@ -829,7 +829,8 @@ def run_batch(model: Decoder, rungs: list[str], batch: int, prompt_len: int, new
 def format_row(r: dict[str, Any], new: int) -> str:
     return (f"  {r['rung']:<13} batch {r['batch']:>4}: prefill {r['prefill_ms']:9.2f} ms ({r['prefill_tflops']:.1f} TFLOP/s); "
             f"decode {r['decode_ms_per_step']:8.3f} ms/step (median of {new}, quartiles {r['decode_ms_q1']:.3f}-"
-            f"{r['decode_ms_q3']:.3f}), {r['decode_tokens_per_s']:,.1f} tokens/s; {r['bytes_per_step'] / 1e9:.3f} GB and "
+            f"{r['decode_ms_q3']:.3f}); over all {new} steps (the mean step) {r['decode_tokens_per_s']:,.1f} tokens/s; "
+            f"{r['bytes_per_step'] / 1e9:.3f} GB and "
             f"{r['flops_per_step'] / 1e9:,.1f} GFLOP per step: {r['decode_gbps']:,.1f} GB/s, {r['decode_tflops']:.2f} TFLOP/s"
             + (f"; set up in {r['setup_s']:.1f} s" if r["setup_s"] else "") + f"\n      check: {r['check']['sentence']}"
             + (f"; free-running, {r['free_running_tokens_equal']:.0%} of the tokens equal the reference's"
