@@ -35,17 +35,6 @@ from gpuprof import exit_on_error  # noqa: E402
 from gpuprof.cli import bounded_int  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
 
-# The bounds of the chapter's cell c7split2, written as (words, test): kept beside the ratios' names so the
-# printed table shows how far each run was from failing.
-BOUNDS = {
-    "fusion_gpu": ("at least 2x", lambda v: v >= 2),
-    "graph_gain": ("at least 1.5x", lambda v: v >= 1.5),
-    "graph_same_gpu": ("within 10% of 1x", lambda v: abs(v - 1) < 0.1),
-    "ro_launch_calls_per_layer": ("under 1", lambda v: v < 1),
-    "ro_over_compiled": ("over 1x", lambda v: v > 1),
-}
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -57,11 +46,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def summary(runs: list[dict[str, float]]) -> list[dict[str, object]]:
     """Per ratio: lowest, median, highest over the runs, the chapter's bound, and how many runs failed it."""
+    from gpuprof.studies.transformer import SPLIT_BOUNDS
+
     rows = []
-    for name, (words, test) in BOUNDS.items():
+    for name, bound in SPLIT_BOUNDS.items():
         values = [r[name] for r in runs]
         rows.append({"ratio": name, "low": min(values), "median": statistics.median(values), "high": max(values),
-                     "bound": words, "failed": sum(not test(v) for v in values), "runs": len(values)})
+                     "bound": bound.describe(".2f"), "failed": sum(not bound.test(v) for v in values),
+                     "runs": len(values)})
     return rows
 
 
