@@ -38,7 +38,7 @@ from gpuprof.errors import GpuprofError  # noqa: E402
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--runs", type=bounded_int(1, 50), default=5, help="fresh processes to capture (default 5)")
+    p.add_argument("--runs", type=bounded_int(50, "each run is a fresh process under nsys, about 30 s on an H100"), default=5, help="fresh processes to capture (default 5)")
     p.add_argument("--json", type=Path, help="write every run's ratios and the machine here")
     p.add_argument("--keep", type=Path, help="keep the captures in this folder instead of a temporary one")
     return p.parse_args(argv)

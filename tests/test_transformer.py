@@ -408,6 +408,10 @@ def test_spread_summary_counts_the_runs_that_fail_each_bound():
     assert rows["graph_gain"]["failed"] == 1 and rows["graph_gain"]["low"] == 1.4 and rows["graph_gain"]["median"] == 2.8
     assert rows["graph_same_gpu"]["failed"] == 1 and rows["fusion_gpu"]["failed"] == 0
     assert set(rows) == set(good)
+    # the default and the documented five runs parse (the limit once came out as 1), fifty-one does not
+    assert sp.parse_args([]).runs == 5 and sp.parse_args(["--runs", "5"]).runs == 5
+    with pytest.raises(SystemExit):
+        sp.parse_args(["--runs", "51"])
 
 
 def test_spread_script_refuses_in_one_sentence():
