@@ -70,6 +70,10 @@ def test_counter_readers_on_the_reference_report():
     # the tensor counters count FLOPs (2 per multiply-add): rungs 5-8 did exactly 2 M N K of them
     assert points.loc[5:, "tensor_ops_over_flops"].round(6).eq(1).all()
     assert (points["hmma_roof"] / points["hgmma_roof"]).round(2).eq(0.67).all()
+    # a rung's FLOP per cycle is over ncu's counted Elapsed Cycles, not duration x a clock counter (which gave
+    # rung 8 437,359, 80.9% of wgmma's peak, where its 319,035 counted cycles give 430,796, 79.7%)
+    assert round(points.loc[8, "flop_per_cycle"]) == 430_796 and points.loc[8, "elapsed_cycles"] == 319_035
+    assert (points["flop_per_cycle"] * points["elapsed_cycles"]).round().eq(2 * 4096 ** 3).all()
 
 
 def test_line_claims_on_the_reference_lines():

@@ -255,6 +255,10 @@ def opcode_table(report: str | Path, opcodes: Sequence[str] = OPCODES) -> pd.Dat
     return pd.DataFrame.from_dict(rows, orient="index").sort_index().rename_axis("rung")
 
 
+# ncu's "Elapsed Cycles" (SpeedOfLight section): the cycles the kernel took, counted, whatever the clock.
+ELAPSED_CYCLES = "gpc__cycles_elapsed.max"
+
+
 def roofline_points(report: str | Path, flops: float) -> pd.DataFrame:
     """Per rung, under ncu: achieved TFLOP/s (``flops`` over the kernel's time), FLOP per DRAM byte, and the
     roofs at the clock each kernel ran at: FP32 FFMA (ncu's roofline), BF16 tensor ops per cycle at peak
@@ -263,9 +267,16 @@ def roofline_points(report: str | Path, flops: float) -> pd.DataFrame:
     The same per cycle of the SM clock (``*_per_cycle``, whole GPU): the rungs ran at different clocks
     under ncu (the tensor-core rungs below the base clock ncu asks for), and per cycle the compute
     ceilings are one number for every rung, so a rung's distance to its ceiling no longer depends on
-    the clock it happened to get (review item C11-1)."""
+    the clock it happened to get (review item C11-1).
+
+    A rung's own ``flop_per_cycle`` is ``flops`` over ncu's *Elapsed Cycles* (``gpc__cycles_elapsed.max``),
+    the cycles ncu counted for the kernel, not its duration times a clock: the clock counters of one report
+    disagree by 1-3% (rung 6 of the chapter's report: 1.40 GHz from ``sm__cycles_elapsed.avg.per_second``,
+    1.435 GHz from Elapsed Cycles over Duration), so a rate divided by a clock is only as exact as that
+    clock, while a count of cycles needs none. The ceilings' per-cycle values are the counters' own
+    per-cycle peaks and do not depend on the clock either."""
     roof = nd.ncu_roofline(report)
-    t = nr.metric_table(report, [nd.DURATION, "dram__bytes_read.sum", "dram__bytes_write.sum",
+    t = nr.metric_table(report, [nd.DURATION, ELAPSED_CYCLES, "dram__bytes_read.sum", "dram__bytes_write.sum",
                                  *TENSOR_OPS.values(), *(f"{m}.peak_sustained" for m in TENSOR_OPS.values())],
                         missing="nan")
     seconds = t[nd.DURATION] / 1e9
@@ -282,6 +293,8 @@ def roofline_points(report: str | Path, flops: float) -> pd.DataFrame:
     for col, new in (("tflops", "flop_per_cycle"), ("fp32_roof", "fp32_per_cycle"), ("hmma_roof", "hmma_per_cycle"),
                      ("hgmma_roof", "hgmma_per_cycle"), ("dram_roof_tbps", "dram_bytes_per_cycle")):
         out[new] = out[col] * per_cycle
+    out["elapsed_cycles"] = t[ELAPSED_CYCLES].to_numpy()
+    out["flop_per_cycle"] = flops / out["elapsed_cycles"]
     return out
 
 
