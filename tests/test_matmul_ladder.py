@@ -66,6 +66,10 @@ def test_counter_readers_on_the_reference_report():
     worse = counters.copy()
     worse.loc[4, "bank_conflicts_M"] = worse.loc[3, "bank_conflicts_M"]
     assert not ml.verdicts(worse, ops, stalls)["3->4"]["ok"]
+    loads = ml.global_load_table(rep)
+    # rung 4's conflict-free loads touch twice the sectors per request (16 -> 32) and the L1 catches the second touch
+    assert loads.loc[3, "sectors_per_request"] == 16 and loads.loc[4, "sectors_per_request"] == 32
+    assert loads.loc[4, "l1_hit_pct"] > 45 > 15 > loads.loc[3, "l1_hit_pct"] and loads.loc[4, "l2_bytes"] < loads.loc[3, "l2_bytes"]
     points = ml.roofline_points(rep, 2 * 4096 ** 3)
     # the tensor counters count FLOPs (2 per multiply-add): rungs 5-8 did exactly 2 M N K of them
     assert points.loc[5:, "tensor_ops_over_flops"].round(6).eq(1).all()

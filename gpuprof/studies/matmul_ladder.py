@@ -35,7 +35,7 @@ from ..ncu.plots import PIPES, STALL_REASONS, stall_metric
 from ..runner import python_target, shell_line
 
 __all__ = ["SCRIPT", "PROCESSES", "SIZE", "REFERENCE", "run_ladder", "timing_table", "targets", "check_table",
-           "PROFILE_OPTIONS", "profile_ladder", "profile_lines", "hot_lines", "LINE_RUNGS", "counter_table", "opcode_table", "roofline_points", "stall_mix",
+           "PROFILE_OPTIONS", "profile_ladder", "profile_lines", "hot_lines", "LINE_RUNGS", "counter_table", "global_load_table", "opcode_table", "roofline_points", "stall_mix",
            "figure", "OPCODES", "step_claims", "math_instructions", "verdicts", "line_claims"]
 
 SCRIPT = REPO_ROOT / "examples" / "nsight_compute" / "matmul_ladder.py"
@@ -208,6 +208,27 @@ def hot_lines(rows: list[dict], top: int = 4) -> pd.DataFrame:
     lines["rung"] = [int(str(k).split("_")[1]) for k in lines["kernel"]]
     return (lines.groupby("rung", sort=True).head(top)[["rung", "line", "share", "waiting_on", "source"]]
             .reset_index(drop=True))
+
+
+GLOBAL_LOAD = {"sectors": "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum",
+               "requests": "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum",
+               "l1_hit_pct": "l1tex__t_sector_hit_rate.pct", "l2_bytes": "lts__t_bytes.sum"}
+
+
+def global_load_table(report: str | Path) -> pd.DataFrame:
+    """Per rung: global-load requests and the 32-byte sectors they touched (and per request), the L1's
+    sector hit rate and the bytes the L2 served.
+
+    Why it matters for rungs 3 -> 4: rung 4's loads give each warp one half (16 bytes) of 32 rows'
+    32-byte slices, where rung 3's gave it both halves of 16 rows, so each request touches twice the
+    sectors; the other half of each sector is the paired warp's (warps 2i and 2i + 1 copy the same
+    32 rows), and the L1 serves it. A bank-conflict fix that doubles the sectors is a cost the
+    conflict count alone does not show."""
+    t = nr.metric_table(report, list(GLOBAL_LOAD.values()), missing="nan")
+    out = t.rename(columns={v: k for k, v in GLOBAL_LOAD.items()})
+    out.index = [int(str(k).split("_")[1]) for k in t["kernel"]]
+    out["sectors_per_request"] = out["sectors"] / out["requests"]
+    return out.drop(columns="kernel").sort_index().rename_axis("rung")
 
 
 def counter_table(report: str | Path) -> pd.DataFrame:
