@@ -69,7 +69,12 @@ def test_counter_readers_on_the_reference_report():
     loads = ml.global_load_table(rep)
     # rung 4's conflict-free loads touch twice the sectors per request (16 -> 32) and the L1 catches the second touch
     assert loads.loc[3, "sectors_per_request"] == 16 and loads.loc[4, "sectors_per_request"] == 32
-    assert loads.loc[4, "l1_hit_pct"] > 45 > 15 > loads.loc[3, "l1_hit_pct"] and loads.loc[4, "l2_bytes"] < loads.loc[3, "l2_bytes"]
+    assert loads.loc[4, "l1_hit_pct"] > 45 > 15 > loads.loc[3, "l1_hit_pct"]
+    # ... and its C stores touch half the sectors (step 64 instead of 4), which is most of the L2 bytes it saves:
+    # less the stores' sectors, the L2's bytes hardly move (the L1 caught the loads' second touch)
+    assert round(loads.loc[3, "store_sectors_per_request"]) == 32 and round(loads.loc[4, "store_sectors_per_request"]) == 16
+    assert abs(loads.loc[4, "l2_bytes_less_stores"] / loads.loc[3, "l2_bytes_less_stores"] - 1) < 0.05
+    assert loads.loc[4, "l2_bytes"] / loads.loc[3, "l2_bytes"] < 0.9
     points = ml.roofline_points(rep, 2 * 4096 ** 3)
     # the tensor counters count FLOPs (2 per multiply-add): rungs 5-8 did exactly 2 M N K of them
     assert points.loc[5:, "tensor_ops_over_flops"].round(6).eq(1).all()
@@ -78,6 +83,7 @@ def test_counter_readers_on_the_reference_report():
     # rung 8 437,359, 80.9% of wgmma's peak, where its 319,035 counted cycles give 430,796, 79.7%)
     assert round(points.loc[8, "flop_per_cycle"]) == 430_796 and points.loc[8, "elapsed_cycles"] == 319_035
     assert (points["flop_per_cycle"] * points["elapsed_cycles"]).round().eq(2 * 4096 ** 3).all()
+    assert round(points.loc[6, "counted_ghz"], 3) == 1.435 and round(points.loc[1, "counted_ghz"], 2) == 1.59
 
 
 def test_line_claims_on_the_reference_lines():

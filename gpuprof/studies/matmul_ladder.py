@@ -212,22 +212,30 @@ def hot_lines(rows: list[dict], top: int = 4) -> pd.DataFrame:
 
 GLOBAL_LOAD = {"sectors": "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum",
                "requests": "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum",
+               "store_sectors": "l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum",
+               "store_requests": "l1tex__t_requests_pipe_lsu_mem_global_op_st.sum",
                "l1_hit_pct": "l1tex__t_sector_hit_rate.pct", "l2_bytes": "lts__t_bytes.sum"}
 
 
 def global_load_table(report: str | Path) -> pd.DataFrame:
-    """Per rung: global-load requests and the 32-byte sectors they touched (and per request), the L1's
-    sector hit rate and the bytes the L2 served.
+    """Per rung: global-load and global-store requests and the 32-byte sectors they touched (and per
+    request), the L1/TEX hit rate over all its sectors (loads and stores alike: ncu's "L1/TEX Hit Rate"),
+    the bytes the L2 served, and those bytes less the stores' sectors (``l2_bytes_less_stores``: mostly the
+    loads that missed the L1).
 
     Why it matters for rungs 3 -> 4: rung 4's loads give each warp one half (16 bytes) of 32 rows'
     32-byte slices, where rung 3's gave it both halves of 16 rows, so each request touches twice the
     sectors; the other half of each sector is the paired warp's (warps 2i and 2i + 1 copy the same
     32 rows), and the L1 serves it. A bank-conflict fix that doubles the sectors is a cost the
-    conflict count alone does not show."""
+    conflict count alone does not show. Rung 4 also writes C with a column step of 64 instead of 4
+    (``store_tile_fp32``), which halves the store sectors per request: that, not the loads, is most of
+    the L2 bytes it saves."""
     t = nr.metric_table(report, list(GLOBAL_LOAD.values()), missing="nan")
     out = t.rename(columns={v: k for k, v in GLOBAL_LOAD.items()})
     out.index = [int(str(k).split("_")[1]) for k in t["kernel"]]
     out["sectors_per_request"] = out["sectors"] / out["requests"]
+    out["store_sectors_per_request"] = out["store_sectors"] / out["store_requests"]
+    out["l2_bytes_less_stores"] = out["l2_bytes"] - 32 * out["store_sectors"]
     return out.drop(columns="kernel").sort_index().rename_axis("rung")
 
 
@@ -315,6 +323,7 @@ def roofline_points(report: str | Path, flops: float) -> pd.DataFrame:
                      ("hgmma_roof", "hgmma_per_cycle"), ("dram_roof_tbps", "dram_bytes_per_cycle")):
         out[new] = out[col] * per_cycle
     out["elapsed_cycles"] = t[ELAPSED_CYCLES].to_numpy()
+    out["counted_ghz"] = out["elapsed_cycles"] / t[nd.DURATION].to_numpy()  # the clock behind flop_per_cycle
     out["flop_per_cycle"] = flops / out["elapsed_cycles"]
     return out
 
