@@ -21,7 +21,8 @@ split into parts, each within that limit on an H100 or H200:
     python scripts/gpu_nbval.py --part 9     # 11
 
 or ``--notebooks`` for any list. Logs and a summary (``summary.md``: machine, command and
-closing line per notebook) go to ``--log-dir``; ``--archive`` packs the logs and the small
+closing line per notebook) go to ``--log-dir``, with every ``check()``'s sentence, values and verdict
+(``NN__x.checks.txt``: the values strict nbval masks, so that a passing run keeps what it measured); ``--archive`` packs the logs and the small
 results the notebooks measured (JSON, reports under 16 MiB) for reading elsewhere.
 """
 
@@ -39,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gpuprof import describe_machine, exit_on_error  # noqa: E402
+from gpuprof.checks import CHECK_LOG_ENV  # noqa: E402
 from gpuprof.cli import output_file  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
 
@@ -85,6 +87,9 @@ def check_one(nb: Path, log_dir: Path, scratch: Path) -> tuple[str, int, float]:
            "KINETO_LOG_LEVEL": "6",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))}
     log = log_dir / f"{nb.stem}.log"
+    checks = log_dir / f"{nb.stem}.checks.txt"  # every check()'s sentence with its values (strict nbval masks them)
+    checks.unlink(missing_ok=True)
+    env[CHECK_LOG_ENV] = str(checks)
     t0 = time.perf_counter()
     with log.open("w") as fh:
         fh.write("$ " + " ".join(cmd[2:]) + "\n")

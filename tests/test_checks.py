@@ -141,3 +141,18 @@ def test_bad_claims_and_empty_values():
 def test_literal_braces_elsewhere_in_a_claim(capsys):
     check("dict {'a': 1} gives {}", 1, equals(1))
     assert capsys.readouterr().out == "dict {'a': 1} gives 1 (checked: exactly 1)\n"
+
+
+def test_every_verdict_is_logged_where_asked(tmp_path, monkeypatch, capsys):
+    """Strict nbval masks a compared output's numbers, so check() also appends each sentence, values and all,
+    to the file GPUPROF_CHECK_LOG names (scripts/gpu_nbval.py sets one per notebook); unset, it writes nothing."""
+    from gpuprof.checks import CHECK_LOG_ENV, at_least, check
+
+    check("unlogged {}", 1.0, at_least(0), fmt=".1f")
+    log = tmp_path / "x.checks.txt"
+    monkeypatch.setenv(CHECK_LOG_ENV, str(log))
+    check("hidden {}", 0.74, at_least(0.6), fmt=".0%")
+    with pytest.raises(AssertionError):
+        check("hidden {}", 0.74, at_least(0.75), fmt=".0%")
+    assert log.read_text().splitlines() == ["ok\thidden 74% (checked: at least 60%)",
+                                            "FAILED\thidden 74% (checked: at least 75%)"]

@@ -212,6 +212,19 @@ def test_overlap_table_measures_the_hidden_share(two_ranks):
     assert t.loc[1, "hidden"] == pytest.approx(0.0) and t.loc[1, "nccl_kernels"] == 1
 
 
+def test_overlap_steps_and_steady_steps(two_ranks):
+    """Step by step, with the NVTX backward range; a step is steady only where the ranks' NCCL times agree."""
+    st = mg.overlap_steps(two_ranks)
+    assert len(st) == 4 and st["step"].tolist() == [0, 1, 0, 1]
+    assert st["backward_ms"].tolist() == pytest.approx([8.0] * 4) and st["hidden"].tolist() == pytest.approx([0.5, 0.5, 0, 0])
+    # the table's medians are the steps' medians
+    assert mg.overlap_table(two_ranks).set_index("rank").loc[0, "exposed_ms"] == pytest.approx(st["exposed_ms"].iloc[0])
+    wide = mg.steady_steps(st)
+    assert wide["comm_ratio"].tolist() == pytest.approx([4.0, 4.0]) and not wide["steady"].any()  # 4 ms against 1 ms
+    assert wide["hidden_mean"].tolist() == pytest.approx([0.25, 0.25])
+    assert mg.steady_steps(st, ratio=4.0)["steady"].all()
+
+
 def test_overlap_of_any_capture_without_the_course_ranges(tmp_path, two_ranks):
     """Another program's capture has no rank_R or step ranges: ranks by process order, overlap over the whole report."""
     path = tmp_path / "plain.sqlite"
@@ -360,6 +373,13 @@ def test_reference_capture_agrees_with_the_scripts_own_bucket_count():
             assert row["nccl_kernels"] == c["buckets"], (r["rank"], c["bucket_mb"])
     one = table[table["bucket_mb"] == 1000.0]
     assert (one["hidden"] < 0.05).all() and (one["nccl_kernels"] == 1).all()
+    # the committed run's tuned size: the profiler held rank 0 up in steps 3-9 (its backward launch ~10 ms against
+    # ~6 ms), and only steps 1 and 2 are steady; they hid what the earlier, undisturbed runs hid
+    steps = mg.steady_steps(mg.overlap_steps(data))
+    tuned = steps[steps["bucket_mb"] == 100.0].set_index("step")
+    assert tuned.index[tuned["steady"]].tolist() == [1, 2] and (tuned.loc[1:2, "hidden_mean"] > 0.8).all()
+    assert (tuned.loc[3:, "backward_ms_0"] > 9.5).all() and (tuned.loc[:2, "backward_ms_0"] < 7).all()
+    assert steps.loc[steps["bucket_mb"] == 1000.0, "steady"].all()
 
 
 def test_reference_straggler_and_traces():

@@ -48,7 +48,7 @@ from ..torch_profiler import hta_compat
 from ..torch_profiler.trace import read_trace
 
 __all__ = ["DDP", "KNOBS", "ALLREDUCE", "knob_table", "NPROC", "gpus_here", "enough_gpus", "capture_ranks", "capture_launcher",
-           "run_json", "knob_jobs", "channel_jobs", "channel_table", "untraced_steps", "by_bucket", "latency_bandwidth_fit", "bucket_model", "bucket_bandwidth", "step_windows", "overlap_table", "straggler_table", "longest_wait_per_step", "kernels_beside_wait",
+           "run_json", "knob_jobs", "channel_jobs", "channel_table", "untraced_steps", "by_bucket", "latency_bandwidth_fit", "bucket_model", "bucket_bandwidth", "step_windows", "overlap_steps", "overlap_table", "steady_steps", "STEADY_COMM_RATIO", "straggler_table", "longest_wait_per_step", "kernels_beside_wait",
            "bandwidth_table", "bandwidth_figure", "overlap_figure", "rank_timeline", "torch_trace_table", "trace_arrivals", "trace_idle_breakdown",
            "run_script", "ncu_on_collective", "BUCKET_LAYOUT", "bucket_layouts", "layout_table", "parse_nccl_choices", "nccl_choices", "nccl_choice_table"]
 
@@ -308,6 +308,28 @@ def _phase_ms(ranges: pd.DataFrame, text: str, lo: int, hi: int) -> float:
     return float(r["duration_ns"].sum()) / 1e6
 
 
+def overlap_steps(data: dict[int, RankData]) -> pd.DataFrame:
+    """Per bucket size, rank and timed step: how much all-reduce time compute kernels hid in that step.
+
+    Columns: bucket_mb, rank, step (0 for the first timed step), step_ms (the NVTX step),
+    backward_ms (the NVTX ``backward`` range: the CPU launching backward, which a stalled process
+    stretches), compute_ms (the other kernels' time), comm_ms (NCCL kernel time), hidden (share of
+    comm_ms during which a compute kernel ran on another stream:
+    :func:`gpuprof.activity.copy_compute_overlap`), exposed_ms (comm_ms that nothing hid), nccl_kernels.
+    """
+    rows = []
+    for rank, d in data.items():
+        for bucket, steps in step_windows(d.ranges).groupby("bucket_mb", sort=False):
+            for i, s in enumerate(steps.itertuples()):
+                nccl = ta.inside(d.nccl, (s.start, s.end))
+                compute = ta.inside(d.compute, (s.start, s.end))
+                rows.append({"bucket_mb": bucket, "rank": rank, "step": i, "step_ms": (s.end - s.start) / 1e6,
+                             "backward_ms": _phase_ms(d.ranges, "backward", s.start, s.end),
+                             "compute_ms": float(compute["duration_ns"].sum()) / 1e6,
+                             **comm_overlap(nccl, compute), "nccl_kernels": len(nccl)})
+    return pd.DataFrame(rows)
+
+
 def overlap_table(data: dict[int, RankData]) -> pd.DataFrame:
     """Per bucket size and rank, over the timed steps: how much all-reduce time compute kernels hid.
 
@@ -316,22 +338,41 @@ def overlap_table(data: dict[int, RankData]) -> pd.DataFrame:
     another stream: :func:`gpuprof.activity.copy_compute_overlap`), exposed_ms (comm_ms that
     nothing hid), nccl_kernels; all per step.
 
-    Each figure is the median over the timed steps, each step measured on its own: a step
-    that the profiler itself disturbed (a buffer flush stalls one process, and its peer then
-    waits inside NCCL) does not decide the row.
+    Each figure is the median over the timed steps (:func:`overlap_steps`), each step measured on
+    its own: a step that the profiler itself disturbed (a buffer flush stalls one process, and its
+    peer then waits inside NCCL) does not decide the row unless most steps were disturbed, which
+    :func:`steady_steps` tells.
     """
-    rows = []
-    for rank, d in data.items():
-        for bucket, steps in step_windows(d.ranges).groupby("bucket_mb", sort=False):
-            per_step = []
-            for s in steps.itertuples():
-                nccl = ta.inside(d.nccl, (s.start, s.end))
-                compute = ta.inside(d.compute, (s.start, s.end))
-                per_step.append({"step_ms": (s.end - s.start) / 1e6, "compute_ms": float(compute["duration_ns"].sum()) / 1e6,
-                                 **comm_overlap(nccl, compute), "nccl_kernels": len(nccl)})
-            med = pd.DataFrame(per_step).median()
-            rows.append({"bucket_mb": bucket, "rank": rank, "steps": len(steps), **{k: float(v) for k, v in med.items()}})
-    return pd.DataFrame(rows)
+    steps = overlap_steps(data).drop(columns=["step", "backward_ms"])
+    per = steps.groupby(["bucket_mb", "rank"], sort=False)
+    out = per.median().reset_index()
+    out.insert(2, "steps", per.size().to_numpy())
+    return out
+
+
+# Two ranks whose NCCL kernels took more than this ratio of each other's time in one step: one of them
+# waited inside its all-reduces for the other, which the profiler had held up.
+STEADY_COMM_RATIO = 1.5
+
+
+def steady_steps(steps: pd.DataFrame, ratio: float = STEADY_COMM_RATIO) -> pd.DataFrame:
+    """:func:`overlap_steps` with the ranks side by side, per bucket size and step, and whether the step was steady.
+
+    An NCCL kernel's time includes its wait for the peer, so in a step where one process was
+    held up (under nsys: a buffer flush, a slow host), its peer's NCCL time grows and the held-up
+    rank's compute stream starves. A step is ``steady`` when the ranks' NCCL times agree within
+    ``ratio`` (the largest over the smallest). ``hidden_mean`` averages the ranks' hidden shares;
+    ``comm_ratio`` is the largest NCCL time over the smallest.
+    """
+    wide = steps.pivot_table(index=["bucket_mb", "step"], columns="rank",
+                             values=["hidden", "comm_ms", "exposed_ms", "backward_ms"], sort=False)
+    wide.columns = [f"{name}_{rank}" for name, rank in wide.columns]
+    comm = steps.pivot_table(index=["bucket_mb", "step"], columns="rank", values="comm_ms", sort=False)
+    hidden = steps.pivot_table(index=["bucket_mb", "step"], columns="rank", values="hidden", sort=False)
+    wide["comm_ratio"] = comm.max(axis=1) / comm.min(axis=1)
+    wide["hidden_mean"] = hidden.mean(axis=1)
+    wide["steady"] = wide["comm_ratio"] <= ratio
+    return wide.reset_index()
 
 
 def untraced_steps(result: dict[str, Any]) -> pd.DataFrame:
