@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -142,7 +143,7 @@ def check(claim: str, value: Any, bound: Bound, fmt: str = "", unit: str = "") -
     sentence = f"{claim.replace('{}', format(shown, fmt) + unit)} (checked: {bound.describe(fmt, unit)})"
     print(sentence)
     ok = all(bound.test(float(v)) for v in values)
-    _log_check(sentence, ok)
+    _log_check(sentence if many is None else f"{sentence}\tvalues: " + ", ".join(format(v, fmt) + unit for v in values), ok)
     if not ok:
         raise AssertionError(f"failed: {sentence}")
 
@@ -154,8 +155,12 @@ CHECK_LOG_ENV = "GPUPROF_CHECK_LOG"
 
 
 def _log_check(sentence: str, ok: bool) -> None:
+    """Append one verdict to the log; a log that cannot be written is a warning, never the check's failure."""
     path = os.environ.get(CHECK_LOG_ENV)
     if not path:
         return
-    with open(path, "a", encoding="utf-8") as fh:
-        fh.write(f"{'ok' if ok else 'FAILED'}\t{sentence}\n")
+    try:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(f"{'ok' if ok else 'FAILED'}\t{sentence}\n")
+    except OSError as exc:
+        warnings.warn(f"check() could not log to {path} ({exc}); the check itself is unaffected", stacklevel=3)

@@ -109,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         raise GpuprofError("Strict nbval compares a GPU run with the stored GPU outputs; there is no GPU here.",
                            "On a CPU-only machine, `make test` checks the notebooks in lax mode.")
     notebooks = notebooks_for(args)
+    # absolute: the notebooks' kernels run in notebooks/, and the check log's path is handed to them
+    args.log_dir, args.scratch = args.log_dir.resolve(), args.scratch.resolve()
     args.log_dir.mkdir(parents=True, exist_ok=True)
     args.scratch.mkdir(parents=True, exist_ok=True)
     print(f"strict nbval on: {machine.summary()}", flush=True)

@@ -154,5 +154,11 @@ def test_every_verdict_is_logged_where_asked(tmp_path, monkeypatch, capsys):
     check("hidden {}", 0.74, at_least(0.6), fmt=".0%")
     with pytest.raises(AssertionError):
         check("hidden {}", 0.74, at_least(0.75), fmt=".0%")
+    check("shares {}", [0.92, 0.95], at_least(0.5), fmt=".2f")
     assert log.read_text().splitlines() == ["ok\thidden 74% (checked: at least 60%)",
-                                            "FAILED\thidden 74% (checked: at least 75%)"]
+                                            "FAILED\thidden 74% (checked: at least 75%)",
+                                            "ok\tshares 0.92 (checked: at least 0.5)\tvalues: 0.92, 0.95"]
+    # a log that cannot be written warns; the check still passes or fails on its value alone
+    monkeypatch.setenv(CHECK_LOG_ENV, str(tmp_path / "missing" / "x.txt"))
+    with pytest.warns(UserWarning, match="could not log"):
+        check("hidden {}", 0.74, at_least(0.6), fmt=".0%")

@@ -386,6 +386,13 @@ def test_reference_straggler_and_traces():
     s = mg.straggler_table(ranks.rank_data(REF / "straggler.sqlite")).set_index("rank")
     assert s["waited_for"].tolist() == [False, True]
     assert s.loc[1, "straggling_ms"] == pytest.approx(20, abs=2)
+    # the compute stream's host wait beyond the loop's own cudaDeviceSynchronize gaps (chapter 8, c8hta004)
+    beyond = mg.host_wait_beyond_syncs([REF / f"ddp_trace_rank{r}.json.gz" for r in (0, 1)])
+    assert beyond["sync_gaps"].tolist() == [9, 9] and (beyond["beyond_over_sync"] > 7).all()
+    assert (beyond["sync_ms"] + beyond["beyond_ms"]).round(6).tolist() == beyond["host_wait_ms"].round(6).tolist()
+    # no sync call named: every host-wait gap is "beyond"
+    none = mg.host_wait_beyond_syncs([REF / "ddp_trace_rank0.json.gz"], sync="noSuchCall")
+    assert none.loc[0, "sync_gaps"] == 0 and none.loc[0, "beyond_ms"] == pytest.approx(none.loc[0, "host_wait_ms"])
     t = mg.torch_trace_table([REF / f"ddp_trace_rank{r}.json.gz" for r in (0, 1)])
     assert t["backend"].tolist() == ["nccl", "nccl"] and t["world_size"].tolist() == [2, 2]
     assert (t["nccl_kernels"] > 0).all()

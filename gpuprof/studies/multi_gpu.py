@@ -49,7 +49,7 @@ from ..torch_profiler.trace import read_trace
 
 __all__ = ["DDP", "KNOBS", "ALLREDUCE", "knob_table", "NPROC", "gpus_here", "enough_gpus", "capture_ranks", "capture_launcher",
            "run_json", "knob_jobs", "channel_jobs", "channel_table", "untraced_steps", "by_bucket", "latency_bandwidth_fit", "bucket_model", "bucket_bandwidth", "step_windows", "overlap_steps", "overlap_table", "steady_steps", "STEADY_COMM_RATIO", "straggler_table", "longest_wait_per_step", "kernels_beside_wait",
-           "bandwidth_table", "bandwidth_figure", "overlap_figure", "rank_timeline", "torch_trace_table", "trace_arrivals", "trace_idle_breakdown",
+           "bandwidth_table", "bandwidth_figure", "overlap_figure", "rank_timeline", "torch_trace_table", "trace_arrivals", "trace_idle_breakdown", "host_wait_beyond_syncs",
            "run_script", "ncu_on_collective", "BUCKET_LAYOUT", "bucket_layouts", "layout_table", "parse_nccl_choices", "nccl_choices", "nccl_choice_table"]
 
 DDP = REPO_ROOT / "examples" / "nsys" / "ddp_training.py"
@@ -749,6 +749,34 @@ def trace_arrivals(paths: Sequence[str | Path]) -> pd.DataFrame:
                                   "start_skew_ns": k["start"].to_numpy() - ref["start"].to_numpy(),
                                   "end_skew_ns": k["end"].to_numpy() - ref["end"].to_numpy()}))
     return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=["index", "rank", "start_skew_ns", "end_skew_ns"])
+
+
+def host_wait_beyond_syncs(paths: Sequence[str | Path], sync: str = "cudaDeviceSynchronize") -> pd.DataFrame:
+    """Per trace, the compute streams' host-wait gaps (HTA 0.5's rule and rounding) split by whether the CPU was
+    in one of the program's own ``sync`` calls when the gap closed (the call's end inside the gap).
+
+    Why: a loop that waits for the GPU after each phase makes one host-wait gap per wait by construction; only
+    the host wait beyond those gaps says that the CPU fell behind *inside* a phase. Columns: trace, gaps,
+    host_wait_ms (all), sync_gaps, sync_ms (the gaps that end a ``sync`` call), beyond_ms (the rest) and
+    beyond_over_sync (beyond_ms / sync_ms).
+    """
+    rows = []
+    for p in paths:
+        t = read_trace(p)
+        gaps = hta_compat.idle_gaps(t, rounding="hta")
+        k = t.kernels()
+        nccl_streams = set(k.loc[is_communication(k["name"]), "streamId"].dropna().astype(int))
+        wait = gaps[(gaps["category"] == "host_wait") & ~gaps["streamId"].isin(nccl_streams)]
+        calls = t.runtime_calls()
+        ends = np.sort(calls.loc[calls["name"] == sync, "end"].to_numpy(dtype=np.int64) / 1000)  # us, as the gaps
+        lo = np.searchsorted(ends, wait["gap_start"].to_numpy(dtype=float), side="left")
+        hi = np.searchsorted(ends, wait["gap_end"].to_numpy(dtype=float), side="right")
+        at_sync = hi > lo
+        total, in_sync = float(wait["idle_us"].sum()) / 1e3, float(wait.loc[at_sync, "idle_us"].sum()) / 1e3
+        rows.append({"trace": Path(p).name, "gaps": len(wait), "host_wait_ms": total, "sync_gaps": int(at_sync.sum()),
+                     "sync_ms": in_sync, "beyond_ms": total - in_sync,
+                     "beyond_over_sync": (total - in_sync) / in_sync if in_sync else float("inf")})
+    return pd.DataFrame(rows)
 
 
 def trace_idle_breakdown(paths: Sequence[str | Path], forward: str = "DistributedDataParallel.forward") -> pd.DataFrame:
