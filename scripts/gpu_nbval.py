@@ -82,7 +82,9 @@ def notebooks_for(args: argparse.Namespace) -> list[Path]:
 def check_one(nb: Path, log_dir: Path, scratch: Path) -> tuple[str, int, float]:
     """Strict nbval over one notebook; returns its closing line, exit status and seconds."""
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--nbval", "--nbval-current-env",
-           "--nbval-sanitize-with", str(ROOT / "tests" / "nbval_sanitize.cfg"), str(nb)]
+           "--nbval-sanitize-with", str(ROOT / "tests" / "nbval_sanitize.cfg"),
+           "--durations=15", "--durations-min=5",  # the slowest cells, in the log: what a GPU pass's time goes to
+           str(nb)]
     env = {**os.environ, "GPUPROF_OUTPUT_DIR": str(scratch), "GPUPROF_OVERWRITE": "1", "GPUPROF_STRICT": "1",
            "KINETO_LOG_LEVEL": "6",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))}
