@@ -397,6 +397,28 @@ def test_split_ratios_of_the_reference_are_the_chapters_verdicts():
                                                       "ro_launch_calls_per_layer": 0.75, "ro_over_compiled": 2.34}
 
 
+def test_with_option_replaces_the_value_once():
+    """c7warm01's command lines: the varied option appears once, with the new value (it once appeared twice)."""
+    args = tr.with_option(tr.CAPTURE_ARGS, "--warmup-steps", "0")
+    assert args.count("--warmup-steps") == 1 and args[args.index("--warmup-steps") + 1] == "0"
+    assert tr.CAPTURE_ARGS[tr.CAPTURE_ARGS.index("--warmup-steps") + 1] == "5", "the shared list is left as it was"
+    assert tr.with_option(["--size", "small"], "--warmup-steps", "2") == ["--size", "small", "--warmup-steps", "2"]
+    assert load_script(tr.BENCHMARK).parse_args(args).warmup_steps == 0
+
+
+def test_window_table_of_the_reference():
+    """c7split1's windows: their median is layer_table's time per forward, and the launch-bound fused stack's
+    windows spread far more than the graph's (the reason c7split2's graph_gain bound is loose)."""
+    result = json.loads((REF / "layer.json").read_text())
+    win = tr.window_table(result)
+    lt = tr.layer_table(result, REF / "layer.sqlite")
+    assert list(win.index) == list(lt.index) and win.filter(like="window_").shape[1] == result["config"]["repeats"]
+    assert (win["median"] - lt["us_per_forward"]).abs().max() < 1e-9
+    assert round(win.loc["fused", "window_3"], 2) == 646.86 and round(win.loc["fused", "spread"], 2) == 1.49
+    assert win.loc["graph", "spread"] < 1.02 < win.loc["fused", "spread"]
+    assert tr.window_table({"variants": ["ops"], "results": {"ops": {"ms_per_forward": 1.0}}}).empty
+
+
 def test_spread_summary_counts_the_runs_that_fail_each_bound():
     import sys
     sys.path.insert(0, str(REPO_ROOT / "scripts"))
