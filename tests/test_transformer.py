@@ -436,6 +436,18 @@ def test_spread_summary_counts_the_runs_that_fail_each_bound():
         sp.parse_args(["--runs", "51"])
 
 
+def test_spread_run_keeps_the_windows_beside_the_ratios():
+    """What spread_ch07_split.py records per process, on the committed capture: c7split2's ratios and c7split1's windows."""
+    import sys
+    sys.path.insert(0, str(REPO_ROOT / "scripts"))
+    import spread_ch07_split as sp
+
+    result = json.loads((REF / "layer.json").read_text())
+    ratios, windows = sp.one_run(result, REF / "layer.sqlite")
+    assert ratios == tr.split_ratios(tr.layer_table(result, REF / "layer.sqlite"))
+    assert set(windows) == set(result["variants"]) and [round(w, 2) for w in windows["fused"]] == [962.9, 945.23, 646.86]
+
+
 def test_spread_script_refuses_in_one_sentence():
     import subprocess
     import sys
