@@ -633,3 +633,16 @@ def test_the_weights_as_parameters_leave_only_the_inputs_copy():
     assert plain["copy_blocks_per_forward"] > 50 * static["copy_blocks_per_forward"]
     assert "copy_blocks_per_forward" not in tr.graph_input_copies(result, REF / "layer_static.sqlite")
     assert result["results"]["reduce-overhead-static"]["non_static_inputs"] == 1
+
+
+def test_graph_input_copy_kernels_by_grid_on_the_static_capture():
+    """c7static3's table: the plain tensors' two copies (320 and 158 blocks) and the input's one (6 blocks), one each
+    per forward, the same kernels graph_input_copies counts; the small grid is the shortest copy, not in proportion."""
+    result = json.loads((REF / "layer_static.json").read_text())
+    by_grid = tr.graph_input_copy_kernels(result, REF / "layer_static.sqlite")
+    assert list(by_grid.index) == [("reduce-overhead", 158), ("reduce-overhead", 320), ("reduce-overhead-static", 6)]
+    totals = tr.graph_input_copies(result, REF / "layer_static.sqlite")["copy_kernels_per_forward"]
+    assert by_grid["per_forward"].groupby(level="variant").sum().to_dict() == totals[totals > 0].to_dict()
+    median = by_grid["median_us"]
+    assert median[("reduce-overhead-static", 6)] < median[("reduce-overhead", 158)] < median[("reduce-overhead", 320)]
+    assert median[("reduce-overhead", 320)] / median[("reduce-overhead-static", 6)] < 320 / 6 / 10

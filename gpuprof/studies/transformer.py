@@ -37,7 +37,7 @@ from ..errors import GpuprofError
 __all__ = ["BENCHMARK", "LAYER", "SIZES", "CAPTURE_ARGS", "MEASURED_RANGE", "BACKTRACES", "capture_benchmark",
            "capture_layer", "step_table", "measured", "phase_summary", "kinds_per_step", "matmul_kernels",
            "events_vs_nvtx", "backtrace_coverage", "sweep_table", "sweep_figure", "layer_table",
-           "layer_figure", "window_table", "split_ratios", "SPLIT_BOUNDS", "graph_input_copies", "GRAPH_INPUT_COPY", "LAUNCH_CALLS", "memory_by_category", "memory_by_context", "activation_fit", "compare_optimizers", "optimizer_table",
+           "layer_figure", "window_table", "split_ratios", "SPLIT_BOUNDS", "graph_input_copies", "graph_input_copy_kernels", "GRAPH_INPUT_COPY", "LAUNCH_CALLS", "memory_by_category", "memory_by_context", "activation_fit", "compare_optimizers", "optimizer_table",
            "run_benchmarks", "WARMUPS", "with_option", "warmup_table", "ATTENTION_PARTS", "attention_split", "softmax_bytes_per_step", "matmul_share"]
 
 BENCHMARK = REPO_ROOT / "examples" / "nsys" / "transformer_benchmark.py"
@@ -366,6 +366,39 @@ SPLIT_BOUNDS: dict[str, Bound] = {"fusion_gpu": at_least(2), "graph_gain": at_le
 GRAPH_INPUT_COPY = r"multi_tensor_apply_kernel<.*\bCopy<"
 
 
+def _variant_copies(result: dict[str, Any], path: str | Path):  # type: ignore[no-untyped-def]
+    """Per variant captured: its NVTX range's kernels (by time window) and those of them that are graph-input copies."""
+    kernels, runtime, ranges = ns.kernels(path), ns.runtime_calls(path), ns.nvtx_ranges(path)
+    for v in result["variants"]:
+        r = ranges[ranges["text"] == v]
+        if r.empty:
+            continue
+        hits = ta.attribute_kernels(kernels, runtime, r, rule="window")
+        yield v, hits, hits[hits["demangled"].fillna(hits["name"]).str.contains(GRAPH_INPUT_COPY, regex=True)]
+
+
+def graph_input_copy_kernels(result: dict[str, Any], path: str | Path) -> pd.DataFrame:
+    """Per variant and grid size: the graph-input copy kernels per forward and their durations (us).
+
+    What sets a copy's time: at a few thread blocks (a small input's copy, one 65,536-element chunk
+    per block) the kernel is short of parallelism and its time barely follows its bytes; at
+    hundreds of blocks (the weights') it runs near the memory's rate. Printing each grid's duration
+    shows that from the capture instead of arguing it from one rate.
+    """
+    iters = result["config"]["profile_iterations"]
+    rows = []
+    for v, _, copies in _variant_copies(result, path):
+        grid = copies["gridX"] * copies["gridY"] * copies["gridZ"]
+        for blocks, d in copies.groupby(grid)["duration_ns"]:
+            rows.append({"variant": v, "blocks": int(blocks), "per_forward": len(d) / iters,
+                         "median_us": float(d.median()) / 1e3, "min_us": float(d.min()) / 1e3,
+                         "max_us": float(d.max()) / 1e3})
+    if not rows:
+        return pd.DataFrame(columns=["per_forward", "median_us", "min_us", "max_us"],
+                            index=pd.MultiIndex.from_tuples([], names=["variant", "blocks"]))
+    return pd.DataFrame(rows).set_index(["variant", "blocks"])
+
+
 def graph_input_copies(result: dict[str, Any], path: str | Path, *, blocks: bool = False) -> pd.DataFrame:
     """Per variant of the layer script's capture: the multi-tensor copy kernels per forward and their GPU time.
 
@@ -381,14 +414,8 @@ def graph_input_copies(result: dict[str, Any], path: str | Path, *, blocks: bool
     100+ SMs, and its time is set by that, not by its bytes.
     """
     iters = result["config"]["profile_iterations"]
-    kernels, runtime, ranges = ns.kernels(path), ns.runtime_calls(path), ns.nvtx_ranges(path)
     rows = []
-    for v in result["variants"]:
-        r = ranges[ranges["text"] == v]
-        if r.empty:
-            continue
-        hits = ta.attribute_kernels(kernels, runtime, r, rule="window")
-        copies = hits[hits["demangled"].fillna(hits["name"]).str.contains(GRAPH_INPUT_COPY, regex=True)]
+    for v, hits, copies in _variant_copies(result, path):
         s, e = ta.merge_intervals(hits["start"].to_numpy(), hits["end"].to_numpy())
         busy_us = float((e - s).sum()) / iters / 1e3
         copy_us = float(copies["duration_ns"].sum()) / iters / 1e3
