@@ -39,7 +39,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=bounded_int(50, "each run is a fresh process under nsys, about 30 s on an H100"), default=5, help="fresh processes to capture (default 5)")
-    p.add_argument("--json", type=Path, help="write every run's ratios and the machine here")
+    p.add_argument("--json", type=Path, help="write every run's ratios, its variants' timing windows and the machine here")
     p.add_argument("--keep", type=Path, help="keep the captures in this folder instead of a temporary one")
     return p.parse_args(argv)
 
@@ -57,6 +57,20 @@ def summary(runs: list[dict[str, float]]) -> list[dict[str, object]]:
     return rows
 
 
+def one_run(result: dict, path: str | Path) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """One capture's five ratios, and each variant's untraced timing windows (us per forward, in the order run).
+
+    The ratios of launch-bound times (the graph's gain, reduce-overhead over torch.compile) move
+    between one process's windows as well as between processes; keeping the windows in the record
+    says which of the two a wide spread comes from.
+    """
+    from gpuprof.studies import transformer as tr
+
+    windows = tr.window_table(result).filter(like="window_")
+    return (tr.split_ratios(tr.layer_table(result, path)),
+            {v: [float(x) for x in row] for v, row in windows.iterrows()})
+
+
 @exit_on_error
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
@@ -72,16 +86,18 @@ def main(argv: list[str] | None = None) -> int:
     from gpuprof.backend import describe_machine
     from gpuprof.studies import transformer as tr
 
-    runs = []
+    runs, windows = [], []
     for i in range(1, args.runs + 1):
         t0 = time.perf_counter()
         cap, found = tr.capture_layer("spread", f"layer_{i}")
         if cap.sqlite.source != "this machine":
             raise GpuprofError(f"run {i}'s capture fell back to the course's reference; nothing measured")
-        ratios = tr.split_ratios(tr.layer_table(found.json(), cap.path))
+        ratios, windows_us = one_run(found.json(), cap.path)
         runs.append(ratios)
+        windows.append(windows_us)
         print(f"[{i}/{args.runs}] " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items())
-              + f" ({time.perf_counter() - t0:.0f} s)", flush=True)
+              + "; fused windows " + "/".join(f"{w:.0f}" for w in windows_us.get("fused", []))
+              + f" us ({time.perf_counter() - t0:.0f} s)", flush=True)
     rows = summary(runs)
     machine = describe_machine()
     print(f"\n{args.runs} fresh processes on {machine.summary()}")
@@ -89,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"{r['ratio']:<28}{r['low']:>8.2f}{r['median']:>8.2f}{r['high']:>8.2f}  {r['bound']} ({r['failed']} of {r['runs']})")
     if args.json:
-        args.json.write_text(json.dumps({"machine": machine.summary(), "runs": runs, "summary": rows}, indent=1))
+        args.json.write_text(json.dumps({"machine": machine.summary(), "runs": runs, "summary": rows,
+                                          "windows_us": windows}, indent=1))
         print(f"written to {args.json}")
     return 0
 

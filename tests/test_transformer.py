@@ -397,6 +397,28 @@ def test_split_ratios_of_the_reference_are_the_chapters_verdicts():
                                                       "ro_launch_calls_per_layer": 0.75, "ro_over_compiled": 2.34}
 
 
+def test_with_option_replaces_the_value_once():
+    """c7warm01's command lines: the varied option appears once, with the new value (it once appeared twice)."""
+    args = tr.with_option(tr.CAPTURE_ARGS, "--warmup-steps", "0")
+    assert args.count("--warmup-steps") == 1 and args[args.index("--warmup-steps") + 1] == "0"
+    assert tr.CAPTURE_ARGS[tr.CAPTURE_ARGS.index("--warmup-steps") + 1] == "5", "the shared list is left as it was"
+    assert tr.with_option(["--size", "small"], "--warmup-steps", "2") == ["--size", "small", "--warmup-steps", "2"]
+    assert load_script(tr.BENCHMARK).parse_args(args).warmup_steps == 0
+
+
+def test_window_table_of_the_reference():
+    """c7split1's windows: their median is layer_table's time per forward, and the launch-bound fused stack's
+    windows spread far more than the graph's (the reason c7split2's graph_gain bound is loose)."""
+    result = json.loads((REF / "layer.json").read_text())
+    win = tr.window_table(result)
+    lt = tr.layer_table(result, REF / "layer.sqlite")
+    assert list(win.index) == list(lt.index) and win.filter(like="window_").shape[1] == result["config"]["repeats"]
+    assert (win["median"] - lt["us_per_forward"]).abs().max() < 1e-9
+    assert round(win.loc["fused", "window_3"], 2) == 646.86 and round(win.loc["fused", "spread"], 2) == 1.49
+    assert win.loc["graph", "spread"] < 1.02 < win.loc["fused", "spread"]
+    assert tr.window_table({"variants": ["ops"], "results": {"ops": {"ms_per_forward": 1.0}}}).empty
+
+
 def test_spread_summary_counts_the_runs_that_fail_each_bound():
     import sys
     sys.path.insert(0, str(REPO_ROOT / "scripts"))
@@ -412,6 +434,18 @@ def test_spread_summary_counts_the_runs_that_fail_each_bound():
     assert sp.parse_args([]).runs == 5 and sp.parse_args(["--runs", "5"]).runs == 5
     with pytest.raises(SystemExit):
         sp.parse_args(["--runs", "51"])
+
+
+def test_spread_run_keeps_the_windows_beside_the_ratios():
+    """What spread_ch07_split.py records per process, on the committed capture: c7split2's ratios and c7split1's windows."""
+    import sys
+    sys.path.insert(0, str(REPO_ROOT / "scripts"))
+    import spread_ch07_split as sp
+
+    result = json.loads((REF / "layer.json").read_text())
+    ratios, windows = sp.one_run(result, REF / "layer.sqlite")
+    assert ratios == tr.split_ratios(tr.layer_table(result, REF / "layer.sqlite"))
+    assert set(windows) == set(result["variants"]) and [round(w, 2) for w in windows["fused"]] == [962.9, 945.23, 646.86]
 
 
 def test_spread_script_refuses_in_one_sentence():
@@ -599,3 +633,16 @@ def test_the_weights_as_parameters_leave_only_the_inputs_copy():
     assert plain["copy_blocks_per_forward"] > 50 * static["copy_blocks_per_forward"]
     assert "copy_blocks_per_forward" not in tr.graph_input_copies(result, REF / "layer_static.sqlite")
     assert result["results"]["reduce-overhead-static"]["non_static_inputs"] == 1
+
+
+def test_graph_input_copy_kernels_by_grid_on_the_static_capture():
+    """c7static3's table: the plain tensors' two copies (320 and 158 blocks) and the input's one (6 blocks), one each
+    per forward, the same kernels graph_input_copies counts; the small grid is the shortest copy, not in proportion."""
+    result = json.loads((REF / "layer_static.json").read_text())
+    by_grid = tr.graph_input_copy_kernels(result, REF / "layer_static.sqlite")
+    assert list(by_grid.index) == [("reduce-overhead", 158), ("reduce-overhead", 320), ("reduce-overhead-static", 6)]
+    totals = tr.graph_input_copies(result, REF / "layer_static.sqlite")["copy_kernels_per_forward"]
+    assert by_grid["per_forward"].groupby(level="variant").sum().to_dict() == totals[totals > 0].to_dict()
+    median = by_grid["median_us"]
+    assert median[("reduce-overhead-static", 6)] < median[("reduce-overhead", 158)] < median[("reduce-overhead", 320)]
+    assert median[("reduce-overhead", 320)] / median[("reduce-overhead-static", 6)] < 320 / 6 / 10
