@@ -121,9 +121,9 @@ def test_rows_out_of_time_order_are_read_in_sqlites_sort(tmp_path, monkeypatch):
     seen = []
     real = ln._in_order
 
-    def spy(conn, table, columns, ordered):
+    def spy(conn, table, columns, ordered, *rest):
         seen.append(ordered)
-        return real(conn, table, columns, ordered)
+        return real(conn, table, columns, ordered, *rest)
 
     monkeypatch.setattr(ln, "_in_order", spy)
     monkeypatch.setattr(ln, "CHUNK_ROWS", 500)

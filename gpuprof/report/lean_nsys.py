@@ -78,8 +78,8 @@ def wants_lean(path: Path) -> bool:
     with closing(ns.open_export(path)) as conn:
         if ns.KERNEL_TABLE not in ns.table_names(conn):
             return False
-        lo, hi = conn.execute(f"SELECT min(rowid), max(rowid) FROM {ns.KERNEL_TABLE}").fetchone()
-    return lo is not None and int(hi) - int(lo) + 1 >= LEAN_MIN_KERNELS
+        span = ns.rowid_range(conn, ns.KERNEL_TABLE)
+    return span is not None and span[1] - span[0] + 1 >= LEAN_MIN_KERNELS
 
 
 def _chunks(conn: sqlite3.Connection, sql: str, ncols: int, params: tuple = ()) -> Iterator[np.ndarray]:
@@ -95,16 +95,121 @@ def _chunks(conn: sqlite3.Connection, sql: str, ncols: int, params: tuple = ()) 
         yield flat.reshape(-1, ncols)
 
 
-def _in_order(conn: sqlite3.Connection, table: str, columns: list[str], ordered: bool) -> Iterator[np.ndarray]:
+WORD_BITS = 62
+"""Bits of one packed value (:func:`_packed_chunks`): below SQLite's sign bit, with one to spare."""
+
+
+def column_ranges(conn: sqlite3.Connection, table: str, columns: list[str], also: list[str] = ()) -> dict:  # type: ignore[assignment]
+    """Each column's (min, max) over the table, in one scan; ``"end"`` stands for ``end - start``, ``"*"`` gives
+    (row count, 0), ``"also"`` the values of the SQL aggregates ``also`` in the same scan. Raises
+    :class:`Unsupported` where a column holds a NULL or a value that is not an integer (the in-memory reader
+    takes those)."""
+    exprs = {c: ("end - start" if c == "end" else c) for c in ["start", *columns]}
+    parts = ["count(*)"] + [f"count({e}), min({e}), max({e})" for e in exprs.values()] + list(also)
+    row = conn.execute(f"SELECT {', '.join(parts)} FROM {table}").fetchone()
+    out_also = tuple(row[len(row) - len(also):]) if also else ()
+    n, out = int(row[0]), {"*": (int(row[0]), 0)}
+    for i, c in enumerate(exprs):
+        k, lo, hi = row[1 + 3 * i:4 + 3 * i]
+        if k != n or (n and not (type(lo) is int and type(hi) is int)):  # a NULL, or a text or real value
+            raise Unsupported(f"a value that is not an integer in {table}.{c}")
+        out[c] = (lo, hi) if n else (0, 0)
+    out["also"] = out_also
+    return out
+
+
+def _layout(columns: list[str], ranges: dict[str, tuple[int, int]]) -> list[list[tuple[int, int, int, int]]]:
+    """The columns (``start`` first) packed into 62-bit words: per word its fields (column index, shift, bits,
+    offset), each field the value less the column's minimum. A column of one value travels in no word at all.
+    First fit, widest first; a column wider than :data:`WORD_BITS` travels as itself (bits 64, offset 0)."""
+    words: list[list[tuple[int, int, int, int]]] = []
+    room: list[int] = []
+    for i, c in sorted(enumerate(["start", *columns]), key=lambda ic: -(ranges[ic[1]][1] - ranges[ic[1]][0])):
+        lo, hi = ranges[c]
+        bits = int(hi - lo).bit_length()
+        if bits == 0 or bits > WORD_BITS:  # a constant: a word of no bits, never read; too wide: a word of its own
+            words.append([(i, 0, 0, lo)] if bits == 0 else [(i, 0, 64, 0)])
+            room.append(-1)
+            continue
+        w = next((j for j, r in enumerate(room) if r >= bits), None)
+        if w is None:
+            words.append([])
+            room.append(WORD_BITS)
+            w = len(words) - 1
+        words[w].append((i, WORD_BITS - room[w], bits, lo))
+        room[w] -= bits
+    return words
+
+
+def _packed_chunks(conn: sqlite3.Connection, table: str, columns: list[str],
+                   ranges: dict[str, tuple[int, int]]) -> Iterator[np.ndarray]:
+    """The table's rows (``start``, then ``columns``; ``end`` as itself) in rowid order as int64 arrays of shape
+    (rows, 1 + len(columns)), a rowid range of :data:`CHUNK_ROWS` at a time. Per range one query returns each
+    word (:func:`_layout`) as one ``group_concat`` text, parsed by numpy: no Python object per row or value (the
+    cursor's tuples cost 0.66 s per 2 million kernels of five columns, this 0.28 s; scripts/bench notes in
+    artifacts/tools/bench_torch_trace_big.txt). All the words of a row come from the same step of SQLite's scan;
+    the count of each range is checked against the values parsed."""
+    for _, rows in _packed_ranges(conn, table, columns, ranges):
+        yield rows
+
+
+def _packed_ranges(conn: sqlite3.Connection, table: str, columns: list[str],
+                   ranges: dict[str, tuple[int, int]]) -> Iterator[tuple[int, np.ndarray]]:
+    """:func:`_packed_chunks`' steps with the first rowid of each one's range."""
+    names = ["start", *columns]
+    layout = _layout(columns, ranges)
+    exprs = []
+    for fields in layout:
+        expr = [("end - start" if names[i] == "end" else names[i], sh, bits, lo) for i, sh, bits, lo in fields]
+        if fields[0][2] == 64:
+            exprs.append(expr[0][0])
+        elif fields[0][2]:
+            exprs.append(" | ".join(f"((({e}) - ({lo})) << {sh})" for e, sh, _, lo in expr))
+    span = ns.rowid_range(conn, table)
+    if span is None:
+        return
+    sql = f"SELECT count(*){''.join(f', group_concat({e})' for e in exprs)} FROM {table} WHERE rowid >= ? AND rowid < ?"
+    for a in range(span[0], span[1] + 1, CHUNK_ROWS):
+        got = conn.execute(sql, (a, a + CHUNK_ROWS)).fetchone()
+        n = int(got[0])
+        if n == 0:
+            continue
+        out = np.empty((n, len(names)), dtype=np.int64)
+        texts = iter(got[1:])
+        for fields in layout:
+            if not fields[0][2]:
+                out[:, fields[0][0]] = fields[0][3]
+                continue
+            w = np.fromstring(next(texts), dtype=np.int64, sep=",")
+            if len(w) != n:
+                raise Unsupported(f"{table}: {len(w)} values parsed for {n} rows")
+            if fields[0][2] == 64:
+                out[:, fields[0][0]] = w
+                continue
+            for i, sh, bits, lo in fields:
+                col = out[:, i]
+                np.right_shift(w, sh, out=col)
+                np.bitwise_and(col, (1 << bits) - 1, out=col)
+                col += lo
+        if "end" in columns:
+            out[:, 1 + columns.index("end")] += out[:, 0]
+        yield a, out
+
+
+def _in_order(conn: sqlite3.Connection, table: str, columns: list[str], ordered: bool,
+              ranges: dict[str, tuple[int, int]] | None = None) -> Iterator[np.ndarray]:
     """The table's rows (``start`` first, then ``columns``) in the in-memory readers' order, by start then rowid:
     in rowid order, checked as the rows pass (exports are written in time order), or (``ordered``) sorted by
-    SQLite. Raises :class:`_Unsorted` where the rowid order turns out not to be the time order."""
+    SQLite. Raises :class:`_Unsorted` where the rowid order turns out not to be the time order. With ``ranges``
+    (:func:`column_ranges` of the columns) the rowid order is read packed (:func:`_packed_chunks`)."""
     cols = ", ".join(["start", *columns])
     if ordered:
         yield from _chunks(conn, f"SELECT {cols} FROM {table} ORDER BY start, rowid", len(columns) + 1)
         return
     last = None
-    for rows in _chunks(conn, f"SELECT {cols} FROM {table} ORDER BY rowid", len(columns) + 1):
+    rows_of = (_packed_chunks(conn, table, columns, ranges) if ranges is not None
+               else _chunks(conn, f"SELECT {cols} FROM {table} ORDER BY rowid", len(columns) + 1))
+    for rows in rows_of:
         s = rows[:, 0]
         if (last is not None and s[0] < last) or not activity.is_sorted(s):
             raise _Unsorted
@@ -114,16 +219,59 @@ def _in_order(conn: sqlite3.Connection, table: str, columns: list[str], ordered:
 
 def _capacity(conn: sqlite3.Connection, table: str) -> int:
     """An upper bound of the table's rows (its rowid range: rowids only grow), to size arrays filled in passes."""
-    lo, hi = conn.execute(f"SELECT min(rowid), max(rowid) FROM {table}").fetchone()
-    return 0 if lo is None else int(hi) - int(lo) + 1
+    span = ns.rowid_range(conn, table)
+    return 0 if span is None else span[1] - span[0] + 1
 
 
 def _pass(run: Callable[[bool], object]) -> object:
-    """``run(ordered)`` over rowid order, again over SQLite's sort if the rows were not in time order."""
-    try:
-        return run(False)
-    except _Unsorted:
-        return run(True)
+    """``run(ordered)``: ``ordered`` False reads each table as :meth:`LeanView._rows` last found it could
+    (rowid order, a local merge, SQLite's sort); each :class:`_Unsorted` moves one table a step down that list and
+    the pass starts again; after four, every table in SQLite's sort (``ordered`` True)."""
+    for _ in range(4):
+        try:
+            return run(False)
+        except _Unsorted:
+            continue
+    return run(True)
+
+
+CARRY_MAX_CHUNKS = 4
+"""The local merge (:func:`_merged`) holds at most this many steps' rows back; more, and SQLite sorts the table."""
+
+
+def _merged(conn: sqlite3.Connection, table: str, columns: list[str],
+            ranges: dict[str, tuple[int, int]]) -> Iterator[np.ndarray]:
+    """The rows in the order of SQLite's ``ORDER BY start, rowid``, from the packed rowid order of a table whose
+    rows are out of time order only locally (an export's calls: 2,318 of its first 2 million rows start before
+    an earlier row's start in the benchmark's export). The least start of each later rowid range (one query per
+    range, ``start`` alone) bounds what each step may give: the rows held back and the step, in a stable sort by
+    start (the held rows all precede the step's in rowid order), are given up to that bound and the rest held.
+    Raises :class:`_Unsorted` where more than :data:`CARRY_MAX_CHUNKS` steps' rows are held."""
+    span = ns.rowid_range(conn, table)
+    if span is None:
+        return
+    later: dict[int, int | None] = ranges.get(("later", CHUNK_ROWS), {})  # type: ignore[call-overload]
+    if not later:  # kept in the table's ranges for the next pass
+        least = None
+        for a in reversed(range(span[0], span[1] + 1, CHUNK_ROWS)):
+            later[a] = least
+            m = conn.execute(f"SELECT min(start) FROM {table} WHERE rowid >= ? AND rowid < ?",
+                             (a, a + CHUNK_ROWS)).fetchone()[0]
+            if m is not None:
+                least = m if least is None else min(least, m)
+        ranges[("later", CHUNK_ROWS)] = later  # type: ignore[index]
+    carry: np.ndarray | None = None
+    for a, rows in _packed_ranges(conn, table, columns, ranges):
+        buf = rows if carry is None or len(carry) == 0 else np.concatenate([carry, rows])
+        if not activity.is_sorted(buf[:, 0]):
+            buf = buf[np.argsort(buf[:, 0], kind="stable")]
+        bound = later[a]
+        k = len(buf) if bound is None else int(np.searchsorted(buf[:, 0], bound, side="left"))
+        if k:
+            yield buf[:k]
+        carry = buf[k:]
+        if len(carry) > CARRY_MAX_CHUNKS * CHUNK_ROWS:
+            raise _Unsorted
 
 
 def batched_group_stats(codes: np.ndarray, values: np.ndarray) -> pd.DataFrame:
@@ -213,6 +361,10 @@ class LeanView:
     lean: bool = True
     extra: dict = field(default_factory=dict)
     _union: dict | None = field(default=None, repr=False)
+    order_way: dict = field(default_factory=dict, repr=False)
+    """Per big table, how its rows are read in time order: "rowid" (unset), "local" or "sqlite" (:meth:`_rows`)."""
+    col_ranges: dict = field(default_factory=dict, repr=False)
+    """Per big table, :func:`column_ranges` of the columns its passes read (the kernels' taken while opening)."""
 
     has_work = True  # a view is made only where kernels exist
 
@@ -227,6 +379,33 @@ class LeanView:
 
     def _conn(self) -> sqlite3.Connection:
         return ns.open_export(self.path)
+
+    def _table_columns(self, table: str) -> list[str]:
+        """Every column the passes read of ``table`` (beside ``start``)."""
+        if table == ns.KERNEL_TABLE:
+            return list(dict.fromkeys(["end", "correlationId", "deviceId", self.full_col, self.short_col]))
+        return ["end", "nameId", "correlationId", "globalTid"]
+
+    def _rows(self, conn: sqlite3.Connection, table: str, columns: list[str], ordered: bool) -> Iterator[np.ndarray]:
+        """The table's rows by start, then rowid (:func:`_in_order`), packed by its columns' ranges (one scan per
+        table, kept): in rowid order, checked; where that was found out of order, by a local merge
+        (:func:`_merged`); where that held too many rows back, or ``ordered``, in SQLite's sort. A way found
+        wanting is noted (:attr:`order_way`) and raises :class:`_Unsorted`: :func:`_pass` starts again."""
+        way = "sqlite" if ordered else self.order_way.get(table, "rowid")
+        if way == "sqlite":
+            return _in_order(conn, table, columns, True)
+        if table not in self.col_ranges:
+            self.col_ranges[table] = column_ranges(conn, table, self._table_columns(table))
+        rows = (_in_order(conn, table, columns, False, self.col_ranges[table]) if way == "rowid"
+                else _merged(conn, table, columns, self.col_ranges[table]))
+        return self._noting(table, rows, "local" if way == "rowid" else "sqlite")
+
+    def _noting(self, table: str, rows: Iterator[np.ndarray], then: str) -> Iterator[np.ndarray]:
+        try:
+            yield from rows
+        except _Unsorted:
+            self.order_way[table] = then
+            raise
 
     def _text(self, ids: np.ndarray) -> np.ndarray:
         """StringIds ids as text (an id not in the table as its number, as the in-memory reader has it)."""
@@ -270,7 +449,7 @@ class LeanView:
         cur: tuple[int, int, float] | None = None  # the kernels' open union piece: start, end, first kernel's id
         first: tuple[int, float] | None = None
         with closing(self._conn()) as conn:
-            for rows in _in_order(conn, ns.KERNEL_TABLE, ["end", "correlationId", "deviceId"], ordered):
+            for rows in self._rows(conn, ns.KERNEL_TABLE, ["end", "correlationId", "deviceId"], ordered):
                 s, e = rows[:, 0], rows[:, 1]
                 tail = np.concatenate([tail, s])[-TAIL_STARTS:]
                 inside = (s >= lo) & (s < hi)
@@ -357,7 +536,7 @@ class LeanView:
         issue_ids = np.array([i for i, t in self.strings.items() if _ISSUE_CALL.search(str(t))], dtype=np.int64)
         with closing(self._conn()) as conn:
             issue = np.empty(_capacity(conn, ns.RUNTIME_TABLE), dtype=np.int64)
-            for rows in _in_order(conn, ns.RUNTIME_TABLE, ["end", "nameId", "correlationId"], ordered):
+            for rows in self._rows(conn, ns.RUNTIME_TABLE, ["end", "nameId", "correlationId"], ordered):
                 s, e, name, corr = rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3]
                 meet.add(s, e, name)
                 if len(want):  # the first call with each wanted id
@@ -384,10 +563,13 @@ class LeanView:
 
     # ----- the nsys stats tables -----
 
-    def _codes_pass(self, ordered: bool, column: str, mapper: Callable[[str], str]) -> tuple:
+    def _codes_pass(self, ordered: bool, column: str, mapper: Callable[[str], str], pair: str | None = None) -> tuple:
         """One pass over the kernels (``column`` is a StringIds column) or the calls (``nameId``): per row a code of
-        ``mapper(text)`` and the duration, in the in-memory order; and the texts by code."""
+        ``mapper(text)`` and the duration, in the in-memory order; the texts by code; and, with ``pair`` (a second
+        StringIds column), the count and summed duration of each (``pair``, ``column``) pair of ids, by ids (what
+        SQLite's ``GROUP BY`` of the two gives, in its order), else None."""
         table = ns.RUNTIME_TABLE if column == "nameId" else ns.KERNEL_TABLE
+        sums: dict[tuple[int, int], list[int]] = {}
         with closing(self._conn()) as conn:
             cap = _capacity(conn, table)
             codes = np.empty(cap, dtype=np.int32)
@@ -395,7 +577,9 @@ class LeanView:
             index: dict[str, int] = {}
             of_id: dict[int, int] = {}
             n = 0
-            for rows in _in_order(conn, table, ["end", column], ordered):
+            for rows in self._rows(conn, table, ["end", column] + ([pair] if pair else []), ordered):
+                if pair:
+                    _add_pairs(sums, rows[:, 3], rows[:, 2], rows[:, 1] - rows[:, 0])
                 uniq, inv = np.unique(rows[:, 2], return_inverse=True)
                 for u in uniq:
                     if int(u) not in of_id:
@@ -407,10 +591,13 @@ class LeanView:
                 n += m
         names = np.empty(len(index), dtype=object)
         names[list(index.values())] = list(index.keys())
-        return codes[:n], dur[:n], names
+        return codes[:n], dur[:n], names, ([(a, b, *sums[(a, b)]) for a, b in sorted(sums)] if pair else None)
 
-    def _summary(self, column: str, mapper: Callable[[str], str], key_name: str, count: str) -> pd.DataFrame:
-        codes, dur, names = _pass(lambda o: self._codes_pass(o, column, mapper))  # type: ignore[misc]
+    def _summary(self, column: str, mapper: Callable[[str], str], key_name: str, count: str,
+                 pair: str | None = None) -> pd.DataFrame:
+        codes, dur, names, pairs = _pass(lambda o: self._codes_pass(o, column, mapper, pair))  # type: ignore[misc]
+        if pairs is not None:
+            self.extra["kind_pairs"] = pairs
         st = batched_group_stats(codes, dur)
         del codes, dur
         st.index = pd.Index(names[st.index.to_numpy()], dtype=object)
@@ -418,17 +605,20 @@ class LeanView:
 
     def kernel_summary(self) -> pd.DataFrame:
         """:func:`gpuprof.nsys.stats.kernel_summary` by demangled name."""
-        return self._summary(self.full_col, str, "Name", "Instances")
+        return self._summary(self.full_col, str, "Name", "Instances", pair=self.short_col)
 
     def api_summary(self) -> pd.DataFrame:
         """:func:`gpuprof.nsys.stats.api_summary`."""
         return self._summary("nameId", lambda t: stats.api_name(str(t)), "Name", "Num Calls")
 
     def time_by_kind(self) -> pd.DataFrame:
-        """:func:`gpuprof.kernel_kinds.time_by_kind`, from SQLite's sums per (name, demangled) pair."""
-        with closing(self._conn()) as conn:
-            rows = conn.execute(f"SELECT {self.short_col}, {self.full_col}, count(*), sum(end - start) "
-                                f"FROM {ns.KERNEL_TABLE} GROUP BY 1, 2").fetchall()
+        """:func:`gpuprof.kernel_kinds.time_by_kind`, from the sums per (name, demangled) pair of ids that
+        :meth:`kernel_summary`'s pass kept, else from SQLite's ``GROUP BY`` of the two."""
+        rows = self.extra.pop("kind_pairs", None)
+        if rows is None:
+            with closing(self._conn()) as conn:
+                rows = conn.execute(f"SELECT {self.short_col}, {self.full_col}, count(*), sum(end - start) "
+                                    f"FROM {ns.KERNEL_TABLE} GROUP BY 1, 2").fetchall()
         pairs = pd.DataFrame(rows, columns=["a", "b", "n", "t"])
         pairs = pd.DataFrame({"name": self._text(pairs["a"].to_numpy()), "demangled": self._text(pairs["b"].to_numpy()),
                               "n": pairs["n"].astype(np.int64), "t": pairs["t"].astype(np.int64)})
@@ -492,7 +682,7 @@ class LeanView:
         with closing(self._conn()) as conn:
             out_corr = np.empty(_capacity(conn, ns.RUNTIME_TABLE), dtype=np.int64)
             out_tid = np.empty(len(out_corr), dtype=np.int32)
-            for rows in _in_order(conn, ns.RUNTIME_TABLE, ["end", "nameId", "correlationId", "globalTid"], ordered):
+            for rows in self._rows(conn, ns.RUNTIME_TABLE, ["end", "nameId", "correlationId", "globalTid"], ordered):
                 s, tid = rows[:, 0], rows[:, 4]
                 hit = np.zeros(len(rows), dtype=bool)
                 for t in np.unique(tid):
@@ -539,7 +729,7 @@ class LeanView:
             cap = _capacity(conn, ns.KERNEL_TABLE)
             tcode, dcode = np.empty(cap, dtype=np.int32), np.empty(cap, dtype=np.int32)
             dur = np.empty(cap, dtype=np.int64)
-            for rows in _in_order(conn, ns.KERNEL_TABLE, ["end", "correlationId", self.full_col], ordered):
+            for rows in self._rows(conn, ns.KERNEL_TABLE, ["end", "correlationId", self.full_col], ordered):
                 corr = rows[:, 2]
                 if len(shared) and np.isin(corr, shared).any():  # the in-memory merge pairs it with each call
                     raise Unsupported("a kernel whose correlation id several calls share")
@@ -567,6 +757,36 @@ class LeanView:
         dems[:] = "?"
         dems[list(dem_code.values())] = list(dem_code.keys())
         return k_df, (tcode[:n_out], dcode[:n_out]), dur[:n_out], dems
+
+
+def _add_pairs(sums: dict[tuple[int, int], list[int]], a: np.ndarray, b: np.ndarray, d: np.ndarray) -> None:
+    """Add each (a, b) pair's row count and summed ``d`` of one step to ``sums`` (exact integers). Where the ids'
+    ranges are narrow (a few million pairs at most) and the step's durations sum below 2**53, by ``bincount``
+    (its float sums of integers are then exact); else by a sort."""
+    if len(a) == 0:
+        return
+    a0, b0 = int(a.min()), int(b.min())
+    width = int(b.max()) - b0 + 1
+    span = (int(a.max()) - a0 + 1) * width
+    if span <= 1 << 22 and int(d.min()) >= 0 and int(d.sum(dtype=np.int64)) < 2**53:
+        key = (a - a0) * width + (b - b0)
+        counts = np.bincount(key, minlength=span)
+        totals = np.bincount(key, weights=d, minlength=span)
+        hit = np.flatnonzero(counts)
+        got_keys, got_n, got_t = hit.tolist(), counts[hit].tolist(), [int(t) for t in totals[hit]]
+        pairs = [(a0 + k // width, b0 + k % width) for k in got_keys]
+    else:
+        uniq, inv = np.unique(np.stack([a, b], axis=1), axis=0, return_inverse=True)
+        inv = inv.ravel()
+        order = np.argsort(inv, kind="stable")
+        starts = np.flatnonzero(np.concatenate([[True], np.diff(inv[order]) != 0]))
+        got_n = np.diff(np.concatenate([starts, [len(inv)]])).tolist()
+        got_t = np.add.reduceat(d[order], starts).tolist()
+        pairs = [(x, y) for x, y in uniq.tolist()]
+    for pair, k, t in zip(pairs, got_n, got_t):
+        got = sums.setdefault(pair, [0, 0])
+        got[0] += k
+        got[1] += t
 
 
 class _GapCalls:
@@ -696,7 +916,9 @@ def lean_view(path: Path, steps: str | None = None) -> LeanView:
         full = next((c for c in ("demangledName", "mangledName", "shortName") if c in cols), None)
         if short is None or full is None or not {"correlationId", "deviceId"} <= cols:
             raise Unsupported("kernel names, correlation ids or devices missing")
-        n_k, k_lo, k_hi = conn.execute(f"SELECT count(*), min(start), max(end) FROM {ns.KERNEL_TABLE}").fetchone()
+        k_cols = list(dict.fromkeys(["end", "correlationId", "deviceId", full, short]))
+        k_ranges = column_ranges(conn, ns.KERNEL_TABLE, k_cols, also=["max(end)"])
+        n_k, k_lo, k_hi = k_ranges["*"][0], k_ranges["start"][0], k_ranges["also"][0]
         n_r = int(conn.execute(f"SELECT count(*) FROM {ns.RUNTIME_TABLE}").fetchone()[0])
         if not n_k or not n_r:
             raise Unsupported("no kernels or no CUDA API calls")
@@ -718,4 +940,5 @@ def lean_view(path: Path, steps: str | None = None) -> LeanView:
     return LeanView(path=path, copies=copies, memsets=memsets, ranges=ranges,
                     devices=[str(n) for n in info["name"]] if "name" in info else [], steps=found, step_rule=rule,
                     kernel_count=int(n_k), runtime_count=n_r, work_span=(min(starts), max(ends)),
-                    kernel_devices=[d for d in devs if d is not None], strings=strings, short_col=short, full_col=full)
+                    kernel_devices=[d for d in devs if d is not None], strings=strings, short_col=short, full_col=full,
+                    col_ranges={ns.KERNEL_TABLE: k_ranges})
