@@ -45,8 +45,10 @@ from .activity_view import (CAUSES, IDLE_MIN_GAP_NS, LAUNCH_PACE_FACTOR, _ISSUE_
 __all__ = ["LeanView", "Unsupported", "lean_view", "wants_lean", "batched_group_stats", "LEAN_MIN_KERNELS",
            "CHUNK_ROWS", "GROUP_ROWS"]
 
-CHUNK_ROWS = 1 << 20
-"""Rows per step of a pass: each step is one int64 array of this many rows per column read (8 MiB a column)."""
+CHUNK_ROWS = 1 << 18
+"""Rows per step of a pass: each step is one int64 array of this many rows per column read (2 MiB a column), and
+SQLite's texts of it (:func:`_packed_chunks`). At 5 million kernels the report peaked at 323 MiB with these steps,
+505 MiB with steps of 1 Mi rows, in the same CPU time (15.8 and 16.1 s; branch big7)."""
 
 LEAN_MIN_KERNELS = 4_000_000
 """Exports with at least this many kernels (by their rowid range) are read in passes where :class:`LeanView`
@@ -302,7 +304,7 @@ def batched_group_stats(codes: np.ndarray, values: np.ndarray) -> pd.DataFrame:
         if h == g + 1 and b - a > GROUP_ROWS:
             parts.append(_one_group(int(present[g]), values[rows]))
         else:
-            parts.append(stats.group_stats(codes[rows], values[rows]))
+            parts.append(stats.group_stats(codes[rows], values[rows].astype(np.int64, copy=False)))
         del rows
         g = h
     out = pd.concat(parts)
@@ -319,7 +321,7 @@ def _one_group(code: int, v: np.ndarray) -> pd.DataFrame:
     total = int(v.sum(dtype=np.int64))
     lo, hi = int(v.min()), int(v.max())
     if lo < 0 or total >= 2**53 or hi >= 2**53:  # the exactness above does not hold: pandas' own way
-        return stats.group_stats(np.full(n, code), v)
+        return stats.group_stats(np.full(n, code), v.astype(np.int64, copy=False))
     mean = float(total) / n
     ss = 0.0
     for a in range(0, n, CHUNK_ROWS):  # sum of squared deviations, a step at a time (no second array of n)
@@ -433,7 +435,9 @@ class LeanView:
         work's idle ns, the short gaps (count, ns), the long gaps (start, end, correlation id of the operation
         that ended each, by start), and the kernels that overlap a copy (start, end, deviceId)."""
         if self._union is None:
-            self._union = _pass(self._union_pass)  # type: ignore[assignment]
+            self._union, coder, pairs = _pass(self._union_pass)  # type: ignore[misc]
+            self.extra[f"summary:{self.full_col}"] = coder.summary("Name", "Instances")  # for kernel_summary
+            self.extra["kind_pairs"] = pairs  # for time_by_kind
         return self._union  # type: ignore[return-value]
 
     def _union_pass(self, ordered: bool) -> dict:
@@ -448,9 +452,14 @@ class LeanView:
         near: list[np.ndarray] = []
         cur: tuple[int, int, float] | None = None  # the kernels' open union piece: start, end, first kernel's id
         first: tuple[int, float] | None = None
+        sums: dict[tuple[int, int], list[int]] = {}
         with closing(self._conn()) as conn:
-            for rows in self._rows(conn, ns.KERNEL_TABLE, ["end", "correlationId", "deviceId"], ordered):
+            coder = self._coder(conn, ns.KERNEL_TABLE, str)  # the kernel summary's codes, in the same pass
+            for rows in self._rows(conn, ns.KERNEL_TABLE, ["end", "correlationId", "deviceId", self.full_col,
+                                                           self.short_col], ordered):
                 s, e = rows[:, 0], rows[:, 1]
+                coder.add(rows[:, 4], e - s)
+                _add_pairs(sums, rows[:, 5], rows[:, 4], e - s)
                 tail = np.concatenate([tail, s])[-TAIL_STARTS:]
                 inside = (s >= lo) & (s < hi)
                 count += int(inside.sum())
@@ -477,10 +486,11 @@ class LeanView:
         acc.add(np.array([lo]), np.array([first[0]]), np.array([first[1]]))  # before the first kernel
         acc.add(np.array([cur[1]]), np.array([hi]), np.array([np.nan]))        # after the last one
         gs, ge, gc = acc.long()
-        return {"count": count, "total": total, "kbusy": kbusy, "idle": acc.short_ns + int((ge - gs).sum()),
-                "short": {"gaps": acc.short_n, "ns": acc.short_ns}, "gaps": (gs, ge, gc), "tail": tail,
-                "near": pd.DataFrame(np.concatenate(near) if near else np.zeros((0, 3), dtype=np.int64),
-                                     columns=["start", "end", "deviceId"])}
+        return ({"count": count, "total": total, "kbusy": kbusy, "idle": acc.short_ns + int((ge - gs).sum()),
+                 "short": {"gaps": acc.short_n, "ns": acc.short_ns}, "gaps": (gs, ge, gc), "tail": tail,
+                 "near": pd.DataFrame(np.concatenate(near) if near else np.zeros((0, 3), dtype=np.int64),
+                                      columns=["start", "end", "deviceId"])},
+                coder, [(a, b, *sums[(a, b)]) for a, b in sorted(sums)])
 
     def headline(self) -> dict[str, float]:
         """:func:`gpuprof.report.activity_view.headline` for a capture without steps, one GPU, no NCCL."""
@@ -512,7 +522,9 @@ class LeanView:
         gs, ge, gc = u["gaps"]
         lo, hi = self.work_span
         want = np.unique(gc[np.isfinite(gc)]).astype(np.int64)
-        answers, found, issue = _pass(lambda ordered: self._call_pass(ordered, gs, ge, want))  # type: ignore[misc]
+        answers, found, issue, coder = _pass(lambda ordered: self._call_pass(ordered, gs, ge, want))  # type: ignore[misc]
+        self.extra["summary:nameId"] = coder.summary("Name", "Num Calls")  # for api_summary
+        del coder
         gaps = activity.gap_table(gs, ge, answers if len(gs) else None)
         short_cause = CAUSES["short"].replace("10 us", f"{min_gap_ns / 1e3:g} us")
 
@@ -535,9 +547,11 @@ class LeanView:
         f_start, f_end = np.full(len(want), np.nan), np.full(len(want), np.nan)
         issue_ids = np.array([i for i, t in self.strings.items() if _ISSUE_CALL.search(str(t))], dtype=np.int64)
         with closing(self._conn()) as conn:
+            coder = self._coder(conn, ns.RUNTIME_TABLE, lambda t: stats.api_name(str(t)))  # the API summary's codes
             issue = np.empty(_capacity(conn, ns.RUNTIME_TABLE), dtype=np.int64)
             for rows in self._rows(conn, ns.RUNTIME_TABLE, ["end", "nameId", "correlationId"], ordered):
                 s, e, name, corr = rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3]
+                coder.add(name, e - s)
                 meet.add(s, e, name)
                 if len(want):  # the first call with each wanted id
                     pos = np.clip(np.searchsorted(want, corr), 0, len(want) - 1)
@@ -553,7 +567,8 @@ class LeanView:
                 n_issue += m
         issue = issue[:n_issue]
         issue.sort()  # in place: they came in time order already where the rows did
-        return meet.answers(lambda i: stats.api_name(self.strings.get(int(i), str(int(i))))), (f_start, f_end), issue
+        return (meet.answers(lambda i: stats.api_name(self.strings.get(int(i), str(int(i))))), (f_start, f_end), issue,
+                coder)
 
     def _names_of(self, ids: np.ndarray) -> np.ndarray:
         if len(ids) == 0:
@@ -563,45 +578,38 @@ class LeanView:
 
     # ----- the nsys stats tables -----
 
+    def _coder(self, conn: sqlite3.Connection, table: str, mapper: Callable[[str], str]) -> "_Coder":
+        """A :class:`_Coder` for a pass over ``table`` (durations as int32 where the table's allow)."""
+        if table not in self.col_ranges:
+            self.col_ranges[table] = column_ranges(conn, table, self._table_columns(table))
+        lo, hi = self.col_ranges[table]["end"]
+        narrow = lo >= 0 and hi < 2**31
+        return _Coder(_capacity(conn, table), mapper, self.strings, np.int32 if narrow else np.int64)
+
     def _codes_pass(self, ordered: bool, column: str, mapper: Callable[[str], str], pair: str | None = None) -> tuple:
-        """One pass over the kernels (``column`` is a StringIds column) or the calls (``nameId``): per row a code of
-        ``mapper(text)`` and the duration, in the in-memory order; the texts by code; and, with ``pair`` (a second
+        """One pass over the kernels (``column`` is a StringIds column) or the calls (``nameId``): a
+        :class:`_Coder` of ``mapper(text)`` and the durations, in the in-memory order; and, with ``pair`` (a second
         StringIds column), the count and summed duration of each (``pair``, ``column``) pair of ids, by ids (what
         SQLite's ``GROUP BY`` of the two gives, in its order), else None."""
         table = ns.RUNTIME_TABLE if column == "nameId" else ns.KERNEL_TABLE
         sums: dict[tuple[int, int], list[int]] = {}
         with closing(self._conn()) as conn:
-            cap = _capacity(conn, table)
-            codes = np.empty(cap, dtype=np.int32)
-            dur = np.empty(cap, dtype=np.int64)
-            index: dict[str, int] = {}
-            of_id: dict[int, int] = {}
-            n = 0
+            coder = self._coder(conn, table, mapper)
             for rows in self._rows(conn, table, ["end", column] + ([pair] if pair else []), ordered):
                 if pair:
                     _add_pairs(sums, rows[:, 3], rows[:, 2], rows[:, 1] - rows[:, 0])
-                uniq, inv = np.unique(rows[:, 2], return_inverse=True)
-                for u in uniq:
-                    if int(u) not in of_id:
-                        text = mapper(self.strings.get(int(u), str(int(u))))
-                        of_id[int(u)] = index.setdefault(text, len(index))
-                m = len(rows)
-                codes[n:n + m] = np.array([of_id[int(u)] for u in uniq], dtype=np.int32)[inv.ravel()]
-                dur[n:n + m] = rows[:, 1] - rows[:, 0]
-                n += m
-        names = np.empty(len(index), dtype=object)
-        names[list(index.values())] = list(index.keys())
-        return codes[:n], dur[:n], names, ([(a, b, *sums[(a, b)]) for a, b in sorted(sums)] if pair else None)
+                coder.add(rows[:, 2], rows[:, 1] - rows[:, 0])
+        return coder, ([(a, b, *sums[(a, b)]) for a, b in sorted(sums)] if pair else None)
 
     def _summary(self, column: str, mapper: Callable[[str], str], key_name: str, count: str,
                  pair: str | None = None) -> pd.DataFrame:
-        codes, dur, names, pairs = _pass(lambda o: self._codes_pass(o, column, mapper, pair))  # type: ignore[misc]
+        done = self.extra.pop(f"summary:{column}", None)  # taken by the pass over the table already
+        if done is not None:
+            return done
+        coder, pairs = _pass(lambda o: self._codes_pass(o, column, mapper, pair))  # type: ignore[misc]
         if pairs is not None:
             self.extra["kind_pairs"] = pairs
-        st = batched_group_stats(codes, dur)
-        del codes, dur
-        st.index = pd.Index(names[st.index.to_numpy()], dtype=object)
-        return stats.summary_table(st, key_name, count=count)
+        return coder.summary(key_name, count)
 
     def kernel_summary(self) -> pd.DataFrame:
         """:func:`gpuprof.nsys.stats.kernel_summary` by demangled name."""
@@ -787,6 +795,41 @@ def _add_pairs(sums: dict[tuple[int, int], list[int]], a: np.ndarray, b: np.ndar
         got = sums.setdefault(pair, [0, 0])
         got[0] += k
         got[1] += t
+
+
+class _Coder:
+    """Per row of a pass, in order, a code of ``mapper(text)`` of its StringIds id and its duration, into arrays
+    sized once by the table's rowid range; and the texts by code. :meth:`summary` is the ``nsys stats`` table."""
+
+    def __init__(self, capacity: int, mapper: Callable[[str], str], strings: dict[int, str], dur_dtype: type) -> None:
+        self.codes = np.empty(capacity, dtype=np.int32)
+        self.dur = np.empty(capacity, dtype=dur_dtype)
+        self.n = 0
+        self.mapper, self.strings = mapper, strings
+        self.index: dict[str, int] = {}
+        self.of_id: dict[int, int] = {}
+
+    def add(self, ids: np.ndarray, dur: np.ndarray) -> None:
+        uniq, inv = np.unique(ids, return_inverse=True)
+        for u in uniq:
+            if int(u) not in self.of_id:
+                text = self.mapper(self.strings.get(int(u), str(int(u))))
+                self.of_id[int(u)] = self.index.setdefault(text, len(self.index))
+        m = len(ids)
+        self.codes[self.n:self.n + m] = np.array([self.of_id[int(u)] for u in uniq], dtype=np.int32)[inv.ravel()]
+        self.dur[self.n:self.n + m] = dur
+        self.n += m
+
+    def summary(self, key_name: str, count: str) -> pd.DataFrame:
+        """:func:`gpuprof.nsys.stats.summary_table` of the codes' statistics; the arrays are let go."""
+        codes, dur = self.codes[:self.n], self.dur[:self.n]
+        self.codes = self.dur = np.empty(0, dtype=np.int32)
+        st = batched_group_stats(codes, dur)
+        del codes, dur
+        names = np.empty(len(self.index), dtype=object)
+        names[list(self.index.values())] = list(self.index.keys())
+        st.index = pd.Index(names[st.index.to_numpy()], dtype=object)
+        return stats.summary_table(st, key_name, count=count)
 
 
 class _GapCalls:
