@@ -101,22 +101,33 @@ WORD_BITS = 62
 """Bits of one packed value (:func:`_packed_chunks`): below SQLite's sign bit, with one to spare."""
 
 
-def column_ranges(conn: sqlite3.Connection, table: str, columns: list[str], also: list[str] = ()) -> dict:  # type: ignore[assignment]
-    """Each column's (min, max) over the table, in one scan; ``"end"`` stands for ``end - start``, ``"*"`` gives
-    (row count, 0), ``"also"`` the values of the SQL aggregates ``also`` in the same scan. Raises
-    :class:`Unsupported` where a column holds a NULL or a value that is not an integer (the in-memory reader
-    takes those)."""
+SAMPLE_ROWS = 1 << 16
+"""Rows at each end of a table (by rowid) whose values set the packing's ranges (:func:`column_ranges`)."""
+
+
+def column_ranges(conn: sqlite3.Connection, table: str, columns: list[str]) -> dict:
+    """Each column's expected (min, max), for packing (``"end"`` stands for ``end - start``): the values of the
+    first and last :data:`SAMPLE_ROWS` rows, widened (``start`` to the span of the two samples, the others to four
+    times their range, centred). Only the ends are read: a scan of the whole table for exact ranges cost 1.66 s
+    per 5 million kernels, a third of the report. A row outside them costs only speed: :func:`_packed_ranges`
+    reads its step again unpacked."""
+    span = ns.rowid_range(conn, table)
+    if span is None:
+        return {c: (0, 0) for c in ["start", *columns]}
     exprs = {c: ("end - start" if c == "end" else c) for c in ["start", *columns]}
-    parts = ["count(*)"] + [f"count({e}), min({e}), max({e})" for e in exprs.values()] + list(also)
-    row = conn.execute(f"SELECT {', '.join(parts)} FROM {table}").fetchone()
-    out_also = tuple(row[len(row) - len(also):]) if also else ()
-    n, out = int(row[0]), {"*": (int(row[0]), 0)}
+    sql = f"SELECT {', '.join(f'min({e}), max({e})' for e in exprs.values())} FROM {table} WHERE rowid BETWEEN ? AND ?"
+    rows = [conn.execute(sql, (span[0], span[0] + SAMPLE_ROWS - 1)).fetchone(),
+            conn.execute(sql, (span[1] - SAMPLE_ROWS + 1, span[1])).fetchone()]
+    out = {}
     for i, c in enumerate(exprs):
-        k, lo, hi = row[1 + 3 * i:4 + 3 * i]
-        if k != n or (n and not (type(lo) is int and type(hi) is int)):  # a NULL, or a text or real value
-            raise Unsupported(f"a value that is not an integer in {table}.{c}")
-        out[c] = (lo, hi) if n else (0, 0)
-    out["also"] = out_also
+        seen = [v for r in rows for v in r[2 * i:2 * i + 2] if type(v) is int]
+        if not seen:
+            raise Unsupported(f"no integer values in {table}.{c}")
+        lo, hi = min(seen), max(seen)
+        if c != "start":
+            pad = hi - lo + 1
+            lo, hi = lo - pad, hi + 2 * pad
+        out[c] = (lo, hi)
     return out
 
 
@@ -161,30 +172,41 @@ def _packed_ranges(conn: sqlite3.Connection, table: str, columns: list[str],
     names = ["start", *columns]
     layout = _layout(columns, ranges)
     exprs = []
+    sql_of = {c: ("end - start" if c == "end" else c) for c in names}
     for fields in layout:
-        expr = [("end - start" if names[i] == "end" else names[i], sh, bits, lo) for i, sh, bits, lo in fields]
+        expr = [(sql_of[names[i]], sh, bits, lo) for i, sh, bits, lo in fields]
         if fields[0][2] == 64:
             exprs.append(expr[0][0])
         elif fields[0][2]:
             exprs.append(" | ".join(f"((({e}) - ({lo})) << {sh})" for e, sh, _, lo in expr))
+    # every value of the row inside its range, or the first word NULL: group_concat leaves it out, the count differs
+    guard = " AND ".join(f"({e}) BETWEEN {ranges[c][0]} AND {ranges[c][1]}" for c, e in sql_of.items()
+                         if int(ranges[c][1] - ranges[c][0]).bit_length() <= WORD_BITS)
+    if exprs and guard:
+        exprs[0] = f"CASE WHEN {guard} THEN {exprs[0]} END"
+    elif guard:
+        exprs.append(f"CASE WHEN {guard} THEN 0 END")
     span = ns.rowid_range(conn, table)
     if span is None:
         return
     sql = f"SELECT count(*){''.join(f', group_concat({e})' for e in exprs)} FROM {table} WHERE rowid >= ? AND rowid < ?"
+    plain = f"SELECT {', '.join(names)} FROM {table} WHERE rowid >= ? AND rowid < ? ORDER BY rowid"
     for a in range(span[0], span[1] + 1, CHUNK_ROWS):
         got = conn.execute(sql, (a, a + CHUNK_ROWS)).fetchone()
         n = int(got[0])
         if n == 0:
             continue
+        words = [np.fromstring(t or "", dtype=np.int64, sep=",") for t in got[1:]]
+        if any(len(w) != n for w in words):  # a value outside its range, a NULL or a text: this step unpacked
+            yield a, np.concatenate(list(_chunks(conn, plain, len(names), (a, a + CHUNK_ROWS))))
+            continue
         out = np.empty((n, len(names)), dtype=np.int64)
-        texts = iter(got[1:])
+        texts = iter(words)
         for fields in layout:
             if not fields[0][2]:
                 out[:, fields[0][0]] = fields[0][3]
                 continue
-            w = np.fromstring(next(texts), dtype=np.int64, sep=",")
-            if len(w) != n:
-                raise Unsupported(f"{table}: {len(w)} values parsed for {n} rows")
+            w = next(texts)
             if fields[0][2] == 64:
                 out[:, fields[0][0]] = w
                 continue
@@ -366,7 +388,7 @@ class LeanView:
     order_way: dict = field(default_factory=dict, repr=False)
     """Per big table, how its rows are read in time order: "rowid" (unset), "local" or "sqlite" (:meth:`_rows`)."""
     col_ranges: dict = field(default_factory=dict, repr=False)
-    """Per big table, :func:`column_ranges` of the columns its passes read (the kernels' taken while opening)."""
+    """Per big table, :func:`column_ranges` of the columns its passes read."""
 
     has_work = True  # a view is made only where kernels exist
 
@@ -523,8 +545,6 @@ class LeanView:
         lo, hi = self.work_span
         want = np.unique(gc[np.isfinite(gc)]).astype(np.int64)
         answers, found, issue, coder = _pass(lambda ordered: self._call_pass(ordered, gs, ge, want))  # type: ignore[misc]
-        self.extra["summary:nameId"] = coder.summary("Name", "Num Calls")  # for api_summary
-        del coder
         gaps = activity.gap_table(gs, ge, answers if len(gs) else None)
         short_cause = CAUSES["short"].replace("10 us", f"{min_gap_ns / 1e3:g} us")
 
@@ -537,7 +557,10 @@ class LeanView:
             c_end = np.where(ok, found[1][pos] if len(want) else np.nan, np.nan)
             return pace_of(g, c_start, c_end, issue, pace_factor)
 
-        return idle_table(gaps, u["short"], short_cause, pace)
+        table = idle_table(gaps, u["short"], short_cause, pace)
+        issue = np.empty(0, dtype=np.int64)  # let go before the API summary's statistics (K20M: 948 MiB with it held)
+        self.extra["summary:nameId"] = coder.summary("Name", "Num Calls")  # for api_summary
+        return table
 
     def _call_pass(self, ordered: bool, gs: np.ndarray, ge: np.ndarray,
                    want: np.ndarray) -> tuple[tuple, tuple[np.ndarray, np.ndarray], np.ndarray]:
@@ -579,12 +602,8 @@ class LeanView:
     # ----- the nsys stats tables -----
 
     def _coder(self, conn: sqlite3.Connection, table: str, mapper: Callable[[str], str]) -> "_Coder":
-        """A :class:`_Coder` for a pass over ``table`` (durations as int32 where the table's allow)."""
-        if table not in self.col_ranges:
-            self.col_ranges[table] = column_ranges(conn, table, self._table_columns(table))
-        lo, hi = self.col_ranges[table]["end"]
-        narrow = lo >= 0 and hi < 2**31
-        return _Coder(_capacity(conn, table), mapper, self.strings, np.int32 if narrow else np.int64)
+        """A :class:`_Coder` for a pass over ``table``."""
+        return _Coder(_capacity(conn, table), mapper, self.strings)
 
     def _codes_pass(self, ordered: bool, column: str, mapper: Callable[[str], str], pair: str | None = None) -> tuple:
         """One pass over the kernels (``column`` is a StringIds column) or the calls (``nameId``): a
@@ -801,9 +820,9 @@ class _Coder:
     """Per row of a pass, in order, a code of ``mapper(text)`` of its StringIds id and its duration, into arrays
     sized once by the table's rowid range; and the texts by code. :meth:`summary` is the ``nsys stats`` table."""
 
-    def __init__(self, capacity: int, mapper: Callable[[str], str], strings: dict[int, str], dur_dtype: type) -> None:
+    def __init__(self, capacity: int, mapper: Callable[[str], str], strings: dict[int, str]) -> None:
         self.codes = np.empty(capacity, dtype=np.int32)
-        self.dur = np.empty(capacity, dtype=dur_dtype)
+        self.dur = np.empty(capacity, dtype=np.int32)  # widened to int64 by the first duration that needs it
         self.n = 0
         self.mapper, self.strings = mapper, strings
         self.index: dict[str, int] = {}
@@ -816,6 +835,8 @@ class _Coder:
                 text = self.mapper(self.strings.get(int(u), str(int(u))))
                 self.of_id[int(u)] = self.index.setdefault(text, len(self.index))
         m = len(ids)
+        if self.dur.dtype == np.int32 and m and (int(dur.min()) < -2**31 or int(dur.max()) >= 2**31):
+            self.dur = self.dur.astype(np.int64)
         self.codes[self.n:self.n + m] = np.array([self.of_id[int(u)] for u in uniq], dtype=np.int32)[inv.ravel()]
         self.dur[self.n:self.n + m] = dur
         self.n += m
@@ -959,9 +980,7 @@ def lean_view(path: Path, steps: str | None = None) -> LeanView:
         full = next((c for c in ("demangledName", "mangledName", "shortName") if c in cols), None)
         if short is None or full is None or not {"correlationId", "deviceId"} <= cols:
             raise Unsupported("kernel names, correlation ids or devices missing")
-        k_cols = list(dict.fromkeys(["end", "correlationId", "deviceId", full, short]))
-        k_ranges = column_ranges(conn, ns.KERNEL_TABLE, k_cols, also=["max(end)"])
-        n_k, k_lo, k_hi = k_ranges["*"][0], k_ranges["start"][0], k_ranges["also"][0]
+        n_k, k_lo, k_hi = conn.execute(f"SELECT count(*), min(start), max(end) FROM {ns.KERNEL_TABLE}").fetchone()
         n_r = int(conn.execute(f"SELECT count(*) FROM {ns.RUNTIME_TABLE}").fetchone()[0])
         if not n_k or not n_r:
             raise Unsupported("no kernels or no CUDA API calls")
@@ -983,5 +1002,4 @@ def lean_view(path: Path, steps: str | None = None) -> LeanView:
     return LeanView(path=path, copies=copies, memsets=memsets, ranges=ranges,
                     devices=[str(n) for n in info["name"]] if "name" in info else [], steps=found, step_rule=rule,
                     kernel_count=int(n_k), runtime_count=n_r, work_span=(min(starts), max(ends)),
-                    kernel_devices=[d for d in devs if d is not None], strings=strings, short_col=short, full_col=full,
-                    col_ranges={ns.KERNEL_TABLE: k_ranges})
+                    kernel_devices=[d for d in devs if d is not None], strings=strings, short_col=short, full_col=full)
