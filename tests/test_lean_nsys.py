@@ -2,8 +2,9 @@
 whole: the same terminal text, facts, tables (values and dtypes) and figures, on every committed export it
 covers (with their own step rule, and with steps switched off so that it covers more of them) and on small
 exports built here to hit its edges: passes of a few rows, rows out of time order, a GPU that lags the CPU by
-many launches, calls that share a correlation id. Its time and memory are measured by a benchmark
-(scripts/bench_lean_nsys.py), never here."""
+many launches, calls that share a correlation id; and its packed reading (rows outside the sampled ranges, NULLs,
+a local merge of rows out of time order) against SQLite's own answers. Its time and memory are measured as a whole
+process on a 20 million-kernel export (artifacts/tools/bench_torch_trace_big.txt), never here."""
 
 import shutil
 import sqlite3
@@ -361,3 +362,26 @@ def test_pairs_counted_and_summed_as_sqlites_group_by(tmp_path, wide):
         ln._add_pairs(sums, a[lo:lo + 999], b[lo:lo + 999], d[lo:lo + 999])
     want = con.execute("SELECT a, b, count(*), sum(d) FROM T GROUP BY 1, 2").fetchall()
     assert [(x, y, *sums[(x, y)]) for x, y in sorted(sums)] == [tuple(r) for r in want]
+
+
+def test_spacings_taken_in_place_are_numpys_diff():
+    from gpuprof.report.activity_view import _diff_in_place
+    rng = np.random.default_rng(13)
+    for n in (0, 1, 2, 3, 7, 8, 9, 1000):
+        a = np.sort(rng.integers(0, 10**12, n))
+        np.testing.assert_array_equal(_diff_in_place(a.copy(), step=4), np.diff(a))
+
+
+def test_gap_causes_from_each_distinct_call_name_are_the_rule_row_by_row():
+    """_call_cause applies the rule once per distinct name (an object array, not numpy text a million rows long):
+    the same cause per row as the rule applied to every row, NaN and empty names included."""
+    from gpuprof.report.activity_view import CAUSES, _call_cause
+    rng = np.random.default_rng(17)
+    names = pd.Series(rng.choice(["", "cudaDeviceSynchronize", "cudaMemcpyAsync", "cudaMemsetAsync",
+                                  "cudaLaunchKernel", "cudaFree", None, np.nan], 5000), dtype=object)
+    for s in (names, names.astype("str"), names.fillna(""), pd.Series([], dtype=object)):
+        call = s.astype(str)
+        want = np.select([call.str.contains("Synchronize"), call.str.contains("Memcpy|Memset"),
+                          call.str.contains("Launch"), call != ""],
+                         [CAUSES["sync"], CAUSES["copy"], CAUSES["launch"], CAUSES["other"]], CAUSES["host"])
+        assert list(_call_cause(s)) == list(want)

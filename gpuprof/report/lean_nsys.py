@@ -6,18 +6,24 @@ gives :func:`gpuprof.report.timeline_page.timeline_page` the same page (every nu
 tests/test_lean_nsys.py holds the two equal) from SQLite in passes of :data:`CHUNK_ROWS` rows, keeping
 per pass only what that measure needs:
 
-* the union of the GPU's work, its busy time and its idle gaps: one pass over the kernels in time order
-  (the open interval carried from step to step; the copies and memsets, few, held whole); the short
-  gaps counted and summed, the gaps of 10 us or more kept with the operation that ended each;
-* the idle gaps' causes: one pass over the calls, keeping the calls that overlap a long gap, the call
-  that launched the work ending each gap, and the starts of the issuing calls (8 bytes a call);
-* the ``nsys stats``-style tables (kernels, API calls, kernels by NVTX range) from a code and a
-  duration per row, their statistics taken a group of names at a time by the same pandas reductions
-  (:func:`gpuprof.nsys.stats.group_stats`): each name's values meet the same arithmetic in the same order;
-* kernels by kind from SQLite's ``GROUP BY`` of (name, demangled name).
+* one pass over the kernels in time order: the union of the GPU's work, its busy time and its idle gaps
+  (the open interval carried from step to step; the copies and memsets, few, held whole; the short gaps
+  counted and summed, the gaps of 10 us or more kept with the operation that ended each), and a code and a
+  duration per kernel for the kernel summary, with the count and time of each (name, demangled) pair for
+  the kinds;
+* one pass over the calls: the idle gaps' causes (the calls that overlap a long gap, the call that launched
+  the work ending each gap, the starts of the issuing calls, 8 bytes a call) and a code and a duration per
+  call for the API summary;
+* kernels by NVTX range: a pass over the calls and one over the kernels;
+* the ``nsys stats``-style tables' statistics taken a group of names at a time by the same pandas reductions
+  (:func:`gpuprof.nsys.stats.group_stats`): each name's values meet the same arithmetic in the same order.
 
-It covers what a long single-GPU run without step ranges records (the benchmark's 20 million kernels:
-976 MiB at most, against 3,595 MiB read whole; artifacts/tools/bench_torch_trace_big.txt); an export with
+The rows come out of SQLite packed (:func:`_packed_chunks`: a few 62-bit integers per row, each a
+``group_concat`` text per step, parsed by numpy), so no Python object is made per row; calls written a little
+out of time order are merged back in order as they pass (:func:`_merged`), not sorted by SQLite.
+
+It covers what a long single-GPU run without step ranges records (the benchmark's 20 million kernels;
+its time and memory are in artifacts/tools/bench_torch_trace_big.txt, 3,595 MiB read whole); an export with
 steps, several GPUs, NCCL kernels, a kernel whose correlation id several calls share, or NULLs in the
 columns read raises :class:`Unsupported`, and the report reads it whole as before.
 """
@@ -159,9 +165,10 @@ def _packed_chunks(conn: sqlite3.Connection, table: str, columns: list[str],
     """The table's rows (``start``, then ``columns``; ``end`` as itself) in rowid order as int64 arrays of shape
     (rows, 1 + len(columns)), a rowid range of :data:`CHUNK_ROWS` at a time. Per range one query returns each
     word (:func:`_layout`) as one ``group_concat`` text, parsed by numpy: no Python object per row or value (the
-    cursor's tuples cost 0.66 s per 2 million kernels of five columns, this 0.28 s; scripts/bench notes in
-    artifacts/tools/bench_torch_trace_big.txt). All the words of a row come from the same step of SQLite's scan;
-    the count of each range is checked against the values parsed."""
+    cursor's tuples cost 0.66 s of CPU per 2 million kernels of five columns, three packed words 0.28 s;
+    artifacts/tools/bench_torch_trace_big.txt, branch big7). All the words of a row come from the same step of
+    SQLite's scan; the count of each range is checked against the values parsed, and a step whose first word
+    leaves a row out (a value outside its range, a NULL, a text) is read again unpacked."""
     for _, rows in _packed_ranges(conn, table, columns, ranges):
         yield rows
 
@@ -555,10 +562,10 @@ class LeanView:
             ok = np.isfinite(cid) & (want[pos] == cid) if len(want) else np.zeros(len(g), dtype=bool)
             c_start = np.where(ok, found[0][pos] if len(want) else np.nan, np.nan)
             c_end = np.where(ok, found[1][pos] if len(want) else np.nan, np.nan)
-            return pace_of(g, c_start, c_end, issue, pace_factor)
+            return pace_of(g, c_start, c_end, issue, pace_factor, consume=True)
 
         table = idle_table(gaps, u["short"], short_cause, pace)
-        issue = np.empty(0, dtype=np.int64)  # let go before the API summary's statistics (K20M: 948 MiB with it held)
+        issue = np.empty(0, dtype=np.int64)  # let go before the API summary's statistics
         self.extra["summary:nameId"] = coder.summary("Name", "Num Calls")  # for api_summary
         return table
 
