@@ -112,11 +112,12 @@ SAMPLE_ROWS = 1 << 16
 
 
 def column_ranges(conn: sqlite3.Connection, table: str, columns: list[str]) -> dict:
-    """Each column's expected (min, max), for packing (``"end"`` stands for ``end - start``): the values of the
-    first and last :data:`SAMPLE_ROWS` rows, widened (``start`` to the span of the two samples, the others to four
-    times their range, centred). Only the ends are read: scans of the whole tables for exact ranges cost 1.66 s (the
-    kernels) and 1.34 s (the calls) of CPU on the 5 million-kernel export, nearly a quarter of its report (12.9 s). A row outside them costs only speed: :func:`_packed_ranges`
-    reads its step again unpacked."""
+    """Each column's expected (min, max), for packing (``"end"`` stands for ``end - start``): the values of the first
+    and last :data:`SAMPLE_ROWS` rows, widened (``start`` to the span of the two samples, the others to four
+    times their range: one range below, two above). Only the ends are read: scans of the whole tables for exact
+    ranges cost 1.66 s (the kernels) and 1.34 s (the calls) of CPU on the 5 million-kernel export, nearly a
+    quarter of its report (12.9 s). A row outside them costs only speed: :func:`_packed_ranges` reads its step
+    again unpacked."""
     span = ns.rowid_range(conn, table)
     if span is None:
         return {c: (0, 0) for c in ["start", *columns]}
