@@ -2,8 +2,9 @@
 whole: the same terminal text, facts, tables (values and dtypes) and figures, on every committed export it
 covers (with their own step rule, and with steps switched off so that it covers more of them) and on small
 exports built here to hit its edges: passes of a few rows, rows out of time order, a GPU that lags the CPU by
-many launches, calls that share a correlation id. Its time and memory are measured by a benchmark
-(scripts/bench_lean_nsys.py), never here."""
+many launches, calls that share a correlation id; and its packed reading (rows outside the sampled ranges, NULLs,
+a local merge of rows out of time order) against SQLite's own answers. Its time and memory are measured as a whole
+process on a 20 million-kernel export (artifacts/tools/bench_torch_trace_big.txt), never here."""
 
 import shutil
 import sqlite3
@@ -121,9 +122,9 @@ def test_rows_out_of_time_order_are_read_in_sqlites_sort(tmp_path, monkeypatch):
     seen = []
     real = ln._in_order
 
-    def spy(conn, table, columns, ordered):
+    def spy(conn, table, columns, ordered, *rest):
         seen.append(ordered)
-        return real(conn, table, columns, ordered)
+        return real(conn, table, columns, ordered, *rest)
 
     monkeypatch.setattr(ln, "_in_order", spy)
     monkeypatch.setattr(ln, "CHUNK_ROWS", 500)
@@ -261,3 +262,126 @@ def test_gap_calls_fed_in_steps_equal_idle_gaps_with_overlapping_calls(step):
     got = activity.gap_table(gs, ge, meet.answers(lambda i: stats.api_name(text[i])))
     assert (got["covered_share"] < 1).any() and (got["covered_share"] == 1).any()
     pd.testing.assert_frame_equal(got, want, check_exact=True)
+
+
+def _table(tmp_path, rows, cols=("start", "end", "correlationId", "deviceId", "nameId")):
+    """A table T of the given integer rows (rowid order = the list's), in a fresh SQLite file."""
+    path = tmp_path / "t.sqlite"
+    with sqlite3.connect(path) as con:
+        con.execute(f"CREATE TABLE T ({', '.join(cols)})")
+        con.executemany(f"INSERT INTO T VALUES ({', '.join('?' * len(cols))})", rows)
+    return sqlite3.connect(path)
+
+
+def _plain(con, cols, order="rowid"):
+    return np.array(con.execute(f"SELECT {', '.join(cols)} FROM T ORDER BY {order}").fetchall(), dtype=np.int64)
+
+
+def test_packed_reading_is_the_cursors_reading_inside_and_outside_the_sampled_ranges(tmp_path, monkeypatch):
+    """The packing's ranges come from the table's two ends: rows in between that leave them (a long call, a late
+    name id, a negative id, a column wider than a word) make their step read unpacked; every value is the
+    cursor's either way."""
+    rng = np.random.default_rng(7)
+    n = 3000
+    start = np.cumsum(rng.integers(0, 5000, n))
+    rows = np.stack([start, start + rng.integers(0, 900, n), np.arange(n) + 10, np.zeros(n, dtype=np.int64),
+                     rng.integers(100, 120, n)], axis=1)
+    rows[1500, 1] += 10**12  # a duration far past the ends'
+    rows[2100, 4] = 10**6    # a name id no end has
+    rows[2500, 2] = -10**6   # a negative id, below the widened range
+    con = _table(tmp_path, rows.tolist())
+    cols = ["end", "correlationId", "deviceId", "nameId"]
+    monkeypatch.setattr(ln, "SAMPLE_ROWS", 200)
+    monkeypatch.setattr(ln, "CHUNK_ROWS", 256)
+    plain_steps = []
+    real = ln._chunks
+    monkeypatch.setattr(ln, "_chunks", lambda *a: plain_steps.append(a[3]) or real(*a))
+    ranges = ln.column_ranges(con, "T", cols)
+    got = np.concatenate(list(ln._packed_chunks(con, "T", cols, ranges)))
+    np.testing.assert_array_equal(got, _plain(con, ["start", *cols]))
+    assert sorted(a for a, _ in plain_steps) == [1281, 2049, 2305]  # only the three steps with a row outside
+    # a column wider than a word travels as itself
+    wide = rows.copy()
+    wide[:, 4] = np.where(np.arange(n) % 2, 2**62, -(2**62))
+    (tmp_path / "w").mkdir()
+    con = _table(tmp_path / "w", wide.tolist())
+    ranges = ln.column_ranges(con, "T", cols)
+    assert any(f[0][2] == 64 for f in ln._layout(cols, ranges))
+    np.testing.assert_array_equal(np.concatenate(list(ln._packed_chunks(con, "T", cols, ranges))),
+                                  _plain(con, ["start", *cols]))
+
+
+def test_a_null_between_the_ends_is_unsupported(tmp_path, monkeypatch):
+    rows = [[i * 10, i * 10 + 5, i, 0, 100] for i in range(1000)]
+    rows[500][2] = None
+    con = _table(tmp_path, rows)
+    cols = ["end", "correlationId", "deviceId", "nameId"]
+    monkeypatch.setattr(ln, "SAMPLE_ROWS", 100)
+    monkeypatch.setattr(ln, "CHUNK_ROWS", 128)
+    with pytest.raises(ln.Unsupported):
+        list(ln._packed_chunks(con, "T", cols, ln.column_ranges(con, "T", cols)))
+
+
+def test_the_local_merge_is_sqlites_sort(tmp_path, monkeypatch):
+    """Rows out of time order only locally (runs of rows moved back across a step's edge, starts repeated) come out
+    as ``ORDER BY start, rowid``; a row far out of place holds too much back and the merge gives up."""
+    rng = np.random.default_rng(11)
+    n = 4000
+    start = np.cumsum(rng.integers(0, 3, n))  # many equal starts
+    for at in rng.integers(1, n - 50, 40):  # a run of rows started earlier than the rows before it
+        start[at:at + 30] -= rng.integers(0, 40)
+    rows = np.stack([start, start + 7, np.arange(n), np.zeros(n, dtype=np.int64), rng.integers(1, 9, n)], axis=1)
+    con = _table(tmp_path, rows.tolist())
+    cols = ["end", "correlationId", "deviceId", "nameId"]
+    monkeypatch.setattr(ln, "CHUNK_ROWS", 300)
+    monkeypatch.setattr(ln, "SAMPLE_ROWS", 100)
+    ranges = ln.column_ranges(con, "T", cols)
+    with pytest.raises(ln._Unsorted):  # the rowid order is checked
+        list(ln._in_order(con, "T", cols, False, ranges))
+    got = np.concatenate(list(ln._merged(con, "T", cols, ranges)))
+    np.testing.assert_array_equal(got, _plain(con, ["start", *cols], order="start, rowid"))
+    far = rows.copy()
+    far[n - 1, 0:2] = [-100, -93]  # the last row belongs first: every step is held back for it
+    (tmp_path / "f").mkdir()
+    con = _table(tmp_path / "f", far.tolist())
+    monkeypatch.setattr(ln, "CARRY_MAX_CHUNKS", 2)
+    with pytest.raises(ln._Unsorted):
+        list(ln._merged(con, "T", cols, ln.column_ranges(con, "T", cols)))
+
+
+@pytest.mark.parametrize("wide", [False, True], ids=["bincount", "sort"])
+def test_pairs_counted_and_summed_as_sqlites_group_by(tmp_path, wide):
+    rng = np.random.default_rng(5)
+    n = 5000
+    a = rng.integers(0, 6, n) * (10**9 if wide else 1)  # ids far apart: the sort; near: bincount
+    b = rng.integers(0, 9, n)
+    d = rng.integers(0, 10**6, n)
+    con = _table(tmp_path, np.stack([a, b, d], axis=1).tolist(), cols=("a", "b", "d"))
+    sums: dict = {}
+    for lo in range(0, n, 999):  # in steps, as a pass feeds it
+        ln._add_pairs(sums, a[lo:lo + 999], b[lo:lo + 999], d[lo:lo + 999])
+    want = con.execute("SELECT a, b, count(*), sum(d) FROM T GROUP BY 1, 2").fetchall()
+    assert [(x, y, *sums[(x, y)]) for x, y in sorted(sums)] == [tuple(r) for r in want]
+
+
+def test_spacings_taken_in_place_are_numpys_diff():
+    from gpuprof.report.activity_view import _diff_in_place
+    rng = np.random.default_rng(13)
+    for n in (0, 1, 2, 3, 7, 8, 9, 1000):
+        a = np.sort(rng.integers(0, 10**12, n))
+        np.testing.assert_array_equal(_diff_in_place(a.copy(), step=4), np.diff(a))
+
+
+def test_gap_causes_from_each_distinct_call_name_are_the_rule_row_by_row():
+    """_call_cause applies the rule once per distinct name (an object array, not numpy text a million rows long):
+    the same cause per row as the rule applied to every row, NaN and empty names included."""
+    from gpuprof.report.activity_view import CAUSES, _call_cause
+    rng = np.random.default_rng(17)
+    names = pd.Series(rng.choice(["", "cudaDeviceSynchronize", "cudaMemcpyAsync", "cudaMemsetAsync",
+                                  "cudaLaunchKernel", "cudaFree", None, np.nan], 5000), dtype=object)
+    for s in (names, names.astype("str"), names.fillna(""), pd.Series([], dtype=object)):
+        call = s.astype(str)
+        want = np.select([call.str.contains("Synchronize"), call.str.contains("Memcpy|Memset"),
+                          call.str.contains("Launch"), call != ""],
+                         [CAUSES["sync"], CAUSES["copy"], CAUSES["launch"], CAUSES["other"]], CAUSES["host"])
+        assert list(_call_cause(s)) == list(want)

@@ -497,9 +497,17 @@ def step_period_ns(steps: pd.DataFrame, *, fallback: float) -> float:
 
 
 def _call_cause(names: pd.Series) -> np.ndarray:
-    call = names.astype(str)
-    return np.select([call.str.contains("Synchronize"), call.str.contains("Memcpy|Memset"), call.str.contains("Launch"),
-                      call != ""], [CAUSES["sync"], CAUSES["copy"], CAUSES["launch"], CAUSES["other"]], CAUSES["host"])
+    """Each gap's cause from the name of the call that overlaps it most, as an object array: the rule applied to
+    each distinct name once (a numpy array of text of a million gaps took 4 bytes per character of the longest
+    cause, about 200 MB, at 20 million kernels)."""
+    every = names.astype(str)
+    codes, _ = pd.factorize(every, use_na_sentinel=False)
+    first = pd.Series(codes).drop_duplicates()  # each distinct name's first row, in code order
+    call = every.iloc[first.index.to_numpy()[np.argsort(first.to_numpy())]].reset_index(drop=True)
+    cause = np.select([call.str.contains("Synchronize"), call.str.contains("Memcpy|Memset"), call.str.contains("Launch"),
+                       call != ""], [CAUSES["sync"], CAUSES["copy"], CAUSES["launch"], CAUSES["other"]],
+                      CAUSES["host"]).astype(object)
+    return cause[codes] if len(codes) else np.array([], dtype=object)
 
 
 def _first_rows(keys: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -581,19 +589,31 @@ def _median_in_place(d: np.ndarray) -> float:
     return float(np.mean(d[k - 1:k + 1].astype(np.float64)))
 
 
+def _diff_in_place(a: np.ndarray, step: int = 1 << 18) -> np.ndarray:
+    """``np.diff(a)``, written over ``a``'s first ``len(a) - 1`` places (returned as a view), a step at a time: each
+    step reads the next step's first value before that one is overwritten."""
+    n = len(a)
+    for i in range(0, n - 1, step):
+        j = min(i + step, n - 1)
+        a[i:j] = a[i + 1:j + 1] - a[i:j]
+    return a[:n - 1]
+
+
 def pace_of(gaps: pd.DataFrame, c_start: np.ndarray, c_end: np.ndarray, starts: np.ndarray,
-            factor: float) -> tuple[np.ndarray, np.ndarray]:
+            factor: float, *, consume: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """:func:`_launch_pace` from each gap's launching call (``c_start``, ``c_end``: float ns, NaN for none) and the
     sorted starts of the issuing calls inside the segments: apart so that a reader of an export too large to hold
-    (:mod:`gpuprof.report.lean_nsys`) finds those in its own passes and decides by the same rule."""
+    (:mod:`gpuprof.report.lean_nsys`) finds those in its own passes and decides by the same rule. ``consume``:
+    ``starts`` (int64) may be overwritten, so the spacings between them are taken in its place, a step at a time
+    (the same values; no second array of 20 million)."""
     n = len(gaps)
     paced = np.zeros(n, dtype=bool)
     queued = np.nan_to_num(c_end, nan=np.inf) <= gaps["start"].to_numpy(dtype=float)
     if len(starts) < 3:
         return queued, paced
-    usual = _median_in_place(np.diff(starts))
     prev_i = np.searchsorted(starts, np.nan_to_num(c_start, nan=-1), side="left") - 1
     prev = np.where(prev_i >= 0, starts[np.clip(prev_i, 0, None)], np.nan)
+    usual = _median_in_place(_diff_in_place(starts) if consume else np.diff(starts))
     with np.errstate(invalid="ignore"):
         paced = ~queued & np.isfinite(c_start) & ((c_start - prev) <= factor * usual)
     return queued, paced
@@ -657,8 +677,10 @@ def idle_table(gaps: pd.DataFrame, short_row: dict[str, int], short_cause: str,
             parts.append(pd.DataFrame({"cause": CAUSES["untraced"], "ns": dur, "gap": ids}))
         else:
             queued, paced = pace(gaps)
-            whole = np.where(queued, CAUSES["queued"], np.where(paced, CAUSES["paced"], ""))
-            split = whole == ""
+            whole = np.full(len(gaps), "", dtype=object)  # object, not numpy text: 8 bytes a gap (see _call_cause)
+            whole[paced] = CAUSES["paced"]
+            whole[queued] = CAUSES["queued"]  # before the launch pace
+            split = ~(queued | paced)
             covered = dur * gaps["cpu_call_share"].to_numpy(dtype=float)
             parts += [pd.DataFrame({"cause": whole[~split], "ns": dur[~split], "gap": ids[~split]}),
                       pd.DataFrame({"cause": _call_cause(gaps["cpu_call"])[split], "ns": covered[split], "gap": ids[split]}),

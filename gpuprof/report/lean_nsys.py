@@ -6,18 +6,24 @@ gives :func:`gpuprof.report.timeline_page.timeline_page` the same page (every nu
 tests/test_lean_nsys.py holds the two equal) from SQLite in passes of :data:`CHUNK_ROWS` rows, keeping
 per pass only what that measure needs:
 
-* the union of the GPU's work, its busy time and its idle gaps: one pass over the kernels in time order
-  (the open interval carried from step to step; the copies and memsets, few, held whole); the short
-  gaps counted and summed, the gaps of 10 us or more kept with the operation that ended each;
-* the idle gaps' causes: one pass over the calls, keeping the calls that overlap a long gap, the call
-  that launched the work ending each gap, and the starts of the issuing calls (8 bytes a call);
-* the ``nsys stats``-style tables (kernels, API calls, kernels by NVTX range) from a code and a
-  duration per row, their statistics taken a group of names at a time by the same pandas reductions
-  (:func:`gpuprof.nsys.stats.group_stats`): each name's values meet the same arithmetic in the same order;
-* kernels by kind from SQLite's ``GROUP BY`` of (name, demangled name).
+* one pass over the kernels in time order: the union of the GPU's work, its busy time and its idle gaps
+  (the open interval carried from step to step; the copies and memsets, few, held whole; the short gaps
+  counted and summed, the gaps of 10 us or more kept with the operation that ended each), and a code and a
+  duration per kernel for the kernel summary, with the count and time of each (name, demangled) pair for
+  the kinds;
+* one pass over the calls: the idle gaps' causes (the calls that overlap a long gap, the call that launched
+  the work ending each gap, the starts of the issuing calls, 8 bytes a call) and a code and a duration per
+  call for the API summary;
+* kernels by NVTX range: a pass over the calls and one over the kernels;
+* the ``nsys stats``-style tables' statistics taken a group of names at a time by the same pandas reductions
+  (:func:`gpuprof.nsys.stats.group_stats`): each name's values meet the same arithmetic in the same order.
 
-It covers what a long single-GPU run without step ranges records (the benchmark's 20 million kernels:
-976 MiB at most, against 3,595 MiB read whole; artifacts/tools/bench_torch_trace_big.txt); an export with
+The rows come out of SQLite packed (:func:`_packed_chunks`: a few 62-bit integers per row, each a
+``group_concat`` text per step, parsed by numpy), so no Python object is made per row; calls written a little
+out of time order are merged back in order as they pass (:func:`_merged`), not sorted by SQLite.
+
+It covers what a long single-GPU run without step ranges records (the benchmark's 20 million kernels;
+its time and memory are in artifacts/tools/bench_torch_trace_big.txt, 3,595 MiB read whole); an export with
 steps, several GPUs, NCCL kernels, a kernel whose correlation id several calls share, or NULLs in the
 columns read raises :class:`Unsupported`, and the report reads it whole as before.
 """
@@ -45,8 +51,10 @@ from .activity_view import (CAUSES, IDLE_MIN_GAP_NS, LAUNCH_PACE_FACTOR, _ISSUE_
 __all__ = ["LeanView", "Unsupported", "lean_view", "wants_lean", "batched_group_stats", "LEAN_MIN_KERNELS",
            "CHUNK_ROWS", "GROUP_ROWS"]
 
-CHUNK_ROWS = 1 << 20
-"""Rows per step of a pass: each step is one int64 array of this many rows per column read (8 MiB a column)."""
+CHUNK_ROWS = 1 << 18
+"""Rows per step of a pass: each step is one int64 array of this many rows per column read (2 MiB a column), and
+SQLite's texts of it (:func:`_packed_chunks`). At 5 million kernels the report peaked at 323 MiB with these steps,
+505 MiB with steps of 1 Mi rows, in the same CPU time (15.8 and 16.1 s; branch big7)."""
 
 LEAN_MIN_KERNELS = 4_000_000
 """Exports with at least this many kernels (by their rowid range) are read in passes where :class:`LeanView`
@@ -78,8 +86,8 @@ def wants_lean(path: Path) -> bool:
     with closing(ns.open_export(path)) as conn:
         if ns.KERNEL_TABLE not in ns.table_names(conn):
             return False
-        lo, hi = conn.execute(f"SELECT min(rowid), max(rowid) FROM {ns.KERNEL_TABLE}").fetchone()
-    return lo is not None and int(hi) - int(lo) + 1 >= LEAN_MIN_KERNELS
+        span = ns.rowid_range(conn, ns.KERNEL_TABLE)
+    return span is not None and span[1] - span[0] + 1 >= LEAN_MIN_KERNELS
 
 
 def _chunks(conn: sqlite3.Connection, sql: str, ncols: int, params: tuple = ()) -> Iterator[np.ndarray]:
@@ -95,16 +103,145 @@ def _chunks(conn: sqlite3.Connection, sql: str, ncols: int, params: tuple = ()) 
         yield flat.reshape(-1, ncols)
 
 
-def _in_order(conn: sqlite3.Connection, table: str, columns: list[str], ordered: bool) -> Iterator[np.ndarray]:
+WORD_BITS = 62
+"""Bits of one packed value (:func:`_packed_chunks`): below SQLite's sign bit, with one to spare."""
+
+
+SAMPLE_ROWS = 1 << 16
+"""Rows at each end of a table (by rowid) whose values set the packing's ranges (:func:`column_ranges`)."""
+
+
+def column_ranges(conn: sqlite3.Connection, table: str, columns: list[str]) -> dict:
+    """Each column's expected (min, max), for packing (``"end"`` stands for ``end - start``): the values of the first
+    and last :data:`SAMPLE_ROWS` rows, widened (``start`` to the span of the two samples, the others to four
+    times their range: one range below, two above). Only the ends are read: scans of the whole tables for exact
+    ranges cost 1.66 s (the kernels) and 1.34 s (the calls) of CPU on the 5 million-kernel export, nearly a
+    quarter of its report (12.9 s). A row outside them costs only speed: :func:`_packed_ranges` reads its step
+    again unpacked."""
+    span = ns.rowid_range(conn, table)
+    if span is None:
+        return {c: (0, 0) for c in ["start", *columns]}
+    exprs = {c: ("end - start" if c == "end" else c) for c in ["start", *columns]}
+    sql = f"SELECT {', '.join(f'min({e}), max({e})' for e in exprs.values())} FROM {table} WHERE rowid BETWEEN ? AND ?"
+    rows = [conn.execute(sql, (span[0], span[0] + SAMPLE_ROWS - 1)).fetchone(),
+            conn.execute(sql, (span[1] - SAMPLE_ROWS + 1, span[1])).fetchone()]
+    out = {}
+    for i, c in enumerate(exprs):
+        seen = [v for r in rows for v in r[2 * i:2 * i + 2] if type(v) is int]
+        if not seen:
+            raise Unsupported(f"no integer values in {table}.{c}")
+        lo, hi = min(seen), max(seen)
+        if c != "start":
+            pad = hi - lo + 1
+            lo, hi = lo - pad, hi + 2 * pad
+        out[c] = (lo, hi)
+    return out
+
+
+def _layout(columns: list[str], ranges: dict[str, tuple[int, int]]) -> list[list[tuple[int, int, int, int]]]:
+    """The columns (``start`` first) packed into 62-bit words: per word its fields (column index, shift, bits,
+    offset), each field the value less the column's minimum. A column of one value travels in no word at all.
+    First fit, widest first; a column wider than :data:`WORD_BITS` travels as itself (bits 64, offset 0)."""
+    words: list[list[tuple[int, int, int, int]]] = []
+    room: list[int] = []
+    for i, c in sorted(enumerate(["start", *columns]), key=lambda ic: -(ranges[ic[1]][1] - ranges[ic[1]][0])):
+        lo, hi = ranges[c]
+        bits = int(hi - lo).bit_length()
+        if bits == 0 or bits > WORD_BITS:  # a constant: a word of no bits, never read; too wide: a word of its own
+            words.append([(i, 0, 0, lo)] if bits == 0 else [(i, 0, 64, 0)])
+            room.append(-1)
+            continue
+        w = next((j for j, r in enumerate(room) if r >= bits), None)
+        if w is None:
+            words.append([])
+            room.append(WORD_BITS)
+            w = len(words) - 1
+        words[w].append((i, WORD_BITS - room[w], bits, lo))
+        room[w] -= bits
+    return words
+
+
+def _packed_chunks(conn: sqlite3.Connection, table: str, columns: list[str],
+                   ranges: dict[str, tuple[int, int]]) -> Iterator[np.ndarray]:
+    """The table's rows (``start``, then ``columns``; ``end`` as itself) in rowid order as int64 arrays of shape
+    (rows, 1 + len(columns)), a rowid range of :data:`CHUNK_ROWS` at a time. Per range one query returns each
+    word (:func:`_layout`) as one ``group_concat`` text, parsed by numpy: no Python object per row or value (the
+    cursor's tuples cost 0.66 s of CPU per 2 million kernels of five columns, three packed words 0.28 s;
+    artifacts/tools/bench_torch_trace_big.txt, branch big7). All the words of a row come from the same step of
+    SQLite's scan; the count of each range is checked against the values parsed, and a step whose first word
+    leaves a row out (a value outside its range, a NULL, a text) is read again unpacked."""
+    for _, rows in _packed_ranges(conn, table, columns, ranges):
+        yield rows
+
+
+def _packed_ranges(conn: sqlite3.Connection, table: str, columns: list[str],
+                   ranges: dict[str, tuple[int, int]]) -> Iterator[tuple[int, np.ndarray]]:
+    """:func:`_packed_chunks`' steps with the first rowid of each one's range."""
+    names = ["start", *columns]
+    layout = _layout(columns, ranges)
+    exprs = []
+    sql_of = {c: ("end - start" if c == "end" else c) for c in names}
+    for fields in layout:
+        expr = [(sql_of[names[i]], sh, bits, lo) for i, sh, bits, lo in fields]
+        if fields[0][2] == 64:
+            exprs.append(expr[0][0])
+        elif fields[0][2]:
+            exprs.append(" | ".join(f"((({e}) - ({lo})) << {sh})" for e, sh, _, lo in expr))
+    # every value of the row inside its range, or the first word NULL: group_concat leaves it out, the count differs
+    guard = " AND ".join(f"({e}) BETWEEN {ranges[c][0]} AND {ranges[c][1]}" for c, e in sql_of.items()
+                         if int(ranges[c][1] - ranges[c][0]).bit_length() <= WORD_BITS)
+    if exprs and guard:
+        exprs[0] = f"CASE WHEN {guard} THEN {exprs[0]} END"
+    elif guard:
+        exprs.append(f"CASE WHEN {guard} THEN 0 END")
+    span = ns.rowid_range(conn, table)
+    if span is None:
+        return
+    sql = f"SELECT count(*){''.join(f', group_concat({e})' for e in exprs)} FROM {table} WHERE rowid >= ? AND rowid < ?"
+    plain = f"SELECT {', '.join(names)} FROM {table} WHERE rowid >= ? AND rowid < ? ORDER BY rowid"
+    for a in range(span[0], span[1] + 1, CHUNK_ROWS):
+        got = conn.execute(sql, (a, a + CHUNK_ROWS)).fetchone()
+        n = int(got[0])
+        if n == 0:
+            continue
+        words = [np.fromstring(t or "", dtype=np.int64, sep=",") for t in got[1:]]
+        if any(len(w) != n for w in words):  # a value outside its range, a NULL or a text: this step unpacked
+            yield a, np.concatenate(list(_chunks(conn, plain, len(names), (a, a + CHUNK_ROWS))))
+            continue
+        out = np.empty((n, len(names)), dtype=np.int64)
+        texts = iter(words)
+        for fields in layout:
+            if not fields[0][2]:
+                out[:, fields[0][0]] = fields[0][3]
+                continue
+            w = next(texts)
+            if fields[0][2] == 64:
+                out[:, fields[0][0]] = w
+                continue
+            for i, sh, bits, lo in fields:
+                col = out[:, i]
+                np.right_shift(w, sh, out=col)
+                np.bitwise_and(col, (1 << bits) - 1, out=col)
+                col += lo
+        if "end" in columns:
+            out[:, 1 + columns.index("end")] += out[:, 0]
+        yield a, out
+
+
+def _in_order(conn: sqlite3.Connection, table: str, columns: list[str], ordered: bool,
+              ranges: dict[str, tuple[int, int]] | None = None) -> Iterator[np.ndarray]:
     """The table's rows (``start`` first, then ``columns``) in the in-memory readers' order, by start then rowid:
     in rowid order, checked as the rows pass (exports are written in time order), or (``ordered``) sorted by
-    SQLite. Raises :class:`_Unsorted` where the rowid order turns out not to be the time order."""
+    SQLite. Raises :class:`_Unsorted` where the rowid order turns out not to be the time order. With ``ranges``
+    (:func:`column_ranges` of the columns) the rowid order is read packed (:func:`_packed_chunks`)."""
     cols = ", ".join(["start", *columns])
     if ordered:
         yield from _chunks(conn, f"SELECT {cols} FROM {table} ORDER BY start, rowid", len(columns) + 1)
         return
     last = None
-    for rows in _chunks(conn, f"SELECT {cols} FROM {table} ORDER BY rowid", len(columns) + 1):
+    rows_of = (_packed_chunks(conn, table, columns, ranges) if ranges is not None
+               else _chunks(conn, f"SELECT {cols} FROM {table} ORDER BY rowid", len(columns) + 1))
+    for rows in rows_of:
         s = rows[:, 0]
         if (last is not None and s[0] < last) or not activity.is_sorted(s):
             raise _Unsorted
@@ -114,16 +251,59 @@ def _in_order(conn: sqlite3.Connection, table: str, columns: list[str], ordered:
 
 def _capacity(conn: sqlite3.Connection, table: str) -> int:
     """An upper bound of the table's rows (its rowid range: rowids only grow), to size arrays filled in passes."""
-    lo, hi = conn.execute(f"SELECT min(rowid), max(rowid) FROM {table}").fetchone()
-    return 0 if lo is None else int(hi) - int(lo) + 1
+    span = ns.rowid_range(conn, table)
+    return 0 if span is None else span[1] - span[0] + 1
 
 
 def _pass(run: Callable[[bool], object]) -> object:
-    """``run(ordered)`` over rowid order, again over SQLite's sort if the rows were not in time order."""
-    try:
-        return run(False)
-    except _Unsorted:
-        return run(True)
+    """``run(ordered)``: ``ordered`` False reads each table as :meth:`LeanView._rows` last found it could
+    (rowid order, a local merge, SQLite's sort); each :class:`_Unsorted` moves one table a step down that list and
+    the pass starts again; after four, every table in SQLite's sort (``ordered`` True)."""
+    for _ in range(4):
+        try:
+            return run(False)
+        except _Unsorted:
+            continue
+    return run(True)
+
+
+CARRY_MAX_CHUNKS = 4
+"""The local merge (:func:`_merged`) holds at most this many steps' rows back; more, and SQLite sorts the table."""
+
+
+def _merged(conn: sqlite3.Connection, table: str, columns: list[str],
+            ranges: dict[str, tuple[int, int]]) -> Iterator[np.ndarray]:
+    """The rows in the order of SQLite's ``ORDER BY start, rowid``, from the packed rowid order of a table whose
+    rows are out of time order only locally (an export's calls: 2,318 of its first 2 million rows start before
+    an earlier row's start in the benchmark's export). The least start of each later rowid range (one query per
+    range, ``start`` alone) bounds what each step may give: the rows held back and the step, in a stable sort by
+    start (the held rows all precede the step's in rowid order), are given up to that bound and the rest held.
+    Raises :class:`_Unsorted` where more than :data:`CARRY_MAX_CHUNKS` steps' rows are held."""
+    span = ns.rowid_range(conn, table)
+    if span is None:
+        return
+    later: dict[int, int | None] = ranges.get(("later", CHUNK_ROWS), {})  # type: ignore[call-overload]
+    if not later:  # kept in the table's ranges for the next pass
+        least = None
+        for a in reversed(range(span[0], span[1] + 1, CHUNK_ROWS)):
+            later[a] = least
+            m = conn.execute(f"SELECT min(start) FROM {table} WHERE rowid >= ? AND rowid < ?",
+                             (a, a + CHUNK_ROWS)).fetchone()[0]
+            if m is not None:
+                least = m if least is None else min(least, m)
+        ranges[("later", CHUNK_ROWS)] = later  # type: ignore[index]
+    carry: np.ndarray | None = None
+    for a, rows in _packed_ranges(conn, table, columns, ranges):
+        buf = rows if carry is None or len(carry) == 0 else np.concatenate([carry, rows])
+        if not activity.is_sorted(buf[:, 0]):
+            buf = buf[np.argsort(buf[:, 0], kind="stable")]
+        bound = later[a]
+        k = len(buf) if bound is None else int(np.searchsorted(buf[:, 0], bound, side="left"))
+        if k:
+            yield buf[:k]
+        carry = buf[k:]
+        if len(carry) > CARRY_MAX_CHUNKS * CHUNK_ROWS:
+            raise _Unsorted
 
 
 def batched_group_stats(codes: np.ndarray, values: np.ndarray) -> pd.DataFrame:
@@ -154,7 +334,7 @@ def batched_group_stats(codes: np.ndarray, values: np.ndarray) -> pd.DataFrame:
         if h == g + 1 and b - a > GROUP_ROWS:
             parts.append(_one_group(int(present[g]), values[rows]))
         else:
-            parts.append(stats.group_stats(codes[rows], values[rows]))
+            parts.append(stats.group_stats(codes[rows], values[rows].astype(np.int64, copy=False)))
         del rows
         g = h
     out = pd.concat(parts)
@@ -171,7 +351,7 @@ def _one_group(code: int, v: np.ndarray) -> pd.DataFrame:
     total = int(v.sum(dtype=np.int64))
     lo, hi = int(v.min()), int(v.max())
     if lo < 0 or total >= 2**53 or hi >= 2**53:  # the exactness above does not hold: pandas' own way
-        return stats.group_stats(np.full(n, code), v)
+        return stats.group_stats(np.full(n, code), v.astype(np.int64, copy=False))
     mean = float(total) / n
     ss = 0.0
     for a in range(0, n, CHUNK_ROWS):  # sum of squared deviations, a step at a time (no second array of n)
@@ -213,6 +393,10 @@ class LeanView:
     lean: bool = True
     extra: dict = field(default_factory=dict)
     _union: dict | None = field(default=None, repr=False)
+    order_way: dict = field(default_factory=dict, repr=False)
+    """Per big table, how its rows are read in time order: "rowid" (unset), "local" or "sqlite" (:meth:`_rows`)."""
+    col_ranges: dict = field(default_factory=dict, repr=False)
+    """Per big table, :func:`column_ranges` of the columns its passes read."""
 
     has_work = True  # a view is made only where kernels exist
 
@@ -227,6 +411,33 @@ class LeanView:
 
     def _conn(self) -> sqlite3.Connection:
         return ns.open_export(self.path)
+
+    def _table_columns(self, table: str) -> list[str]:
+        """Every column the passes read of ``table`` (beside ``start``)."""
+        if table == ns.KERNEL_TABLE:
+            return list(dict.fromkeys(["end", "correlationId", "deviceId", self.full_col, self.short_col]))
+        return ["end", "nameId", "correlationId", "globalTid"]
+
+    def _rows(self, conn: sqlite3.Connection, table: str, columns: list[str], ordered: bool) -> Iterator[np.ndarray]:
+        """The table's rows by start, then rowid (:func:`_in_order`), packed by its columns' ranges (one scan per
+        table, kept): in rowid order, checked; where that was found out of order, by a local merge
+        (:func:`_merged`); where that held too many rows back, or ``ordered``, in SQLite's sort. A way found
+        wanting is noted (:attr:`order_way`) and raises :class:`_Unsorted`: :func:`_pass` starts again."""
+        way = "sqlite" if ordered else self.order_way.get(table, "rowid")
+        if way == "sqlite":
+            return _in_order(conn, table, columns, True)
+        if table not in self.col_ranges:
+            self.col_ranges[table] = column_ranges(conn, table, self._table_columns(table))
+        rows = (_in_order(conn, table, columns, False, self.col_ranges[table]) if way == "rowid"
+                else _merged(conn, table, columns, self.col_ranges[table]))
+        return self._noting(table, rows, "local" if way == "rowid" else "sqlite")
+
+    def _noting(self, table: str, rows: Iterator[np.ndarray], then: str) -> Iterator[np.ndarray]:
+        try:
+            yield from rows
+        except _Unsorted:
+            self.order_way[table] = then
+            raise
 
     def _text(self, ids: np.ndarray) -> np.ndarray:
         """StringIds ids as text (an id not in the table as its number, as the in-memory reader has it)."""
@@ -254,7 +465,9 @@ class LeanView:
         work's idle ns, the short gaps (count, ns), the long gaps (start, end, correlation id of the operation
         that ended each, by start), and the kernels that overlap a copy (start, end, deviceId)."""
         if self._union is None:
-            self._union = _pass(self._union_pass)  # type: ignore[assignment]
+            self._union, coder, pairs = _pass(self._union_pass)  # type: ignore[misc]
+            self.extra[f"summary:{self.full_col}"] = coder.summary("Name", "Instances")  # for kernel_summary
+            self.extra["kind_pairs"] = pairs  # for time_by_kind
         return self._union  # type: ignore[return-value]
 
     def _union_pass(self, ordered: bool) -> dict:
@@ -269,9 +482,14 @@ class LeanView:
         near: list[np.ndarray] = []
         cur: tuple[int, int, float] | None = None  # the kernels' open union piece: start, end, first kernel's id
         first: tuple[int, float] | None = None
+        sums: dict[tuple[int, int], list[int]] = {}
         with closing(self._conn()) as conn:
-            for rows in _in_order(conn, ns.KERNEL_TABLE, ["end", "correlationId", "deviceId"], ordered):
+            coder = self._coder(conn, ns.KERNEL_TABLE, str)  # the kernel summary's codes, in the same pass
+            for rows in self._rows(conn, ns.KERNEL_TABLE, ["end", "correlationId", "deviceId", self.full_col,
+                                                           self.short_col], ordered):
                 s, e = rows[:, 0], rows[:, 1]
+                coder.add(rows[:, 4], e - s)
+                _add_pairs(sums, rows[:, 5], rows[:, 4], e - s)
                 tail = np.concatenate([tail, s])[-TAIL_STARTS:]
                 inside = (s >= lo) & (s < hi)
                 count += int(inside.sum())
@@ -298,10 +516,11 @@ class LeanView:
         acc.add(np.array([lo]), np.array([first[0]]), np.array([first[1]]))  # before the first kernel
         acc.add(np.array([cur[1]]), np.array([hi]), np.array([np.nan]))        # after the last one
         gs, ge, gc = acc.long()
-        return {"count": count, "total": total, "kbusy": kbusy, "idle": acc.short_ns + int((ge - gs).sum()),
-                "short": {"gaps": acc.short_n, "ns": acc.short_ns}, "gaps": (gs, ge, gc), "tail": tail,
-                "near": pd.DataFrame(np.concatenate(near) if near else np.zeros((0, 3), dtype=np.int64),
-                                     columns=["start", "end", "deviceId"])}
+        return ({"count": count, "total": total, "kbusy": kbusy, "idle": acc.short_ns + int((ge - gs).sum()),
+                 "short": {"gaps": acc.short_n, "ns": acc.short_ns}, "gaps": (gs, ge, gc), "tail": tail,
+                 "near": pd.DataFrame(np.concatenate(near) if near else np.zeros((0, 3), dtype=np.int64),
+                                      columns=["start", "end", "deviceId"])},
+                coder, [(a, b, *sums[(a, b)]) for a, b in sorted(sums)])
 
     def headline(self) -> dict[str, float]:
         """:func:`gpuprof.report.activity_view.headline` for a capture without steps, one GPU, no NCCL."""
@@ -333,7 +552,7 @@ class LeanView:
         gs, ge, gc = u["gaps"]
         lo, hi = self.work_span
         want = np.unique(gc[np.isfinite(gc)]).astype(np.int64)
-        answers, found, issue = _pass(lambda ordered: self._call_pass(ordered, gs, ge, want))  # type: ignore[misc]
+        answers, found, issue, coder = _pass(lambda ordered: self._call_pass(ordered, gs, ge, want))  # type: ignore[misc]
         gaps = activity.gap_table(gs, ge, answers if len(gs) else None)
         short_cause = CAUSES["short"].replace("10 us", f"{min_gap_ns / 1e3:g} us")
 
@@ -344,9 +563,12 @@ class LeanView:
             ok = np.isfinite(cid) & (want[pos] == cid) if len(want) else np.zeros(len(g), dtype=bool)
             c_start = np.where(ok, found[0][pos] if len(want) else np.nan, np.nan)
             c_end = np.where(ok, found[1][pos] if len(want) else np.nan, np.nan)
-            return pace_of(g, c_start, c_end, issue, pace_factor)
+            return pace_of(g, c_start, c_end, issue, pace_factor, consume=True)
 
-        return idle_table(gaps, u["short"], short_cause, pace)
+        table = idle_table(gaps, u["short"], short_cause, pace)
+        issue = np.empty(0, dtype=np.int64)  # let go before the API summary's statistics
+        self.extra["summary:nameId"] = coder.summary("Name", "Num Calls")  # for api_summary
+        return table
 
     def _call_pass(self, ordered: bool, gs: np.ndarray, ge: np.ndarray,
                    want: np.ndarray) -> tuple[tuple, tuple[np.ndarray, np.ndarray], np.ndarray]:
@@ -356,9 +578,11 @@ class LeanView:
         f_start, f_end = np.full(len(want), np.nan), np.full(len(want), np.nan)
         issue_ids = np.array([i for i, t in self.strings.items() if _ISSUE_CALL.search(str(t))], dtype=np.int64)
         with closing(self._conn()) as conn:
+            coder = self._coder(conn, ns.RUNTIME_TABLE, lambda t: stats.api_name(str(t)))  # the API summary's codes
             issue = np.empty(_capacity(conn, ns.RUNTIME_TABLE), dtype=np.int64)
-            for rows in _in_order(conn, ns.RUNTIME_TABLE, ["end", "nameId", "correlationId"], ordered):
+            for rows in self._rows(conn, ns.RUNTIME_TABLE, ["end", "nameId", "correlationId"], ordered):
                 s, e, name, corr = rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3]
+                coder.add(name, e - s)
                 meet.add(s, e, name)
                 if len(want):  # the first call with each wanted id
                     pos = np.clip(np.searchsorted(want, corr), 0, len(want) - 1)
@@ -374,7 +598,8 @@ class LeanView:
                 n_issue += m
         issue = issue[:n_issue]
         issue.sort()  # in place: they came in time order already where the rows did
-        return meet.answers(lambda i: stats.api_name(self.strings.get(int(i), str(int(i))))), (f_start, f_end), issue
+        return (meet.answers(lambda i: stats.api_name(self.strings.get(int(i), str(int(i))))), (f_start, f_end), issue,
+                coder)
 
     def _names_of(self, ids: np.ndarray) -> np.ndarray:
         if len(ids) == 0:
@@ -384,51 +609,51 @@ class LeanView:
 
     # ----- the nsys stats tables -----
 
-    def _codes_pass(self, ordered: bool, column: str, mapper: Callable[[str], str]) -> tuple:
-        """One pass over the kernels (``column`` is a StringIds column) or the calls (``nameId``): per row a code of
-        ``mapper(text)`` and the duration, in the in-memory order; and the texts by code."""
-        table = ns.RUNTIME_TABLE if column == "nameId" else ns.KERNEL_TABLE
-        with closing(self._conn()) as conn:
-            cap = _capacity(conn, table)
-            codes = np.empty(cap, dtype=np.int32)
-            dur = np.empty(cap, dtype=np.int64)
-            index: dict[str, int] = {}
-            of_id: dict[int, int] = {}
-            n = 0
-            for rows in _in_order(conn, table, ["end", column], ordered):
-                uniq, inv = np.unique(rows[:, 2], return_inverse=True)
-                for u in uniq:
-                    if int(u) not in of_id:
-                        text = mapper(self.strings.get(int(u), str(int(u))))
-                        of_id[int(u)] = index.setdefault(text, len(index))
-                m = len(rows)
-                codes[n:n + m] = np.array([of_id[int(u)] for u in uniq], dtype=np.int32)[inv.ravel()]
-                dur[n:n + m] = rows[:, 1] - rows[:, 0]
-                n += m
-        names = np.empty(len(index), dtype=object)
-        names[list(index.values())] = list(index.keys())
-        return codes[:n], dur[:n], names
+    def _coder(self, conn: sqlite3.Connection, table: str, mapper: Callable[[str], str]) -> "_Coder":
+        """A :class:`_Coder` for a pass over ``table``."""
+        return _Coder(_capacity(conn, table), mapper, self.strings)
 
-    def _summary(self, column: str, mapper: Callable[[str], str], key_name: str, count: str) -> pd.DataFrame:
-        codes, dur, names = _pass(lambda o: self._codes_pass(o, column, mapper))  # type: ignore[misc]
-        st = batched_group_stats(codes, dur)
-        del codes, dur
-        st.index = pd.Index(names[st.index.to_numpy()], dtype=object)
-        return stats.summary_table(st, key_name, count=count)
+    def _codes_pass(self, ordered: bool, column: str, mapper: Callable[[str], str], pair: str | None = None) -> tuple:
+        """One pass over the kernels (``column`` is a StringIds column) or the calls (``nameId``): a
+        :class:`_Coder` of ``mapper(text)`` and the durations, in the in-memory order; and, with ``pair`` (a second
+        StringIds column), the count and summed duration of each (``pair``, ``column``) pair of ids, by ids (what
+        SQLite's ``GROUP BY`` of the two gives, in its order), else None."""
+        table = ns.RUNTIME_TABLE if column == "nameId" else ns.KERNEL_TABLE
+        sums: dict[tuple[int, int], list[int]] = {}
+        with closing(self._conn()) as conn:
+            coder = self._coder(conn, table, mapper)
+            for rows in self._rows(conn, table, ["end", column] + ([pair] if pair else []), ordered):
+                if pair:
+                    _add_pairs(sums, rows[:, 3], rows[:, 2], rows[:, 1] - rows[:, 0])
+                coder.add(rows[:, 2], rows[:, 1] - rows[:, 0])
+        return coder, ([(a, b, *sums[(a, b)]) for a, b in sorted(sums)] if pair else None)
+
+    def _summary(self, column: str, mapper: Callable[[str], str], key_name: str, count: str,
+                 pair: str | None = None) -> pd.DataFrame:
+        done = self.extra.pop(f"summary:{column}", None)  # taken by the pass over the table already
+        if done is not None:
+            return done
+        coder, pairs = _pass(lambda o: self._codes_pass(o, column, mapper, pair))  # type: ignore[misc]
+        if pairs is not None:
+            self.extra["kind_pairs"] = pairs
+        return coder.summary(key_name, count)
 
     def kernel_summary(self) -> pd.DataFrame:
         """:func:`gpuprof.nsys.stats.kernel_summary` by demangled name."""
-        return self._summary(self.full_col, str, "Name", "Instances")
+        return self._summary(self.full_col, str, "Name", "Instances", pair=self.short_col)
 
     def api_summary(self) -> pd.DataFrame:
         """:func:`gpuprof.nsys.stats.api_summary`."""
         return self._summary("nameId", lambda t: stats.api_name(str(t)), "Name", "Num Calls")
 
     def time_by_kind(self) -> pd.DataFrame:
-        """:func:`gpuprof.kernel_kinds.time_by_kind`, from SQLite's sums per (name, demangled) pair."""
-        with closing(self._conn()) as conn:
-            rows = conn.execute(f"SELECT {self.short_col}, {self.full_col}, count(*), sum(end - start) "
-                                f"FROM {ns.KERNEL_TABLE} GROUP BY 1, 2").fetchall()
+        """:func:`gpuprof.kernel_kinds.time_by_kind`, from the sums per (name, demangled) pair of ids that
+        :meth:`kernel_summary`'s pass kept, else from SQLite's ``GROUP BY`` of the two."""
+        rows = self.extra.pop("kind_pairs", None)
+        if rows is None:
+            with closing(self._conn()) as conn:
+                rows = conn.execute(f"SELECT {self.short_col}, {self.full_col}, count(*), sum(end - start) "
+                                    f"FROM {ns.KERNEL_TABLE} GROUP BY 1, 2").fetchall()
         pairs = pd.DataFrame(rows, columns=["a", "b", "n", "t"])
         pairs = pd.DataFrame({"name": self._text(pairs["a"].to_numpy()), "demangled": self._text(pairs["b"].to_numpy()),
                               "n": pairs["n"].astype(np.int64), "t": pairs["t"].astype(np.int64)})
@@ -492,7 +717,7 @@ class LeanView:
         with closing(self._conn()) as conn:
             out_corr = np.empty(_capacity(conn, ns.RUNTIME_TABLE), dtype=np.int64)
             out_tid = np.empty(len(out_corr), dtype=np.int32)
-            for rows in _in_order(conn, ns.RUNTIME_TABLE, ["end", "nameId", "correlationId", "globalTid"], ordered):
+            for rows in self._rows(conn, ns.RUNTIME_TABLE, ["end", "nameId", "correlationId", "globalTid"], ordered):
                 s, tid = rows[:, 0], rows[:, 4]
                 hit = np.zeros(len(rows), dtype=bool)
                 for t in np.unique(tid):
@@ -539,7 +764,7 @@ class LeanView:
             cap = _capacity(conn, ns.KERNEL_TABLE)
             tcode, dcode = np.empty(cap, dtype=np.int32), np.empty(cap, dtype=np.int32)
             dur = np.empty(cap, dtype=np.int64)
-            for rows in _in_order(conn, ns.KERNEL_TABLE, ["end", "correlationId", self.full_col], ordered):
+            for rows in self._rows(conn, ns.KERNEL_TABLE, ["end", "correlationId", self.full_col], ordered):
                 corr = rows[:, 2]
                 if len(shared) and np.isin(corr, shared).any():  # the in-memory merge pairs it with each call
                     raise Unsupported("a kernel whose correlation id several calls share")
@@ -567,6 +792,73 @@ class LeanView:
         dems[:] = "?"
         dems[list(dem_code.values())] = list(dem_code.keys())
         return k_df, (tcode[:n_out], dcode[:n_out]), dur[:n_out], dems
+
+
+def _add_pairs(sums: dict[tuple[int, int], list[int]], a: np.ndarray, b: np.ndarray, d: np.ndarray) -> None:
+    """Add each (a, b) pair's row count and summed ``d`` of one step to ``sums`` (exact integers). Where the ids'
+    ranges are narrow (a few million pairs at most) and the step's durations sum below 2**53, by ``bincount``
+    (its float sums of integers are then exact); else by a sort."""
+    if len(a) == 0:
+        return
+    a0, b0 = int(a.min()), int(b.min())
+    width = int(b.max()) - b0 + 1
+    span = (int(a.max()) - a0 + 1) * width
+    if span <= 1 << 22 and int(d.min()) >= 0 and int(d.sum(dtype=np.int64)) < 2**53:
+        key = (a - a0) * width + (b - b0)
+        counts = np.bincount(key, minlength=span)
+        totals = np.bincount(key, weights=d, minlength=span)
+        hit = np.flatnonzero(counts)
+        got_keys, got_n, got_t = hit.tolist(), counts[hit].tolist(), [int(t) for t in totals[hit]]
+        pairs = [(a0 + k // width, b0 + k % width) for k in got_keys]
+    else:
+        uniq, inv = np.unique(np.stack([a, b], axis=1), axis=0, return_inverse=True)
+        inv = inv.ravel()
+        order = np.argsort(inv, kind="stable")
+        starts = np.flatnonzero(np.concatenate([[True], np.diff(inv[order]) != 0]))
+        got_n = np.diff(np.concatenate([starts, [len(inv)]])).tolist()
+        got_t = np.add.reduceat(d[order], starts).tolist()
+        pairs = [(x, y) for x, y in uniq.tolist()]
+    for pair, k, t in zip(pairs, got_n, got_t):
+        got = sums.setdefault(pair, [0, 0])
+        got[0] += k
+        got[1] += t
+
+
+class _Coder:
+    """Per row of a pass, in order, a code of ``mapper(text)`` of its StringIds id and its duration, into arrays
+    sized once by the table's rowid range; and the texts by code. :meth:`summary` is the ``nsys stats`` table."""
+
+    def __init__(self, capacity: int, mapper: Callable[[str], str], strings: dict[int, str]) -> None:
+        self.codes = np.empty(capacity, dtype=np.int32)
+        self.dur = np.empty(capacity, dtype=np.int32)  # widened to int64 by the first duration that needs it
+        self.n = 0
+        self.mapper, self.strings = mapper, strings
+        self.index: dict[str, int] = {}
+        self.of_id: dict[int, int] = {}
+
+    def add(self, ids: np.ndarray, dur: np.ndarray) -> None:
+        uniq, inv = np.unique(ids, return_inverse=True)
+        for u in uniq:
+            if int(u) not in self.of_id:
+                text = self.mapper(self.strings.get(int(u), str(int(u))))
+                self.of_id[int(u)] = self.index.setdefault(text, len(self.index))
+        m = len(ids)
+        if self.dur.dtype == np.int32 and m and (int(dur.min()) < -2**31 or int(dur.max()) >= 2**31):
+            self.dur = self.dur.astype(np.int64)
+        self.codes[self.n:self.n + m] = np.array([self.of_id[int(u)] for u in uniq], dtype=np.int32)[inv.ravel()]
+        self.dur[self.n:self.n + m] = dur
+        self.n += m
+
+    def summary(self, key_name: str, count: str) -> pd.DataFrame:
+        """:func:`gpuprof.nsys.stats.summary_table` of the codes' statistics; the arrays are let go."""
+        codes, dur = self.codes[:self.n], self.dur[:self.n]
+        self.codes = self.dur = np.empty(0, dtype=np.int32)
+        st = batched_group_stats(codes, dur)
+        del codes, dur
+        names = np.empty(len(self.index), dtype=object)
+        names[list(self.index.values())] = list(self.index.keys())
+        st.index = pd.Index(names[st.index.to_numpy()], dtype=object)
+        return stats.summary_table(st, key_name, count=count)
 
 
 class _GapCalls:
