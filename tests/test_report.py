@@ -849,3 +849,19 @@ def test_timeline_without_steps_draws_at_most_the_last_operations(monkeypatch: p
     assert ((starts >= lo) & (starts < hi)).sum() >= 100  # the last 100 (and any that start with the 100th)
     note = [b.note for b in tp.timeline_page(view).blocks if b.heading == "Timeline"][0]
     assert "last 100 GPU operations" in note
+
+
+def test_the_kineto_view_keeps_its_trace_without_the_flows():
+    """The view lets the flow table go once the reading has filled the correlation ids from it (the 2 GB trace's
+    report held it through every later stage); the kept trace says so when its flows are asked for."""
+    from gpuprof.errors import GpuprofError
+    from gpuprof.torch_profiler import read_trace
+
+    path = CH05 / "train_steps.json.gz"
+    view = load(path, "kineto")
+    assert "flow" not in view.extra["trace"]._tables
+    with pytest.raises(GpuprofError, match="without its flow events"):
+        view.extra["trace"].flows()
+    full = read_trace(path)
+    assert len(full.flows()) > 0  # a trace read on its own keeps them
+    assert view.kernels["correlationId"].notna().all()

@@ -11,10 +11,12 @@ from __future__ import annotations
 import gzip
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
 import gpuprof.torch_profiler.trace as tt
+import gpuprof.torch_profiler.trace_stream as ts
 from gpuprof.torch_profiler.trace_stream import NotStreamable, read_events
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,3 +132,38 @@ def test_flow_ids_of_every_type(ids: list, tmp_path: Path) -> None:
     _same(full, streamed)
     assert len(streamed.flows()) == 2 * len(ids)
     assert list(map(type, streamed.flows()["id"])) == list(map(type, full.flows()["id"]))  # 5 stays 5, not 5.0
+
+
+@pytest.mark.parametrize("parts", [
+    [np.arange(3), np.arange(3, 5), np.arange(5, 9)],                      # int64 chunks
+    [np.array(["a", "b"], dtype=object), np.array(["c"], dtype=object)],   # interned strings
+    [np.arange(2), np.array([2.5, 3.0])],                                  # int64 then float64: promoted
+    [np.arange(4)],                                                         # one chunk
+], ids=["int", "object", "int-float", "one"])
+def test_concat_fills_in_order_and_lets_the_chunks_go(parts: list) -> None:
+    """The chunks are copied into place in file order (= np.concatenate, dtype included) and taken out of the list
+    one by one, so the caller's list no longer holds them: a column is never held twice whole."""
+    want = np.concatenate(parts)
+    got = ts._concat(parts)
+    assert got.dtype == want.dtype
+    assert got.tolist() == want.tolist()
+    assert parts == []
+
+
+def test_concat_as_dtype() -> None:
+    got = ts._concat([np.arange(2), np.arange(2, 4)], float)
+    assert got.dtype == np.float64 and got.tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+@pytest.mark.parametrize("values", [
+    ["a", "b", "a"],            # every value a str: wrapped in place
+    ["a", None, "b"],           # a missing value: converted as before
+    ["a", 5, "b"],              # a number among the names: made a str as pandas' astype makes it
+], ids=["str", "none", "int"])
+def test_strings_same_as_astype(values: list) -> None:
+    """:func:`_strings` wraps an all-str object array without a copy; the Series equals pandas' conversion either way."""
+    arr = np.array(values, dtype=object)
+    want = pd.Series(arr.copy(), dtype=object).astype(pd.StringDtype("python", na_value=np.nan))
+    got = ts._strings(arr)
+    pd.testing.assert_series_equal(got, want)
+    assert np.shares_memory(got.array._ndarray, arr) == all(isinstance(v, str) for v in values)

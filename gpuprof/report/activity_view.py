@@ -169,6 +169,10 @@ def _kineto(path: Path) -> ActivityView:
     if "bytes" not in memsets:
         memsets["bytes"] = np.nan
     devices = [str(n) for n in t.devices["name"]] if not t.devices.empty and "name" in t.devices else []
+    # The view keeps the trace for its operators and memory events; its flow events served only to fill missing
+    # correlation ids, which the reading has done. Let go here, they are not held through every later stage of the
+    # report (at 2 GB the flow table is the largest table the report does not read again).
+    t._tables.pop("flow", None)
     return ActivityView(path=path, tool="kineto", kernels=kernels, copies=copies, memsets=memsets,
                         runtime=t.runtime_calls(columns=_RUNTIME_COLUMNS), ranges=t.annotations(), devices=devices,
                         extra={"trace": t})

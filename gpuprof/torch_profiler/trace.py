@@ -250,6 +250,10 @@ class Trace:
 
     def flows(self) -> pd.DataFrame:
         """Flow events: id, cat (``ac2g`` or ``fwdbwd``), phase (``s`` start / ``f`` finish), ts (ns), pid, tid."""
+        if "flow" not in self._tables:
+            raise GpuprofError(f"This Trace of {self.path.name} was kept without its flow events (the report's view "
+                               "lets them go once they have filled the correlation ids).",
+                               "Read the trace again with gpuprof.torch_profiler.read_trace(path) for its flows.")
         return self._tables["flow"]
 
     def memory_events(self) -> pd.DataFrame:

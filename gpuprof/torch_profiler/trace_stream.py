@@ -63,6 +63,8 @@ from typing import IO, Any, Iterator
 
 import numpy as np
 import pandas as pd
+from pandas._libs import lib
+from pandas.core.arrays.string_ import StringArray
 
 from ..errors import GpuprofError
 from .kineto_schema import ARG_COLUMNS, FLOW_CATEGORIES, KINDS, _correlation_from_flows, _numbers, _to_ns
@@ -358,11 +360,22 @@ def _column(vals: list[Any], col: str) -> Any:
     return pd.Series(vals).array
 
 
-def _concat(parts: list[Any]) -> Any:
+def _concat(parts: list[Any], dtype: Any = None) -> Any:
+    """The parts as one column. Numpy parts are taken out of ``parts`` (which is left empty) one at a time as each
+    is copied into place (as ``dtype`` where given), so a column is never held twice whole: its chunks beside its concatenation were the
+    largest step of the 2 GB trace's reading (every column of every table, one after the other)."""
     if not parts:
         return np.array([], dtype=object)
-    if isinstance(parts[0], np.ndarray):
-        return np.concatenate(parts)
+    if isinstance(parts[0], np.ndarray) and all(isinstance(p, np.ndarray) for p in parts):
+        out = np.empty(sum(len(p) for p in parts), dtype=np.result_type(*parts) if dtype is None else dtype)
+        at = 0
+        parts.reverse()  # pop() from the end is O(1); the parts still go in file order
+        while parts:
+            p = parts.pop()
+            out[at:at + len(p)] = p
+            at += len(p)
+            del p
+        return out
     return pd.concat([pd.Series(p) for p in parts], ignore_index=True).array
 
 
@@ -370,7 +383,10 @@ def _strings(values: np.ndarray) -> pd.Series:
     """Strings as pandas infers them: its string dtype, or object for an empty column (as ``read_trace``'s are)."""
     if not len(values):
         return pd.Series(values, dtype=object)
-    return pd.Series(values, dtype=object).astype(pd.StringDtype("python", na_value=np.nan))
+    dtype = pd.StringDtype("python", na_value=np.nan)
+    if values.dtype == object and lib.is_string_array(values, skipna=False):  # every value a str: wrapped, not copied
+        return pd.Series(StringArray(values, dtype=dtype, copy=False), copy=False)
+    return pd.Series(values, dtype=object).astype(dtype)
 
 
 def _typed(values: np.ndarray, types: set[type]) -> np.ndarray:
@@ -387,7 +403,7 @@ def _table(kind: _Kind, pid_types: set[type], tid_types: set[type]) -> tuple[pd.
     empty = np.array([], dtype=np.int64)
     start = _concat(c.pop("start")) if kind.n_chunks else empty
     dur = _concat(c.pop("dur")) if kind.n_chunks else empty
-    df = pd.DataFrame({"start": start, "end": start + dur, "duration_ns": dur})
+    df = pd.DataFrame({"start": start, "end": start + dur, "duration_ns": dur}, copy=False)  # a dict is copied by default
     del start
     for col in ("name", "cat"):
         df[col] = _strings(_concat(c.pop(col)))
@@ -407,12 +423,15 @@ def _table(kind: _Kind, pid_types: set[type], tid_types: set[type]) -> tuple[pd.
 
 
 def _global_tids(tables: dict[str, pd.DataFrame], pair_ids: dict[str, np.ndarray]) -> None:
-    """``globalTid`` numbered as ``read_trace`` numbers it: (pid, tid) pairs in order of first row, table by table."""
+    """``globalTid`` numbered as ``read_trace`` numbers it: (pid, tid) pairs in order of first row, table by table.
+
+    Each table's pair codes are taken out of ``pair_ids`` once its column is made: held to the end they were
+    8 bytes a row of every table (about 56 MiB of the 2 GB trace's 7.4 M events) at the reading's peak."""
     code: dict[int, int] = {}
     for k, t in tables.items():
         if k not in pair_ids:
             continue
-        ids = pair_ids[k]
+        ids = pair_ids.pop(k)
         for p in pd.unique(ids):
             code.setdefault(int(p), len(code))
         lut = np.full(max(code) + 1 if code else 1, -1, dtype=np.int64)
@@ -632,7 +651,7 @@ class _Acc:
 
     def add(self, b: dict[str, Any]) -> None:
         lut = _lut(b["values"], self.names)
-        pair_lut = np.array([self.pairs.setdefault(p, len(self.pairs)) for p in b["pairs"]], dtype=np.int64)
+        pair_lut = np.array([self.pairs.setdefault(p, len(self.pairs)) for p in b["pairs"]], dtype=np.int32)
         self.categories.update(b["categories"])
         for have, new in zip((self.pid_types, self.tid_types, self.id_types), b["types"]):
             have |= new
@@ -656,11 +675,13 @@ class _Acc:
         pair_ids: dict[str, np.ndarray] = {}
         for k in self.kinds:
             tables[k], pair_ids[k] = _table(self.acc.pop(k), self.pid_types, self.tid_types)
+        _give_back_memory()  # the kinds' chunks, freed, are glibc's free pages until returned
         flows = self.flows
-        tables["flow"] = _flow_table(flows, self.id_types, self.pid_types, self.tid_types)
         pair_ids["flow"] = _concat(flows["pair"]) if flows["pair"] else np.array([], dtype=np.int64)
+        tables["flow"] = _flow_table(flows, self.id_types, self.pid_types, self.tid_types)
         if self.memory:
             m = pd.concat(self.memory, ignore_index=True)
+            self.memory.clear()
         else:
             m = pd.DataFrame(columns=["Bytes", "Total Allocated", "Total Reserved", "Device Type", "Device Id", "Addr"])
             m.insert(0, "ts", np.array([], dtype=np.int64))
@@ -713,15 +734,22 @@ def _flow_ids(ids: list[Any]) -> tuple[str, Any]:
 
 
 def _flow_table(flows: dict[str, list], id_types: set[type], pid_types: set[type], tid_types: set[type]) -> pd.DataFrame:
+    """The flow table, its columns built from ``flows``' chunks, which it empties as it goes (:func:`_concat`)."""
     parts = flows["id"]
     if not parts:
         id_col: Any = np.array([], dtype=float)
     elif id_types <= {int, float, type(None)}:
-        id_col = np.concatenate([v.astype(float) if how != "o" else np.array([np.nan if x is None else x for x in v],
-                                                                             dtype=float) for how, v in parts])
+        ids: list[np.ndarray] = []
+        parts.reverse()
+        while parts:  # taken out of ``flows`` so that _concat lets each go once copied
+            how, v = parts.pop()
+            ids.append(v if how != "o" else np.array([np.nan if x is None else x for x in v], dtype=float))
+            del v
+        id_col = _concat(ids, float)
     else:
         id_col = np.array([x for how, v in parts for x in (v.tolist() if how != "o" else v)], dtype=object)
+    parts.clear()
     return pd.DataFrame({"id": id_col, "cat": _strings(_concat(flows["cat"])), "phase": _strings(_concat(flows["phase"])),
                          "ts": _concat(flows["ts"]) if flows["ts"] else np.array([], dtype=np.int64),
                          "pid": _typed(_concat(flows["pid"]), pid_types), "tid": _typed(_concat(flows["tid"]), tid_types),
-                         "name": _strings(_concat(flows["name"]))})
+                         "name": _strings(_concat(flows["name"]))}, copy=False)  # a dict is copied by default
