@@ -865,3 +865,12 @@ def test_the_kineto_view_keeps_its_trace_without_the_flows():
     full = read_trace(path)
     assert len(full.flows()) > 0  # a trace read on its own keeps them
     assert view.kernels["correlationId"].notna().all()
+
+
+def test_step_pace_change_is_worded_with_a_factor_over_one():
+    """A slower step once read "1.492 -> 2.918 ms, 0.51x longer": the factor is the larger over the smaller."""
+    from gpuprof.report.diff import _pace_change
+
+    assert _pace_change(1.492, 2.918) == "1.96x longer"
+    assert _pace_change(7.827, 2.918) == "2.68x shorter"  # chapter 9's diff of rungs 0 and 8
+    assert _pace_change(2.0, 2.0) == "the same"

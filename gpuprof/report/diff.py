@@ -104,6 +104,14 @@ def _precision_changes(before: ActivityView, after: ActivityView, per_step: bool
     return m[cols].sort_values(["kind", "precision"], ignore_index=True)
 
 
+def _pace_change(before: float, after: float) -> str:
+    """"2.68x shorter" or "1.96x longer": the larger over the smaller, so the factor is never under 1
+    (a step that went from 1.492 to 2.918 ms once read "0.51x longer")."""
+    if after == before:
+        return "the same"
+    return f"{before / after:.2f}x shorter" if after < before else f"{after / before:.2f}x longer"
+
+
 def diff_timelines(before: ActivityView, after: ActivityView,
                    items_per_step: tuple[float, float] | None = None) -> Page:
     """The diff page for two timeline captures (see the module's text); ``items_per_step`` (before, after),
@@ -125,7 +133,7 @@ def diff_timelines(before: ActivityView, after: ActivityView,
         page.facts |= {"step_pace_ms_before": x, "step_pace_ms_after": y}
         rows.append({"measure": "step pace, the slower of the two (ms)", "before": x, "after": y, "after / before": y / x})
         lines.append(f"Step pace (the slower of the CPU's start to start and the GPU's first op to first op): "
-                     f"{x:.3f} -> {y:.3f} ms, {x / y:.2f}x {'shorter' if y < x else 'longer' if y > x else 'the same'}.")
+                     f"{x:.3f} -> {y:.3f} ms, {_pace_change(x, y)}.")
         if items_per_step is not None:
             ib, ia = (float(v) for v in items_per_step)
             tb, ta = ib / x * 1e3, ia / y * 1e3
