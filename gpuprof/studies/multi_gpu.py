@@ -751,6 +751,14 @@ def trace_arrivals(paths: Sequence[str | Path]) -> pd.DataFrame:
     return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=["index", "rank", "start_skew_ns", "end_skew_ns"])
 
 
+def _trace_gaps(path: str | Path) -> tuple[Any, pd.DataFrame, pd.DataFrame, set[int]]:
+    """A torch.profiler trace, its idle gaps by HTA 0.5's rule and rounding, its kernels and the streams that run
+    communication kernels: what both idle readers below start from."""
+    t = read_trace(path)
+    k = t.kernels()
+    return t, hta_compat.idle_gaps(t, rounding="hta"), k, set(k.loc[is_communication(k["name"]), "streamId"].dropna().astype(int))
+
+
 def host_wait_beyond_syncs(paths: Sequence[str | Path], sync: str = "cudaDeviceSynchronize") -> pd.DataFrame:
     """Per trace, the compute streams' host-wait gaps (HTA 0.5's rule and rounding) split by whether the CPU was
     in one of the program's own ``sync`` calls when the gap closed (the call's end inside the gap).
@@ -762,10 +770,7 @@ def host_wait_beyond_syncs(paths: Sequence[str | Path], sync: str = "cudaDeviceS
     """
     rows = []
     for p in paths:
-        t = read_trace(p)
-        gaps = hta_compat.idle_gaps(t, rounding="hta")
-        k = t.kernels()
-        nccl_streams = set(k.loc[is_communication(k["name"]), "streamId"].dropna().astype(int))
+        t, gaps, k, nccl_streams = _trace_gaps(p)
         wait = gaps[(gaps["category"] == "host_wait") & ~gaps["streamId"].isin(nccl_streams)]
         calls = t.runtime_calls()
         ends = np.sort(calls.loc[calls["name"] == sync, "end"].to_numpy(dtype=np.int64) / 1000)  # us, as the gaps
@@ -792,10 +797,7 @@ def trace_idle_breakdown(paths: Sequence[str | Path], forward: str = "Distribute
     """
     rows = []
     for p in paths:
-        t = read_trace(p)
-        gaps = hta_compat.idle_gaps(t, rounding="hta")
-        k = t.kernels()
-        nccl_streams = set(k.loc[is_communication(k["name"]), "streamId"].dropna().astype(int))
+        t, gaps, k, nccl_streams = _trace_gaps(p)
         ann = t.annotations(gpu=True)
         starts = np.sort(-(-ann.loc[ann["name"] == forward, "start"].to_numpy(dtype=np.int64) // 1000))  # whole us, as the gaps
         before = np.searchsorted(starts, gaps["gap_start"].to_numpy(dtype=float), side="left")
