@@ -364,11 +364,10 @@ def steady_steps(steps: pd.DataFrame, ratio: float = STEADY_COMM_RATIO) -> pd.Da
     ``ratio`` (the largest over the smallest). ``hidden_mean`` averages the ranks' hidden shares;
     ``comm_ratio`` is the largest NCCL time over the smallest.
     """
-    wide = steps.pivot_table(index=["bucket_mb", "step"], columns="rank",
-                             values=["hidden", "comm_ms", "exposed_ms", "backward_ms"], sort=False)
-    wide.columns = [f"{name}_{rank}" for name, rank in wide.columns]
-    comm = steps.pivot_table(index=["bucket_mb", "step"], columns="rank", values="comm_ms", sort=False)
-    hidden = steps.pivot_table(index=["bucket_mb", "step"], columns="rank", values="hidden", sort=False)
+    per_rank = steps.pivot_table(index=["bucket_mb", "step"], columns="rank",
+                                 values=["hidden", "comm_ms", "exposed_ms", "backward_ms"], sort=False)
+    comm, hidden = per_rank["comm_ms"], per_rank["hidden"]
+    wide = per_rank.set_axis([f"{name}_{rank}" for name, rank in per_rank.columns], axis=1)
     wide["comm_ratio"] = comm.max(axis=1) / comm.min(axis=1)
     wide["hidden_mean"] = hidden.mean(axis=1)
     wide["steady"] = wide["comm_ratio"] <= ratio
