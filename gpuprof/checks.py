@@ -27,7 +27,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
-__all__ = ["Bound", "at_least", "over", "under", "at_most", "between", "equals", "within", "check"]
+__all__ = ["Bound", "at_least", "over", "under", "at_most", "between", "equals", "within", "check", "record"]
 
 _SPEC = re.compile(r"(?P<head>[^.]*)(?:\.(?P<digits>\d+))?(?P<kind>[f%])")
 
@@ -154,13 +154,28 @@ def check(claim: str, value: Any, bound: Bound, fmt: str = "", unit: str = "") -
 CHECK_LOG_ENV = "GPUPROF_CHECK_LOG"
 
 
+def record(text: str) -> None:
+    """Print ``text`` and append it to the check log as a note (not a verdict).
+
+    For the facts that explain a verdict but are not one (how many steps a profiler disturbed, the
+    times a share is made of): a cell whose output is not compared prints them, and strict nbval would
+    keep nothing of them, so a later bound could only be guessed from the verdicts."""
+    print(text)
+    for line in text.splitlines():
+        _log_line(f"note\t{line}")
+
+
 def _log_check(sentence: str, ok: bool) -> None:
     """Append one verdict to the log; a log that cannot be written is a warning, never the check's failure."""
+    _log_line(f"{'ok' if ok else 'FAILED'}\t{sentence}")
+
+
+def _log_line(line: str) -> None:
     path = os.environ.get(CHECK_LOG_ENV)
     if not path:
         return
     try:
         with open(path, "a", encoding="utf-8") as fh:
-            fh.write(f"{'ok' if ok else 'FAILED'}\t{sentence}\n")
+            fh.write(f"{line}\n")
     except OSError as exc:
-        warnings.warn(f"check() could not log to {path} ({exc}); the check itself is unaffected", stacklevel=3)
+        warnings.warn(f"check() could not log to {path} ({exc}); the check itself is unaffected", stacklevel=4)

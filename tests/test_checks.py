@@ -162,3 +162,18 @@ def test_every_verdict_is_logged_where_asked(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(CHECK_LOG_ENV, str(tmp_path / "missing" / "x.txt"))
     with pytest.warns(UserWarning, match="could not log"):
         check("hidden {}", 0.74, at_least(0.6), fmt=".0%")
+
+
+def test_record_prints_and_logs_notes_beside_the_verdicts(tmp_path, monkeypatch, capsys):
+    """record() keeps what explains a verdict (a cell not compared prints it, strict nbval keeps nothing of it):
+    printed as given, and each line appended to the same log as a note, after the verdicts before it."""
+    from gpuprof.checks import CHECK_LOG_ENV, at_least, check, record
+
+    record("not logged")
+    log = tmp_path / "x.checks.txt"
+    monkeypatch.setenv(CHECK_LOG_ENV, str(log))
+    check("hidden {}", 0.74, at_least(0.6), fmt=".0%")
+    record("steady: steps 1, 2\nnot steady: steps 0, 3")
+    assert capsys.readouterr().out.endswith("steady: steps 1, 2\nnot steady: steps 0, 3\n")
+    assert log.read_text().splitlines() == ["ok\thidden 74% (checked: at least 60%)",
+                                            "note\tsteady: steps 1, 2", "note\tnot steady: steps 0, 3"]
