@@ -206,13 +206,21 @@ def test_the_bfloat16_check_fails_kept_outputs_without_a_clone(bf16_deep):
 
 
 @pytest.mark.slow
-def test_the_compiled_step_matches_the_reference_on_the_cpu(tiny):
-    """torch.compile of the fixed-shape layer (Inductor's C++ backend on the CPU; tens of seconds to compile here)."""
+@pytest.mark.parametrize("name", ["compile", "fused_graph"])
+def test_the_compiled_step_matches_the_reference_on_the_cpu(tiny, monkeypatch, name):
+    """torch.compile of the fixed-shape layer (Inductor's C++ backend on the CPU; tens of seconds to compile here).
+    fused_graph's step runs without its graph (a CUDA graph cannot be captured on the CPU: capture_graph is replaced
+    by the step itself), built by make_fixed_rungs as on a GPU: the fused layer compiled under coordinate-descent
+    tuning, a switch restored after every call (the compile rungs beside it keep the default)."""
+    from torch._inductor import config as inductor_config
+
     model, prompt, runs = tiny
     ref = runs["eager_static"]
+    monkeypatch.setattr(llm, "capture_graph", lambda torch, step, reset, warmup=3: type("G", (), {"replay": step})())
+    before = inductor_config.coordinate_descent_tuning
     try:
-        rung = _fixed(model, ["compile"])["compile"]
-        assert rung.setup_s > 0 and rung.fixed is not None
+        rung = _fixed(model, [name])[name]
+        assert rung.setup_s > 0 and rung.fixed is not None and inductor_config.coordinate_descent_tuning == before
         forced = llm.generate(rung, prompt, NEW, force=ref.tokens)
         free = llm.generate(rung, prompt, NEW)
     finally:
@@ -220,6 +228,7 @@ def test_the_compiled_step_matches_the_reference_on_the_cpu(tiny):
     c = llm.compare(ref, forced, F32_TOL)
     assert c.ok, c.sentence
     assert torch.equal(free.tokens, ref.tokens)
+    assert inductor_config.coordinate_descent_tuning == before
 
 
 def test_the_separate_projections_are_views_of_the_fused_weights():
@@ -269,30 +278,6 @@ def test_the_fused_products_match_the_reference_and_a_wrong_fusion_fails(tiny):
     for mutate in (_swap_kv, _swap_gate_up):
         bad = llm.compare(ref, llm.generate(_fused_rung(model, mutate), prompt, NEW, force=ref.tokens), F32_TOL)
         assert bad.status == "failed" and bad.worst_step_mean > 100 * F32_TOL, (mutate.__name__, bad.sentence)
-
-
-@pytest.mark.slow
-def test_the_fused_tuned_compiled_step_matches_the_reference_on_the_cpu(tiny, monkeypatch):
-    """fused_graph's step without its graph (a CUDA graph cannot be captured on the CPU: capture_graph is replaced by
-    the step itself), built by make_fixed_rungs as on a GPU: the fused layer compiled under coordinate-descent tuning.
-    The switch is restored after every call (the compile rungs beside it keep the default)."""
-    from torch._inductor import config as inductor_config
-
-    model, prompt, runs = tiny
-    ref = runs["eager_static"]
-    monkeypatch.setattr(llm, "capture_graph", lambda torch, step, reset, warmup=3: type("G", (), {"replay": step})())
-    before = inductor_config.coordinate_descent_tuning
-    try:
-        rung = _fixed(model, ["fused_graph"])["fused_graph"]
-        assert rung.setup_s > 0 and inductor_config.coordinate_descent_tuning == before
-        forced = llm.generate(rung, prompt, NEW, force=ref.tokens)
-        free = llm.generate(rung, prompt, NEW)
-    finally:
-        torch._dynamo.reset()
-    c = llm.compare(ref, forced, F32_TOL)
-    assert c.ok, c.sentence
-    assert torch.equal(free.tokens, ref.tokens)
-    assert inductor_config.coordinate_descent_tuning == before
 
 
 def test_llama3_8b_parameters_and_bytes_per_decode_step():
