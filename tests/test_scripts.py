@@ -332,6 +332,9 @@ def test_chapter_12s_ncu_step_names_one_timed_step_and_refuses_without_ncu_or_co
         assert int(STEP_RANGE.match(inner)["step"]) == capture_ch12.NCU_STEP
         assert options[options.index("--nvtx-include") + 1] == f"{outer}/{inner}/"
         assert options[options.index("--graph-profiling") + 1] == "node" and "-c" in options
+        # the fallback filter names the step alone, the range the reader's step_range still picks out
+        fallback = capture_ch12.ncu_filters(rung)[-1]
+        assert fallback == f"{inner}/" and capture_ch12.ncu_args(rung, fallback)[0].count(fallback) == 1
     with pytest.raises(GpuprofError, match=r"^the ncu step needs Nsight Compute \(ncu\): "):
         capture_ch12.ncu_capture_step()
     monkeypatch.setattr(gpuprof.tools, "require_tool", lambda name, doing="": (None, "2025.3"))
