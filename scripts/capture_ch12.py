@@ -9,19 +9,31 @@ provenance records as run:
 1. ``ceilings.json``: the device copy and the BF16 product (chapter 0's measurements), in this session;
 2. ``ladder.json``: every rung at batch 1, 8 and 64 (prompt 512, 64 steps), with the logit check;
 3. ``sweep.json``: the ``graph`` rung at batch 1 to 1,024 (prompt 32, 32 steps), with the check;
-4. ``decode_b1.sqlite.gz``: Nsight Systems over ``eager_dynamic`` and ``compile_graph`` at batch 1 (the
-   naive loop and the best rung; ``--cuda-graph-trace=node``), exported and gzipped;
+4. ``decode_b1.sqlite.gz``: Nsight Systems over ``eager_dynamic``, ``compile_graph`` and ``fused_graph`` at
+   batch 1 (the naive loop and the two best rungs; ``--cuda-graph-trace=node``), exported and gzipped;
 5. ``prefill2048.json``: prefill of 2,048 tokens at batch 1 and 8;
 6. ``noclone.json``: the ``--no-clone`` pitfall (its check must fail: exit status 2 is the expected one);
+7. ``decode_ncu_compile_graph.ncu-rep`` and ``decode_ncu_fused_graph.ncu-rep`` (gzipped when over
+   ``gpuprof.ncu.capture.MAX_REPORT_BYTES``): Nsight Compute over ONE decoding step of each rung at batch 1
+   (step :data:`NCU_STEP` of the timed generation, selected by its NVTX ranges; ``--graph-profiling node``, so
+   each kernel of the graph is its own result; the SpeedOfLight section and the metrics
+   ``gpuprof.studies.decode_kernels`` reads: duration, DRAM bytes read, DRAM throughput's share of peak), each
+   then read per kernel and by the layer's role (printed; the report is the reference). It fails with one
+   sentence where ncu is missing or the driver keeps the counters to administrators;
 
 then ``scripts/capture_all.py --notebooks notebooks/12__llm_inference.ipynb`` (executes the notebook in
 place and runs strict nbval over it). Each run's printed output goes to ``artifacts/ch12/run_output.txt``.
 
 A run whose check fails (exit 2) is kept (its JSON is written before the exit) and reported at the end;
 the script exits 2 then, after everything else has run. ``--only`` runs some steps (e.g. ``--only nsys,notebook``).
-About 8 minutes on an H100, estimated (the first run of the same commands: ladder 124 s, sweep 188 s with one
-more batch; the rest unmeasured). To stay inside a 10-minute command, split it: ``--only ceilings,ladder,sweep``
-then ``--only nsys,prefill,noclone,notebook`` (the second part adds to the first's log).
+Time on an H100: the first run of the same commands took 124 s for the ladder (before ``fused_graph`` joined it)
+and 188 s for the sweep (with one more batch); the rest is unmeasured: the other steps, ``fused_graph``'s
+compilation (Inductor's coordinate-descent tuning benchmarks each kernel's variants; once per batch of the ladder,
+so three times) and the ``ncu`` step (two processes, each loading 16 GB of weights and compiling its rung before
+ncu profiles the few hundred kernels of one step). The earlier estimate, about 8 minutes for the whole script,
+predates ``fused_graph`` and the ``ncu`` step; what they add is not measured yet. To stay inside 10-minute
+commands, split it: ``--only ceilings,ladder,sweep``, then
+``--only nsys,prefill,noclone,notebook``, then ``--only ncu`` (each later part adds to the first's log).
 """
 
 from __future__ import annotations
@@ -50,9 +62,16 @@ RUNS = {  # name: (arguments, the exit status expected)
     "noclone.json": ([*DECODE, "--rung", "graph", "--batch", "1", "--prompt-len", "512", "--new-tokens", "16",
                       "--no-clone"], 2),
 }
-NSYS_ARGS = [*DECODE, "--rung", "eager_dynamic,compile_graph", "--batch", "1", "--prompt-len", "512",
+NSYS_ARGS = [*DECODE, "--rung", "eager_dynamic,compile_graph,fused_graph", "--batch", "1", "--prompt-len", "512",
              "--new-tokens", "32", "--no-check"]
-STEPS = ("ceilings", "ladder", "sweep", "nsys", "prefill", "noclone", "notebook")
+NCU_RUNGS = ("compile_graph", "fused_graph")
+NCU_STEP = 4  # the decoding step ncu profiles: one of the timed generation's (not the warm-up's, not the first)
+NCU_NEW_TOKENS = 8
+# -c: the most kernels ncu profiles; the NVTX filter keeps one step, which launches fewer (a few hundred for a compiled
+# step of 32 layers: unmeasured here, the nsys step's summary counts them), so the limit only guards against a filter
+# that matches more than intended.
+NCU_LIMIT = 2000
+STEPS = ("ceilings", "ladder", "sweep", "nsys", "prefill", "noclone", "ncu", "notebook")
 NOTEBOOK = "notebooks/12__llm_inference.ipynb"
 
 
@@ -126,6 +145,77 @@ def nsys_capture() -> None:
     print(li.capture_summary(folder / "decode_b1.sqlite.gz").round(3).to_string(), flush=True)
 
 
+def ncu_filters(rung: str) -> list[str]:
+    """The NVTX filters to try, in order: the timed generation's range and the step inside it (push/pop ranges,
+    outermost first, each closed by ``/``), so the warm-up's step of the same number is left out; then the step's
+    range alone (the form the course's other captures use), whose extra warm-up kernels the reader drops by the
+    report's NVTX column. The nested form is written from memory of ncu's documentation, unchecked on ncu 2025.3:
+    a filter that selects nothing costs one short run, not the step."""
+    return [f"{ncu_range(rung)}/", f"decode_step_{NCU_STEP}/"]
+
+
+def ncu_args(rung: str, nvtx_filter: str | None = None) -> tuple[list[str], list[str]]:
+    """(ncu's options, the script's arguments) for one decoding step of ``rung`` at batch 1 under ``nvtx_filter``
+    (default: the first of :func:`ncu_filters`)."""
+    from gpuprof.studies.decode_kernels import NCU_METRICS
+
+    nvtx_filter = nvtx_filter or ncu_filters(rung)[0]
+    options = ["--nvtx", "--nvtx-include", nvtx_filter, "--graph-profiling", "node",
+               "--section", "SpeedOfLight", "--metrics", ",".join(NCU_METRICS), "-c", str(NCU_LIMIT)]
+    script_args = [*DECODE, "--rung", rung, "--batch", "1", "--prompt-len", "512",
+                   "--new-tokens", str(NCU_NEW_TOKENS), "--no-check"]
+    return options, script_args
+
+
+def ncu_range(rung: str) -> str:
+    """The NVTX path of the profiled step: the timed generation's range, then the step's (as a report names it)."""
+    return f"rung_{rung}_b1/decode_step_{NCU_STEP}"
+
+
+def ncu_capture_step() -> list[str]:
+    """Nsight Compute over one decoding step of compile_graph and of fused_graph at batch 1, each report read by role
+    (with this session's device copy, when the ceilings step measured it). Returns the reports the reader could not
+    read (they are kept: the reader's sentence is printed)."""
+    import json
+
+    from gpuprof.artifacts import chapter_output, gzip_reference
+    from gpuprof.ncu.capture import MAX_REPORT_BYTES, ncu_capture
+    from gpuprof.studies import decode_kernels as dk
+    from gpuprof.studies.llm_inference import model_config
+    from gpuprof.tools import COUNTER_PERMISSION_HINT, profiling_restricted, require_tool
+
+    require_tool("ncu", "the ncu step needs Nsight Compute (ncu)")
+    if profiling_restricted():
+        raise GpuprofError("The ncu step cannot read GPU performance counters here: the driver keeps them to "
+                           "administrators (RmProfilingAdminOnly: 1).", COUNTER_PERMISSION_HINT)
+    ceilings = chapter_output("ch12") / "ceilings.json"
+    copy_gbps = json.loads(ceilings.read_text())["d2d_gbps"] if ceilings.exists() else None
+    unread = []
+    for rung in NCU_RUNGS:
+        for nvtx_filter in ncu_filters(rung):
+            options, script_args = ncu_args(rung, nvtx_filter)
+            cap = ncu_capture("ch12", f"decode_ncu_{rung}", SCRIPT, script_args, options=options, details=False)
+            if cap.report.source == "this machine":
+                break
+            print(f"ncu, {rung}: nothing captured under --nvtx-include {nvtx_filter!r}", flush=True)
+        if cap.report.source != "this machine":
+            raise GpuprofError(f"The ncu capture of {rung} was not made here (ncu's message is above; "
+                               "ERR_NVGPUCTRPERM there means the counters are not permitted).", COUNTER_PERMISSION_HINT)
+        report = cap.path
+        if report.stat().st_size > MAX_REPORT_BYTES:
+            report = gzip_reference(report)
+        try:
+            table = dk.step_kernels(report, model_config("8b"), 2, step_range=ncu_range(rung))
+        except GpuprofError as exc:
+            print(f"ncu, {rung}: {report.name} is kept, but gpuprof.studies.decode_kernels could not read it: {exc}",
+                  flush=True)
+            unread.append(report.name)
+            continue
+        print(f"ncu, {rung}: {len(table)} kernels in one step ({report.name})", flush=True)
+        print(dk.role_table(table, model_config("8b"), 2, copy_gbps).round(3).to_string(), flush=True)
+    return unread
+
+
 @exit_on_error
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
@@ -149,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
                 ceilings()
             elif step == "nsys":
                 nsys_capture()
+            elif step == "ncu":
+                failed += ncu_capture_step()
             elif step == "notebook":
                 continue  # after the log is closed and recorded
             else:

@@ -206,13 +206,21 @@ def test_the_bfloat16_check_fails_kept_outputs_without_a_clone(bf16_deep):
 
 
 @pytest.mark.slow
-def test_the_compiled_step_matches_the_reference_on_the_cpu(tiny):
-    """torch.compile of the fixed-shape layer (Inductor's C++ backend on the CPU; tens of seconds to compile here)."""
+@pytest.mark.parametrize("name", ["compile", "fused_graph"])
+def test_the_compiled_step_matches_the_reference_on_the_cpu(tiny, monkeypatch, name):
+    """torch.compile of the fixed-shape layer (Inductor's C++ backend on the CPU; tens of seconds to compile here).
+    fused_graph's step runs without its graph (a CUDA graph cannot be captured on the CPU: capture_graph is replaced
+    by the step itself), built by make_fixed_rungs as on a GPU: the fused layer compiled under coordinate-descent
+    tuning, a switch restored after every call (the compile rungs beside it keep the default)."""
+    from torch._inductor import config as inductor_config
+
     model, prompt, runs = tiny
     ref = runs["eager_static"]
+    monkeypatch.setattr(llm, "capture_graph", lambda torch, step, reset, warmup=3: type("G", (), {"replay": step})())
+    before = inductor_config.coordinate_descent_tuning
     try:
-        rung = _fixed(model, ["compile"])["compile"]
-        assert rung.setup_s > 0 and rung.fixed is not None
+        rung = _fixed(model, [name])[name]
+        assert rung.setup_s > 0 and rung.fixed is not None and inductor_config.coordinate_descent_tuning == before
         forced = llm.generate(rung, prompt, NEW, force=ref.tokens)
         free = llm.generate(rung, prompt, NEW)
     finally:
@@ -220,6 +228,56 @@ def test_the_compiled_step_matches_the_reference_on_the_cpu(tiny):
     c = llm.compare(ref, forced, F32_TOL)
     assert c.ok, c.sentence
     assert torch.equal(free.tokens, ref.tokens)
+    assert inductor_config.coordinate_descent_tuning == before
+
+
+def test_the_separate_projections_are_views_of_the_fused_weights():
+    """fused_graph's matrices replace the separate ones, not double them: wq, wk, wv are column views of wqkv and gate,
+    up of w_gate_up (the same bytes, read by every rung), and the weights' distinct storage is the model's parameter
+    count, which decode_step_bytes counts once; a cast keeps the views."""
+    for model in (_model(), _model().cast(torch.bfloat16)):
+        cfg = model.cfg
+        q, kv = cfg.q_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+        for w in model.layers:
+            assert w["wqkv"].shape == (cfg.d_model, q + 2 * kv) and w["w_gate_up"].shape == (cfg.d_model, 2 * cfg.ffn)
+            for name, whole in (("wq", "wqkv"), ("wk", "wqkv"), ("wv", "wqkv"), ("w_gate", "w_gate_up"), ("w_up", "w_gate_up")):
+                assert w[name].untyped_storage().data_ptr() == w[whole].untyped_storage().data_ptr(), name
+            assert torch.equal(w["wk"], w["wqkv"][:, q:q + kv]) and torch.equal(w["w_up"], w["w_gate_up"][:, cfg.ffn:])
+        tensors = [t for w in model.layers for t in w.values()] + [model.embed, model.final_norm, model.lm_head]
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+        assert sum(storages.values()) == cfg.params * model.embed.element_size()
+
+
+def _swap_kv(w, cfg):
+    return {**w, "wqkv": torch.cat([w["wq"], w["wv"], w["wk"]], dim=1)}
+
+
+def _swap_gate_up(w, cfg):
+    return {**w, "w_gate_up": torch.cat([w["w_up"], w["w_gate"]], dim=1)}
+
+
+def _fused_rung(model, mutate=None):
+    """eager_fixed's rung running the fused layer (eager: the fusion alone, without compiling), its weights changed by
+    ``mutate`` (a wrongly fused matrix) when given."""
+    rung = _fixed(model)["eager_fixed"]
+    if mutate is not None:
+        bad = {id(w): mutate(w, model.cfg) for w in model.layers}
+        rung.fixed.layer = lambda x, w, *rest: llm.fused_layer(x, bad[id(w)], *rest)
+    else:
+        rung.fixed.layer = llm.fused_layer
+    return rung
+
+
+def test_the_fused_products_match_the_reference_and_a_wrong_fusion_fails(tiny):
+    """One product by wqkv split into q, k, v (and one by w_gate_up into gate, up) computes what the separate ones do,
+    within float32's bound; a fused matrix whose k and v slices are swapped, or whose gate and up are, fails."""
+    model, prompt, runs = tiny
+    ref = runs["eager_static"]
+    good = llm.compare(ref, llm.generate(_fused_rung(model), prompt, NEW, force=ref.tokens), F32_TOL)
+    assert good.ok and good.worst_step_mean <= F32_TOL, good.sentence
+    for mutate in (_swap_kv, _swap_gate_up):
+        bad = llm.compare(ref, llm.generate(_fused_rung(model, mutate), prompt, NEW, force=ref.tokens), F32_TOL)
+        assert bad.status == "failed" and bad.worst_step_mean > 100 * F32_TOL, (mutate.__name__, bad.sentence)
 
 
 def test_llama3_8b_parameters_and_bytes_per_decode_step():
@@ -302,7 +360,7 @@ def test_the_command_line_lists():
     assert llm.resolve_rungs(llm.parse_args(["--cache", "both"]), gpu=False) == ["eager_dynamic", "eager_static"]
     assert llm.resolve_rungs(llm.parse_args([]), gpu=False) == list(llm.CPU_DEFAULT)
     assert llm.resolve_rungs(llm.parse_args([]), gpu=True) == list(llm.RUNGS)
-    with pytest.raises(GpuprofError, match=r"--rung graph,compile_graph needs a GPU"):
+    with pytest.raises(GpuprofError, match=r"--rung graph,compile_graph,fused_graph needs a GPU"):
         llm.resolve_rungs(llm.parse_args(["--rung", "all"]), gpu=False)
     for bad in ("1,1", "0", ","):
         with pytest.raises(SystemExit):

@@ -308,6 +308,40 @@ def test_chapter_12s_capture_refuses_without_a_gpu_and_its_runs_parse(capsys):
         parsed = decode.parse_args([*args, "--json", "/tmp/x.json"])
         assert parsed.model == "8b" and parsed.no_clone == (expected == 2)
     assert decode.parse_args(capture_ch12.NSYS_ARGS).batch == [1]  # nsys records the first batch only
+    assert "fused_graph" in decode.parse_args(capture_ch12.NSYS_ARGS).rung
+
+
+def test_chapter_12s_ncu_step_names_one_timed_step_and_refuses_without_ncu_or_counters(monkeypatch):
+    """The ncu step's runs parse, its NVTX filter names the ranges llm_decode.py opens (the timed generation's, then
+    the step's) and the step that exists; without ncu, or with the counters kept to administrators, one sentence."""
+    import gpuprof.tools
+    from gpuprof.errors import GpuprofError
+    from gpuprof.runner import load_script
+    from gpuprof.studies.llm_inference import RUNG_RANGE, STEP_RANGE
+
+    sys.path.insert(0, str(REPO_ROOT / "scripts"))
+    import capture_ch12
+
+    decode = load_script(REPO_ROOT / "examples" / "nsys" / "llm_decode.py")
+    for rung in capture_ch12.NCU_RUNGS:
+        options, args = capture_ch12.ncu_args(rung)
+        parsed = decode.parse_args(args)
+        assert parsed.rung == [rung] and parsed.batch == [1] and parsed.new_tokens > capture_ch12.NCU_STEP
+        outer, inner = capture_ch12.ncu_range(rung).split("/")
+        assert RUNG_RANGE.match(outer)["rung"] == rung and RUNG_RANGE.match(outer)["batch"] == "1"
+        assert int(STEP_RANGE.match(inner)["step"]) == capture_ch12.NCU_STEP
+        assert options[options.index("--nvtx-include") + 1] == f"{outer}/{inner}/"
+        assert options[options.index("--graph-profiling") + 1] == "node" and "-c" in options
+        # the fallback filter names the step alone, the range the reader's step_range still picks out
+        fallback = capture_ch12.ncu_filters(rung)[-1]
+        assert fallback == f"{inner}/" and capture_ch12.ncu_args(rung, fallback)[0].count(fallback) == 1
+    with pytest.raises(GpuprofError, match=r"^the ncu step needs Nsight Compute \(ncu\): "):
+        capture_ch12.ncu_capture_step()
+    monkeypatch.setattr(gpuprof.tools, "require_tool", lambda name, doing="": (None, "2025.3"))
+    monkeypatch.setattr(gpuprof.tools, "profiling_restricted", lambda: True)
+    with pytest.raises(GpuprofError, match="cannot read GPU performance counters here: the driver keeps them to "
+                                           "administrators"):
+        capture_ch12.ncu_capture_step()
 
 
 def test_memory_the_machine_lacks_is_refused_before_any_work(capsys):

@@ -27,6 +27,16 @@ to produce one token per sequence. The same generation is run by each rung of a 
                  one launch per step (a GPU only)
   compile_graph  the compiled step captured in a CUDA graph: the fusion and one launch per step
                  (a GPU only)
+  fused_graph    compile_graph with the weights a decode loop streams faster at batch 1 (a GPU only):
+                 the q, k and v projections as ONE matrix product ([width, (q + 2 kv) heads x head_dim])
+                 and gate and up as ONE ([width, 2 x mlp]), so a layer runs 4 matrix-vector products, not
+                 7; compiled with Inductor's coordinate-descent tuning on (for this rung only: set around
+                 its compilation and restored), as gpt-fast's generate.py does. With that switch Inductor
+                 turns a matrix product with one row into a multiply-and-sum it generates and tunes itself
+                 (torch/_inductor/decomposition.py's mm: "our matrix vector multiplies only achieve peak
+                 bandwidth with coordinate descent tuning"), instead of calling cuBLAS. gpt-fast's model.py
+                 fuses q/k/v the same way (one wqkv, split after the product) and keeps gate and up apart;
+                 fusing those too is this rung's own step
 
 Why a hand-made graph rather than torch.compile(mode="reduce-overhead"): that mode captures CUDA graphs
 of its own, so the ladder could not tell the fusion's gain from the launches' (compile and graph
@@ -118,10 +128,12 @@ RUNGS = {
     "compile": "fixed-shape step, layer under torch.compile",
     "graph": "fixed-shape step in a CUDA graph",
     "compile_graph": "compiled fixed-shape step in a CUDA graph",
+    "fused_graph": "fused q/k/v and gate/up products, compiled with coordinate-descent tuning, in a CUDA graph",
 }
 REFERENCE = "eager_static"
-FIXED = ("eager_fixed", "compile", "graph", "compile_graph")  # the rungs that run the fixed-shape step
-NEEDS_GPU = ("graph", "compile_graph")
+FIXED = ("eager_fixed", "compile", "graph", "compile_graph", "fused_graph")  # the rungs that run the fixed-shape step
+NEEDS_GPU = ("graph", "compile_graph", "fused_graph")
+COMPILED = ("compile", "compile_graph", "fused_graph")  # the rungs whose setup compiles a layer
 CPU_DEFAULT = ("eager_dynamic", "eager_static", "eager_fixed")
 CACHES = {"dynamic": ("eager_dynamic",), "static": ("eager_static",), "both": ("eager_dynamic", "eager_static")}
 TOPK = 4  # the best logits kept per step: the token is the first (the others are printed, not checked)
@@ -252,6 +264,26 @@ def rotate(x: Any, cos: Any, sin: Any) -> Any:
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
+# A layer's tensors as allocated: q, k and v live in one matrix, gate and up in another (the fused_graph rung multiplies
+# by those at once); wq, wk, wv, w_gate and w_up are views into them (:func:`with_views`), so every rung reads the
+# same bytes and the weights take the memory of one copy.
+STORED = ("attn_norm", "wqkv", "wo", "mlp_norm", "w_gate_up", "w_down")
+
+
+def with_views(w: dict[str, Any], cfg: Config) -> dict[str, Any]:
+    """A layer's stored tensors (:data:`STORED`) with the separate projections added as column views of the fused
+    ones: wq, wk, wv of wqkv [width, (q + 2 kv) heads x head_dim]; w_gate, w_up of w_gate_up [width, 2 x mlp].
+
+    Views, not copies: the rungs that multiply by wq, wk and wv one at a time read the same memory as fused_graph
+    reads at once (each row of wqkv holds q's, k's and v's columns side by side; a view's row stride is wqkv's, a
+    matrix product reads it in place), and 8b's weights stay 16 GB, not 16 + the 4.8 GB of q/k/v/gate/up again."""
+    q, kv = cfg.q_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+    out = {k: w[k] for k in STORED}
+    out["wq"], out["wk"], out["wv"] = out["wqkv"].split([q, kv, kv], dim=1)
+    out["w_gate"], out["w_up"] = out["w_gate_up"].split([cfg.ffn, cfg.ffn], dim=1)
+    return out
+
+
 class Decoder:
     """The model's weights and its forward pass; the KV cache is passed in (see :class:`DynamicCache`, :class:`StaticCache`)."""
 
@@ -264,9 +296,13 @@ class Decoder:
             return torch.randn(shape, generator=gen, device=device, dtype=dtype) * (1 / math.sqrt(shape[0]))
 
         d, q, kv = cfg.d_model, cfg.q_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
-        self.layers = [{"attn_norm": torch.ones(d, device=device, dtype=dtype), "wq": rnd(d, q), "wk": rnd(d, kv),
-                        "wv": rnd(d, kv), "wo": rnd(q, d), "mlp_norm": torch.ones(d, device=device, dtype=dtype),
-                        "w_gate": rnd(d, cfg.ffn), "w_up": rnd(d, cfg.ffn), "w_down": rnd(cfg.ffn, d)}
+        # Drawn one matrix at a time in the order q, k, v, o, gate, up, down (the values do not depend on the
+        # layout), then kept fused: see :func:`with_views`.
+        self.layers = [with_views({"attn_norm": torch.ones(d, device=device, dtype=dtype),
+                                   "wqkv": torch.cat([rnd(d, q), rnd(d, kv), rnd(d, kv)], dim=1), "wo": rnd(q, d),
+                                   "mlp_norm": torch.ones(d, device=device, dtype=dtype),
+                                   "w_gate_up": torch.cat([rnd(d, cfg.ffn), rnd(d, cfg.ffn)], dim=1),
+                                   "w_down": rnd(cfg.ffn, d)}, cfg)
                        for _ in range(cfg.layers)]
         self.embed = torch.randn((cfg.vocab, d), generator=gen, device=device, dtype=dtype)
         self.final_norm = torch.ones(d, device=device, dtype=dtype)
@@ -283,7 +319,7 @@ class Decoder:
         other = object.__new__(Decoder)
         other.__dict__.update(self.__dict__)
         other.dtype = dtype
-        other.layers = [{k: v.to(dtype) for k, v in w.items()} for w in self.layers]
+        other.layers = [with_views({k: v.to(dtype) for k, v in w.items() if k in STORED}, self.cfg) for w in self.layers]
         other.embed, other.final_norm, other.lm_head, other.cos, other.sin = (
             t.to(dtype) for t in (self.embed, self.final_norm, self.lm_head, self.cos, self.sin))
         return other
@@ -363,7 +399,7 @@ def kept_columns(torch: Any, vocab: int, device: str) -> Any:
 
 
 def fixed_layer(x: Any, w: dict[str, Any], k_cache: Any, v_cache: Any, pos: Any, mask: Any, cos: Any, sin: Any,
-                q_heads: int, kv_heads: int, head_dim: int, eps: float) -> Any:
+                q_heads: int, kv_heads: int, head_dim: int, eps: float, fused: bool = False) -> Any:
     """One layer of a decoding step whose shapes never change, for x [batch, 1, width] at position ``pos``.
 
     ``pos`` is a one-element tensor on the device, not a Python int, so the same kernels with the same
@@ -372,14 +408,21 @@ def fixed_layer(x: Any, w: dict[str, Any], k_cache: Any, v_cache: Any, pos: Any,
     positions after ``pos`` masked out (``mask``). Grouped-query attention without copying the cache: the
     query heads that share a key/value head are laid side by side ([batch, kv_heads, group, head_dim])
     and multiplied by that head's keys at once.
+
+    ``fused``: q, k and v from one product by ``wqkv``, split after it, and gate and up from one by ``w_gate_up``
+    (the fused_graph rung); otherwise one product per matrix, by the views into those (:func:`with_views`).
     """
     import torch
 
     b = x.shape[0]
     a = rms_norm(x, w["attn_norm"], eps)
-    q = rotate((a @ w["wq"]).view(b, 1, q_heads, head_dim).transpose(1, 2), cos, sin)
-    k = rotate((a @ w["wk"]).view(b, 1, kv_heads, head_dim).transpose(1, 2), cos, sin)
-    v = (a @ w["wv"]).view(b, 1, kv_heads, head_dim).transpose(1, 2)
+    if fused:
+        q, k, v = (a @ w["wqkv"]).split([q_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    else:
+        q, k, v = a @ w["wq"], a @ w["wk"], a @ w["wv"]
+    q = rotate(q.view(b, 1, q_heads, head_dim).transpose(1, 2), cos, sin)
+    k = rotate(k.view(b, 1, kv_heads, head_dim).transpose(1, 2), cos, sin)
+    v = v.view(b, 1, kv_heads, head_dim).transpose(1, 2)
     k_cache.index_copy_(2, pos, k)
     v_cache.index_copy_(2, pos, v)
     qg = q.reshape(b, kv_heads, q_heads // kv_heads, head_dim)  # query head h uses key/value head h // group
@@ -388,7 +431,17 @@ def fixed_layer(x: Any, w: dict[str, Any], k_cache: Any, v_cache: Any, pos: Any,
     att = (probs @ v_cache).reshape(b, 1, q_heads * head_dim)
     x = x + att @ w["wo"]
     m = rms_norm(x, w["mlp_norm"], eps)
-    return x + (torch.nn.functional.silu(m @ w["w_gate"]) * (m @ w["w_up"])) @ w["w_down"]
+    if fused:
+        gate, up = (m @ w["w_gate_up"]).chunk(2, dim=-1)
+    else:
+        gate, up = m @ w["w_gate"], m @ w["w_up"]
+    return x + (torch.nn.functional.silu(gate) * up) @ w["w_down"]
+
+
+def fused_layer(x: Any, w: dict[str, Any], k_cache: Any, v_cache: Any, pos: Any, mask: Any, cos: Any, sin: Any,
+                q_heads: int, kv_heads: int, head_dim: int, eps: float) -> Any:
+    """:func:`fixed_layer` with the fused products: 4 matrix-vector products per layer (qkv, o, gate/up, down), not 7."""
+    return fixed_layer(x, w, k_cache, v_cache, pos, mask, cos, sin, q_heads, kv_heads, head_dim, eps, fused=True)
 
 
 class FixedStep:
@@ -459,7 +512,7 @@ class EagerRung:
 
 
 class FixedRung:
-    """eager_fixed, compile, graph or compile_graph: the fixed-shape step over one static cache, which the prefill
+    """eager_fixed, compile, graph, compile_graph or fused_graph: the fixed-shape step over one static cache, which the prefill
     fills (the same code as eager_static's) and the step continues."""
 
     static_outputs = True  # each step returns the step's own output buffers
@@ -490,6 +543,22 @@ def compiled_layer(torch: Any) -> Callable[..., Any]:
     return torch.compile(fixed_layer, dynamic=False, fullgraph=True)
 
 
+def tuned_layer(torch: Any) -> Callable[..., Any]:
+    """:func:`fused_layer` under torch.compile with Inductor's ``coordinate_descent_tuning`` on for its compilation
+    (gpt-fast's generate.py sets it globally). Scoped: every call runs under ``torch._inductor.config.patch``, which
+    sets the switch and restores it on leaving, so the compile rungs, compiled beside it, keep the default, and a
+    recompilation (a guard that fails) is tuned too. In a CUDA graph only the capture calls it; its replays run no
+    Python. On the CPU the switch changes nothing (Inductor's matrix-vector decomposition skips the CPU)."""
+    from torch._inductor import config as inductor_config
+
+    compiled = torch.compile(fused_layer, dynamic=False, fullgraph=True)
+
+    def run(*args: Any) -> Any:
+        with inductor_config.patch(coordinate_descent_tuning=True):
+            return compiled(*args)
+    return run
+
+
 def capture_graph(torch: Any, step: Callable[[], Any], reset: Callable[[], Any], warmup: int = 3) -> Any:
     """A CUDA graph of ``step``: a few calls on a side stream first (as PyTorch's CUDA graph notes ask: they
     set up cuBLAS's workspaces and, for a compiled step, compile it), each after ``reset`` (which keeps the
@@ -507,31 +576,37 @@ def capture_graph(torch: Any, step: Callable[[], Any], reset: Callable[[], Any],
     return graph
 
 
+def shared_buffers(step: FixedStep, like: FixedStep) -> FixedStep:
+    """``step`` reading and writing ``like``'s buffers (input ids, position, outputs): one set for all the rungs."""
+    step.tokens, step.pos, step.top_values, step.top_ids, step.kept = (
+        like.tokens, like.pos, like.top_values, like.top_ids, like.kept)
+    return step
+
+
 def make_fixed_rungs(names: list[str], model: Decoder, batch: int, positions: int) -> dict[str, FixedRung]:
     """The fixed-shape rungs asked for, sharing one static cache and one set of buffers (they run one after another)."""
     torch = model.torch
     if not any(n in FIXED for n in names):
         return {}
-    if any(n in ("compile", "compile_graph") for n in names):
+    if any(n in COMPILED for n in names):
         torch._dynamo.reset()  # an earlier batch's compiled layer has other shapes: start afresh, under no recompile limit
     cache = StaticCache(model.cfg, torch, batch, positions, model.device, model.dtype)
     eager_step = FixedStep(model, cache, batch)
-    compiled_step = None
+    compiled_steps: dict[str, FixedStep] = {}  # by layer kind: "compiled" (compile, compile_graph) or "tuned"
     rungs: dict[str, FixedRung] = {}
     for name in names:
         if name not in FIXED:
             continue
         t0 = time.perf_counter()
         with annotate(f"setup_{name}_b{batch}"):
-            if name in ("compile", "compile_graph"):
-                if compiled_step is None:
-                    compiled_step = FixedStep(model, cache, batch, compiled_layer(torch))
-                    compiled_step.tokens, compiled_step.pos = eager_step.tokens, eager_step.pos  # one set of buffers
-                    compiled_step.top_values, compiled_step.top_ids = eager_step.top_values, eager_step.top_ids
-                    compiled_step.kept = eager_step.kept
+            if name in COMPILED:
+                kind = "tuned" if name == "fused_graph" else "compiled"
+                if kind not in compiled_steps:
+                    layer = tuned_layer(torch) if kind == "tuned" else compiled_layer(torch)
+                    compiled_steps[kind] = shared_buffers(FixedStep(model, cache, batch, layer), eager_step)
                     eager_step.pos.zero_()
-                    compiled_step()  # compiles the layer here, not inside the first timed generation
-                step = compiled_step
+                    compiled_steps[kind]()  # compiles the layer here, not inside the first timed generation
+                step = compiled_steps[kind]
             else:
                 step = eager_step
             run: Callable[[], Any] = step
