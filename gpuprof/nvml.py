@@ -30,7 +30,7 @@ from typing import Any
 
 from .device_state import describe_event_reasons
 
-__all__ = ["Sample", "Nvml", "Sampler", "summarise", "window_power_w", "describe_window", "torch_pci_bus_id", "open_sampler"]
+__all__ = ["Sample", "Nvml", "Sampler", "summarise", "window_power_w", "describe_window", "torch_pci_bus_id", "open_sampler", "torch_sampler"]
 
 NVML_CLOCK_SM = 1  # nvmlClockType_t
 NVML_TEMPERATURE_GPU = 0  # nvmlTemperatureSensors_t
@@ -201,3 +201,14 @@ def open_sampler(pci_bus_id: str | None, period_s: float = 0.02, lib: Any = None
     sampler = Sampler(nvml, period_s)
     sampler.__enter__()
     return sampler, nvml.power_limit_w(), f"{why}, read every {period_s * 1e3:.0f} ms by a thread"
+
+
+def torch_sampler(torch: Any, gpu: bool, enabled: bool = True) -> tuple[Sampler | None, float | None, str]:
+    """:func:`open_sampler` for PyTorch's current CUDA device, or (None, None, why none): on the CPU, when the caller's
+    switch is off (``enabled``: a script's ``--no-clocks``), or where NVML cannot be opened. Scripts print the third
+    item once, so that a run without clocks says why."""
+    if not gpu:
+        return None, None, "on the CPU: no SM clock or power to read"
+    if not enabled:
+        return None, None, "--no-clocks"
+    return open_sampler(torch_pci_bus_id(torch, torch.cuda.current_device()))

@@ -53,6 +53,46 @@ def test_every_mode_runs_from_the_same_weights_and_batch(mode, mode_runs):
         assert 0 < agree["all"]["relative_error"] < 0.1 and agree["all"]["cosine"] > 0.99
 
 
+def test_the_measured_steps_window_goes_into_the_json(monkeypatch, capsys):
+    """The GPU path's clock record, wired on the CPU: a stand-in sampler in place of the GPU's, stopped when the
+    measured steps end, asked once for their window, its summary and the power limit written and said in one line."""
+    import time
+
+    import gpuprof.nvml as nvml
+    from gpuprof.runner import load_script
+
+    class Recorder:
+        def __init__(self):
+            self.opened, self.stopped, self.windows = time.monotonic(), False, []
+
+        def __exit__(self, *exc):
+            self.stopped = True
+
+        def summary(self, t0, t1):
+            assert self.stopped
+            self.windows.append((t0, t1))
+            return nvml.summarise([nvml.Sample(t, 1755, 612.5, None, 4, None) for t in (t0, t1)], t0, t1)
+
+    rec = Recorder()
+
+    def stand_in(torch, gpu, enabled=True):
+        assert not gpu and enabled  # what the script asks for on the CPU without --no-clocks
+        return rec, 700.0, "a stand-in"
+
+    monkeypatch.setattr(nvml, "torch_sampler", stand_in)
+    script = load_script(SCRIPT)
+    out = script.run(script.parse_args(["--mode", "bf16", *TINY[:-1]]), "cpu")
+    after = time.monotonic()
+    [(t0, t1)] = rec.windows
+    assert rec.opened < t0 < t1 <= after
+    nv = out["nvml"]
+    assert "nvml_why" not in out and nv["power_limit_w"] == 700.0 and nv["sm_mhz_median"] == 1755
+    assert nv["event_reasons_words"] == "software power cap" and nv["power_w_median"] == 612.5 and nv["samples"] == 2
+    said = capsys.readouterr().out
+    assert "clocks: a stand-in" in said
+    assert said.count("during the measured steps: SM clock 1755 MHz (lowest 1755), 612 W of a 700 W limit") == 1
+
+
 @pytest.mark.slow
 def test_the_modes_start_from_the_same_loss(mode_runs):
     first = {}

@@ -377,26 +377,16 @@ def largest_batch(args: argparse.Namespace, budget_gib: float) -> dict[str, Any]
             "peak_bytes_at_largest": peak, "probes": probes}
 
 
-def clock_sampler(torch: Any, gpu: bool, enabled: bool) -> tuple[Any, float | None, str]:
-    """(a started gpuprof.nvml Sampler, the enforced power limit in W, what it reads), or (None, None, why
-    none): on the CPU, with --no-clocks, or where NVML cannot be opened (no driver library, no such GPU)."""
-    if not gpu:
-        return None, None, "on the CPU: no SM clock or power to read"
-    if not enabled:
-        return None, None, "--no-clocks"
-    from gpuprof.nvml import open_sampler, torch_pci_bus_id
-
-    return open_sampler(torch_pci_bus_id(torch))
-
-
 def run(args: argparse.Namespace, device: str) -> dict[str, Any]:
     import time
+
+    from gpuprof.nvml import describe_window, torch_sampler
 
     torch = require_torch("mixed_precision.py")
     gpu = device == "cuda"
     model, ids, labels = first_batch(torch, args, device)
     # NVML read by a thread from here on; the measured steps' window is summarised after the loop
-    sampler, power_limit, clocks_how = clock_sampler(torch, gpu, not args.no_clocks)
+    sampler, power_limit, clocks_how = torch_sampler(torch, gpu, not args.no_clocks)
     print(f"  clocks: {clocks_how}", flush=True)
     window = [0.0, 0.0]  # time.monotonic() at the first measured step's start and after the last one's sync
 
@@ -476,8 +466,6 @@ def run(args: argparse.Namespace, device: str) -> dict[str, Any]:
     nvml = None
     if sampler is not None:
         sampler.__exit__(None, None, None)
-        from gpuprof.nvml import describe_window
-
         nvml = {**sampler.summary(*window), "power_limit_w": power_limit}
         print(f"  during the measured steps: {describe_window(nvml)}", flush=True)
     lost, compared, where = first_underflow or (0, 0, {})
