@@ -179,3 +179,45 @@ def write(tmp_path, events, name="t.json", gz=False, **meta):  # type: ignore[no
     raw = json.dumps(data).encode()
     path.write_bytes(gzip.compress(raw) if gz else raw)
     return path
+
+
+# ----- a stand-in for NVML -----
+
+
+class FakeNvml:
+    """NVML's C functions as the ctypes library presents them (out-parameters passed by reference), for
+    ``gpuprof.nvml.Nvml.open(lib=...)``: GPU ``0000:05:00.0`` at 1755 MHz, 612.5 W of a 700 W limit, reason 0x4
+    (software power cap), its energy counter rising 7 mJ a reading, no temperature."""
+
+    def __init__(self):
+        self.energy = 1000
+
+    @staticmethod
+    def _set(ref, value):
+        ref._obj.value = value
+        return 0
+
+    def nvmlInit_v2(self):
+        return 0
+
+    def nvmlDeviceGetHandleByPciBusId_v2(self, bus, ref):
+        return 0 if bus == b"0000:05:00.0" else 999
+
+    def nvmlDeviceGetClockInfo(self, handle, kind, ref):
+        return self._set(ref, 1755) if kind.value == 1 else 3
+
+    def nvmlDeviceGetPowerUsage(self, handle, ref):
+        return self._set(ref, 612_500)
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle, ref):
+        self.energy += 7
+        return self._set(ref, self.energy)
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle, ref):
+        return self._set(ref, 4)
+
+    def nvmlDeviceGetTemperature(self, handle, kind, ref):
+        return 3  # not supported: the field is None
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle, ref):
+        return self._set(ref, 700_000)  # milliwatts

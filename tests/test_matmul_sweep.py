@@ -4,7 +4,6 @@ table and figure, on a synthetic sweep and on the first H100 run of rungs 9-10 (
 from __future__ import annotations
 
 import copy
-import ctypes
 import gzip
 import shutil
 import subprocess
@@ -14,9 +13,11 @@ import pytest
 
 from gpuprof.artifacts import REPO_ROOT
 from gpuprof.ncu.report import ncu_report_available
-from gpuprof.nvml import Nvml, Sample, Sampler, summarise
+from gpuprof.nvml import (Nvml, Sample, Sampler, describe_window, open_sampler, summarise, torch_pci_bus_id,
+                          torch_sampler, window_power_w)
 from gpuprof.runner import load_script
 from gpuprof.studies import matmul_sweep as ms
+from helpers import FakeNvml
 
 RUN1 = REPO_ROOT / "tests" / "data" / "matmul_ladder_run1"
 SWEEP = REPO_ROOT / "examples" / "nsight_compute" / "matmul_ladder_sweep.py"
@@ -145,58 +146,56 @@ def test_nvml_windows_summarise_only_their_own_readings():
                       reasons=0 if i < 5 else 4, temp_c=60 + i) for i in range(10)]
     first = summarise(samples, 0.0, 0.45)
     assert first["samples"] == 5 and first["sm_mhz_median"] == 1980 and first["event_reasons_words"] == "none"
-    assert first["power_w_energy"] == pytest.approx(50.0)
+    assert first["power_w_energy"] == pytest.approx(50.0) and first["power_w_median"] == 300.0
     late = summarise(samples, 0.5, 1.0)
     assert late["sm_mhz_min"] == 1500 and late["event_reasons"] == "0x0000000000000004"
     assert late["event_reasons_words"] == "software power cap" and late["temp_c_max"] == 69
     assert summarise(samples, 5, 6)["sm_mhz_median"] is None
 
 
-class _FakeNvml:
-    """NVML's C functions as the ctypes library presents them: out-parameters passed by reference."""
-
-    def __init__(self):
-        self.energy = 1000
-
-    @staticmethod
-    def _set(ref, value):
-        ref._obj.value = value
-        return 0
-
-    def nvmlInit_v2(self):
-        return 0
-
-    def nvmlDeviceGetHandleByPciBusId_v2(self, bus, ref):
-        return 0 if bus == b"0000:05:00.0" else 999
-
-    def nvmlDeviceGetClockInfo(self, handle, kind, ref):
-        return self._set(ref, 1755) if kind.value == 1 else 3
-
-    def nvmlDeviceGetPowerUsage(self, handle, ref):
-        return self._set(ref, 612_500)
-
-    def nvmlDeviceGetTotalEnergyConsumption(self, handle, ref):
-        self.energy += 7
-        return self._set(ref, self.energy)
-
-    def nvmlDeviceGetCurrentClocksEventReasons(self, handle, ref):
-        return self._set(ref, 4)
-
-    def nvmlDeviceGetTemperature(self, handle, kind, ref):
-        return 3  # not supported: the field is None
-
-
 def test_nvml_reads_through_the_c_calls_and_says_why_when_it_cannot():
-    nvml, why = Nvml.open(pci_bus_id="0000:05:00.0", lib=_FakeNvml())
+    nvml, why = Nvml.open(pci_bus_id="0000:05:00.0", lib=FakeNvml())
     assert nvml is not None and why == "NVML, GPU 0000:05:00.0"
     s = nvml.read()
     assert (s.sm_mhz, s.power_w, s.reasons, s.temp_c) == (1755, 612.5, 4, None) and s.energy_j == pytest.approx(1.007)
-    missing, why = Nvml.open(pci_bus_id="0000:99:00.0", lib=_FakeNvml())
+    missing, why = Nvml.open(pci_bus_id="0000:99:00.0", lib=FakeNvml())
     assert missing is None and "no GPU 0000:99:00.0" in why
     with Sampler(nvml, period_s=0.001) as sampler:
         while len(sampler.samples) < 3:
             pass
     assert sampler.summary(0, float("inf"))["sm_mhz_median"] == 1755
+    assert nvml.power_limit_w() == 700.0
+
+
+def test_open_sampler_reads_the_limit_and_a_window_reads_as_one_line():
+    sampler, limit, how = open_sampler("0000:05:00.0", period_s=0.001, lib=FakeNvml())
+    try:
+        while len(sampler.samples) < 3:
+            pass
+    finally:
+        sampler.__exit__(None, None, None)
+    assert limit == 700.0 and how.startswith("NVML, GPU 0000:05:00.0") and "every 1 ms" in how
+    nv = {**sampler.summary(0, float("inf")), "power_limit_w": limit}
+    assert nv["power_w_median"] == 612.5 and window_power_w(nv) == nv["power_w_energy"]
+    line = describe_window(nv)
+    assert line.startswith("SM clock 1755 MHz (lowest 1755), ") and "W of a 700 W limit" in line
+    assert "clock-event reasons: software power cap" in line
+    assert window_power_w({"power_w_energy": None, "power_w_median": 500.0}) == 500.0
+    assert describe_window({"sm_mhz_median": None, "samples": 0}).startswith("no SM clock")
+    missing, limit, why = open_sampler("0000:99:00.0", lib=FakeNvml())
+    assert missing is None and limit is None and "no GPU 0000:99:00.0" in why
+
+
+def test_the_pci_bus_id_is_written_as_cuda_writes_it():
+    from types import SimpleNamespace
+
+    props = SimpleNamespace(pci_bus_id=0x3B, pci_device_id=0, pci_domain_id=0)
+    fake = SimpleNamespace(cuda=SimpleNamespace(get_device_properties=lambda i: props))
+    assert torch_pci_bus_id(fake) == "0000:3b:00.0"
+    older = SimpleNamespace(cuda=SimpleNamespace(get_device_properties=lambda i: SimpleNamespace()))
+    assert torch_pci_bus_id(older) is None
+    assert torch_sampler(fake, gpu=False) == (None, None, "on the CPU: no SM clock or power to read")
+    assert torch_sampler(fake, gpu=True, enabled=False) == (None, None, "--no-clocks")
 
 
 def test_the_sweep_plan_goes_round_the_shapes_and_fits_one_device_call():

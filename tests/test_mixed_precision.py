@@ -3,6 +3,7 @@ and refuses bad input in one sentence. (Its timings and the four modes' numerics
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -39,6 +40,9 @@ def test_every_mode_runs_from_the_same_weights_and_batch(mode, mode_runs):
     assert (r["steps"][0]["scale"] is not None) == (mode == "fp16")  # only the scaled mode has a scale
     # memory is measured on a GPU only: no peak on the CPU, rather than a number that means something else
     assert all(s["peak_bytes"] is None for s in r["steps"]) and "step_peak_memory_bytes" not in r
+    # no SM clock or power on the CPU: the key is null, the reason beside it, said once in the output, no failure
+    assert r["nvml"] is None and r["nvml_why"].startswith("on the CPU")
+    assert out.output.count("clocks: on the CPU") == 1
     # the first step's gradient against the FP32 reference (unscaled for fp16): the same computation in FP32 and
     # in TF32 (no TF32 on the CPU), a small but non-zero difference in half precision
     agree = r["first_step_gradient_vs_fp32"]
@@ -47,6 +51,46 @@ def test_every_mode_runs_from_the_same_weights_and_batch(mode, mode_runs):
         assert agree["all"]["relative_error"] <= 1e-6
     else:
         assert 0 < agree["all"]["relative_error"] < 0.1 and agree["all"]["cosine"] > 0.99
+
+
+def test_the_measured_steps_window_goes_into_the_json(monkeypatch, capsys):
+    """The GPU path's clock record, wired on the CPU: a stand-in sampler in place of the GPU's, stopped when the
+    measured steps end, asked once for their window, its summary and the power limit written and said in one line."""
+    import time
+
+    import gpuprof.nvml as nvml
+    from gpuprof.runner import load_script
+
+    class Recorder:
+        def __init__(self):
+            self.opened, self.stopped, self.windows = time.monotonic(), False, []
+
+        def __exit__(self, *exc):
+            self.stopped = True
+
+        def summary(self, t0, t1):
+            assert self.stopped
+            self.windows.append((t0, t1))
+            return nvml.summarise([nvml.Sample(t, 1755, 612.5, None, 4, None) for t in (t0, t1)], t0, t1)
+
+    rec = Recorder()
+
+    def stand_in(torch, gpu, enabled=True):
+        assert not gpu and enabled  # what the script asks for on the CPU without --no-clocks
+        return rec, 700.0, "a stand-in"
+
+    monkeypatch.setattr(nvml, "torch_sampler", stand_in)
+    script = load_script(SCRIPT)
+    out = script.run(script.parse_args(["--mode", "bf16", *TINY[:-1]]), "cpu")
+    after = time.monotonic()
+    [(t0, t1)] = rec.windows
+    assert rec.opened < t0 < t1 <= after
+    nv = out["nvml"]
+    assert "nvml_why" not in out and nv["power_limit_w"] == 700.0 and nv["sm_mhz_median"] == 1755
+    assert nv["event_reasons_words"] == "software power cap" and nv["power_w_median"] == 612.5 and nv["samples"] == 2
+    said = capsys.readouterr().out
+    assert "clocks: a stand-in" in said
+    assert said.count("during the measured steps: SM clock 1755 MHz (lowest 1755), 612 W of a 700 W limit") == 1
 
 
 @pytest.mark.slow
@@ -212,6 +256,59 @@ def test_the_step_peak_column_appears_only_for_data_that_records_the_steps_own_p
                      for m, gib in (("fp32", 4), ("tf32", 4), ("fp16", 3), ("bf16", 3))]}
     t = mp.timing_table(fake).set_index("mode")
     assert t.loc["fp32", "step_peak_GiB"] == 4 and t.loc["bf16", "step_peak_GiB"] == 3
+
+
+def _with_clocks(data, slow=("bf16", 128, 1)):
+    """The reference runs with NVML windows as the script now writes them: every process at 1980 MHz, 600 W of a
+    700 W limit, no reason, except ``slow`` (mode, batch, round): 1500 MHz (lowest 1410), software power cap."""
+    out = copy.deepcopy(data)
+    for r in out["runs"]:
+        if r["kind"] != "time":
+            continue
+        capped = (r["mode"], r["batch"], r["round"]) == slow
+        clock = 1500.0 if capped else 1980.0
+        r["nvml"] = {"seconds": 1.0, "samples": 50, "sm_mhz_median": clock, "sm_mhz_min": clock - 90, "sm_mhz_max": clock,
+                     "power_w_energy": 699.0 if capped else 600.0, "power_w_mean": 610.0, "power_w_median": 605.0,
+                     "event_reasons": "0x0000000000000004" if capped else "0x0000000000000000",
+                     "event_reasons_words": "software power cap" if capped else "none", "temp_c_max": 60,
+                     "power_limit_w": 700.0}
+    return out
+
+
+def test_clock_table_reads_each_processs_window_and_counts_cycles_at_its_own_clock(data):
+    clocked = _with_clocks(data)
+    t = mp.clock_table(clocked).set_index(["batch", "mode"])
+    assert t.attrs["clocks"] and (t["clocked"] == t["processes"]).all()
+    # the step time is timing_table's, unchanged by the clocks
+    assert t["step_ms"].tolist() == mp.timing_table(data).set_index(["batch", "mode"])["step_ms"].tolist()
+    runs = [r for r in clocked["runs"] if r["kind"] == "time" and r["batch"] == 128 and r["mode"] == "bf16"]
+    row = t.loc[(128, "bf16")]
+    assert row["sm_mhz"] == 1980 and row["sm_mhz_low"] == 1410 and row["reasons"] == "software power cap"
+    assert row["power_w"] == 600 and row["power_limit_w"] == 700
+    # cycles: each process's own median step at its own clock, then the median over processes
+    cycles = sorted(mp._measured(r, "step_ms") * r["nvml"]["sm_mhz_median"] / 1e3 for r in runs)
+    assert row["mcycles"] == pytest.approx(cycles[1])
+    assert t.loc[(32, "fp32"), "mcycles"] == pytest.approx(t.loc[(32, "fp32"), "step_ms"] * 1.98)
+    assert t.loc[(128, "fp32"), "reasons"] == "none" and t.loc[(128, "fp32"), "cycle_speedup"] == 1
+    assert t.loc[(128, "bf16"), "cycle_speedup"] == pytest.approx(t.loc[(128, "fp32"), "mcycles"] / row["mcycles"])
+    # a process capped alone changes the cycles against the time: at one clock the two ratios would be equal
+    at_one_clock = mp.clock_table(_with_clocks(data, slow=None)).set_index(["batch", "mode"])
+    speedup = mp.timing_table(data).set_index(["batch", "mode"])["speedup"]
+    assert at_one_clock["cycle_speedup"].to_numpy() == pytest.approx(speedup.to_numpy())
+    assert at_one_clock.loc[(128, "bf16"), "reasons"] == "none"
+
+
+def test_clock_table_loads_data_without_clocks(data):
+    old = mp.clock_table(data)  # the committed reference predates the clocks
+    assert not old.attrs["clocks"] and (old["clocked"] == 0).all() and (old["reasons"] == "not recorded").all()
+    assert old[["sm_mhz", "sm_mhz_low", "power_w", "power_limit_w", "mcycles", "cycle_speedup"]].isna().all().all()
+    # null where the script read nothing (--no-clocks, no NVML), in some processes only: the others still count
+    mixed = _with_clocks(data, slow=None)
+    for r in mixed["runs"]:
+        if r["kind"] == "time" and r.get("round") == 0:
+            r["nvml"], r["nvml_why"] = None, "--no-clocks"
+    t = mp.clock_table(mixed).set_index(["batch", "mode"])
+    assert (t["clocked"] == t["processes"] - 1).all() and (t["sm_mhz"] == 1980).all()
 
 
 def test_probe_peaks_are_the_probes_own_numbers(data):

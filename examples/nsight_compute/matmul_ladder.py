@@ -424,7 +424,7 @@ def time_variants(variants: list, backend: Backend, args: argparse.Namespace, cp
     """Time each kernel as gk.bench does, one at a time: with --min-time-s, after a few probe launches, enough
     repeats to fill that time (wall time, the timing loop's own cost per launch included); with --clocks, NVML's SM clock, power and event reasons during its window
     (extra.nvml), read by a sampler thread (gpuprof.nvml)."""
-    from gpuprof.nvml import Nvml, Sampler
+    from gpuprof.nvml import Nvml, Sampler, describe_window
     from gpuprof.timing import time_call
 
     nvml = None
@@ -454,9 +454,7 @@ def time_variants(variants: list, backend: Backend, args: argparse.Namespace, cp
             if sampler:
                 r.extra["nvml"] = nv = sampler.summary(t0, t1)
                 if nv["sm_mhz_median"]:
-                    print(f"    during it: SM clock {nv['sm_mhz_median']:.0f} MHz (lowest {nv['sm_mhz_min']:.0f}), "
-                          f"{(nv['power_w_energy'] or nv['power_w_mean'] or float('nan')):.0f} W, clock-event reasons: "
-                          f"{nv['event_reasons_words']} ({nv['samples']} readings in {nv['seconds']:.2f} s)")
+                    print(f"    during it: {describe_window(nv)}")
             results.append(r)
     finally:
         if sampler:

@@ -16,7 +16,11 @@ What it reports:
     the median of 5 such trials, after a warm-up) and its rate,
     inside NVTX ranges ``bf16_matmul`` and ``fp8_matmul`` for Nsight Systems. The FP8 time
     excludes the quantisation of the inputs (in training it is a few elementwise kernels per
-    product, which a real run must count too).
+    product, which a real run must count too). Unless --no-clocks, NVML's SM clock, power (with
+    the enforced limit) and clock-event reasons during each precision's timed trials, read by a
+    thread every 20 ms (gpuprof.nvml): FP8 draws more power per product, and a capped clock would
+    shrink its gain. At the default --repeats a precision's trials last milliseconds, fewer than the
+    readings a clock needs; the script says so and --repeats 2000 gives them about half a second.
 
 The default shape is the chapter's first feed-forward product at batch 32: 32 x 128 tokens, 768 in,
 3,072 out. On the CPU, or on an older GPU, only the accuracy is computed ("no FP8 timing here").
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +45,7 @@ from gpuprof import exit_on_error  # noqa: E402
 from gpuprof.backend import torch_device  # noqa: E402
 from gpuprof.cli import output_file, positive_int, require_memory  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
+from gpuprof.nvml import describe_window, torch_sampler  # noqa: E402
 from gpuprof.ranges import annotate  # noqa: E402
 from gpuprof.timing import time_call  # noqa: E402
 
@@ -55,6 +61,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=positive_int, default=50, help="back-to-back products per timed trial, 5 trials per precision (default: 50)")
     p.add_argument("--seed", type=int, default=0, help="seed for the inputs (default: 0)")
     p.add_argument("--cpu", action="store_true", help="stay on the CPU even where a GPU is available")
+    p.add_argument("--no-clocks", action="store_true",
+                   help="do not read the SM clock, power and clock-event reasons from NVML during the timed trials")
     p.add_argument("--json", type=output_file, default=None, metavar="FILE", help="write the results here")
     args = p.parse_args(argv)
     for name in ("m", "k", "n"):
@@ -115,8 +123,24 @@ def main(argv: list[str] | None = None) -> int:
                            "FP8 should round more coarsely than BF16, and both stay within 10%.")
     if device == "cuda" and torch.cuda.get_device_capability() >= (8, 9):
         flop = 2 * args.m * args.k * args.n
-        out["bf16_ms"] = time_ms(lambda: a16 @ b16.t(), args.repeats, "bf16_matmul")
-        out["fp8_ms"] = time_ms(lambda: fp8_product(torch, a8, sa, b8, sb), args.repeats, "fp8_matmul")
+        sampler, limit, how = torch_sampler(torch, True, not args.no_clocks)
+        print(f"clocks: {how}")
+        windows: dict[str, Any] = {}
+        try:
+            for p, fn in (("bf16", lambda: a16 @ b16.t()), ("fp8", lambda: fp8_product(torch, a8, sa, b8, sb))):
+                t0 = time.monotonic()
+                out[f"{p}_ms"] = time_ms(fn, args.repeats, f"{p}_matmul")
+                if sampler is not None:
+                    windows[p] = {**sampler.summary(t0, time.monotonic()), "power_limit_w": limit}
+        finally:
+            if sampler is not None:
+                sampler.__exit__(None, None, None)
+        out["nvml"] = windows or None
+        if not windows:
+            out["nvml_why"] = how
+        for p, nv in windows.items():
+            print(f"during {p}'s trials: {describe_window(nv)}"
+                  + (" (too few readings for a clock: raise --repeats)" if nv["samples"] < 3 else ""))
         for p in ("bf16", "fp8"):
             out[f"{p}_tflops"] = flop / out[f"{p}_ms"] / 1e9
         out["fp8_speedup"] = out["bf16_ms"] / out["fp8_ms"]

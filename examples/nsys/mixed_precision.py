@@ -17,7 +17,10 @@ Per step it records the loss, the phases' times with CUDA events (forward, backw
 for fp16 the scaler's unscale, inf check and update are inside it), the scaler's scale and
 whether it skipped the step, and on a GPU each step's peak memory (the peak statistics reset
 before each step; the reported peak is over the steps after the first, which alone also holds
-the FP32 reference gradients). At the first step it also counts the gradient elements that are
+the FP32 reference gradients). On a GPU it also records, unless --no-clocks, what NVML said while the
+measured steps ran (gpuprof.nvml, read by a thread every 20 ms, outside the timed loop): the median SM
+clock, the power and the enforced power limit, and the clock-event reasons, so that a capped or throttled
+run can be told from a slow one (the JSON's "nvml"; null, with "nvml_why", where nothing was read). At the first step it also counts the gradient elements that are
 exactly zero in this mode but not in an FP32 reference backward of the same batch from the same
 weights (zero here, non-zero in the reference: in FP16 mostly underflow, in the other modes
 sums that cancel under different rounding). The model trains from random initialisation, at a
@@ -78,6 +81,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     r.add_argument("--lr", type=float, default=2e-5, help="AdamW learning rate (default: 2e-5, a fine-tuning rate)")
     r.add_argument("--seed", type=nonnegative_int, default=0, help="seed for weights and data (default: 0)")
     r.add_argument("--cpu", action="store_true", help="run on the CPU even where a GPU is available")
+    r.add_argument("--no-clocks", action="store_true",
+                   help="do not read the SM clock, power and clock-event reasons from NVML during the measured steps")
     r.add_argument("--largest-batch-in", type=float, default=None, metavar="GIB",
                    help="instead of training: find the largest batch (a multiple of 8) whose training step fits in "
                         "GIB GiB of GPU memory (the caching allocator's limit), one step per probe; needs a GPU")
@@ -373,9 +378,17 @@ def largest_batch(args: argparse.Namespace, budget_gib: float) -> dict[str, Any]
 
 
 def run(args: argparse.Namespace, device: str) -> dict[str, Any]:
+    import time
+
+    from gpuprof.nvml import describe_window, torch_sampler
+
     torch = require_torch("mixed_precision.py")
     gpu = device == "cuda"
     model, ids, labels = first_batch(torch, args, device)
+    # NVML read by a thread from here on; the measured steps' window is summarised after the loop
+    sampler, power_limit, clocks_how = torch_sampler(torch, gpu, not args.no_clocks)
+    print(f"  clocks: {clocks_how}", flush=True)
+    window = [0.0, 0.0]  # time.monotonic() at the first measured step's start and after the last one's sync
 
     # The FP32 reference gradient of the first step, from the same weights and batch.
     reference, reference_loss = reference_gradients(torch, model, ids, labels)
@@ -406,6 +419,7 @@ def run(args: argparse.Namespace, device: str) -> dict[str, Any]:
     for i in range(total):
         measured = i >= args.warmup
         if i == args.warmup:
+            window[0] = time.monotonic()  # each step ends in a synchronize: the warm-up's work is done
             measured_range.enter_context(annotate("measured_steps"))
         name = f"step_{i - args.warmup}" if measured else f"warmup_step_{i}"
         marks = [timer() for _ in range(4)]
@@ -447,13 +461,20 @@ def run(args: argparse.Namespace, device: str) -> dict[str, Any]:
         steps.append(row)
         print(f"  {name}: loss {row['loss']:.4f}" + (f", {row['step_ms']:.2f} ms" if gpu else "")
               + (f", scale {row['scale']:g}" + (" (step skipped)" if skipped else "") if scaler else ""), flush=True)
+    window[1] = time.monotonic()
     measured_range.close()
+    nvml = None
+    if sampler is not None:
+        sampler.__exit__(None, None, None)
+        nvml = {**sampler.summary(*window), "power_limit_w": power_limit}
+        print(f"  during the measured steps: {describe_window(nvml)}", flush=True)
     lost, compared, where = first_underflow or (0, 0, {})
     top = dict(sorted(where.items(), key=lambda kv: -kv[1])[:5])
     out: dict[str, Any] = {"mode": args.mode, "device": device, "steps": steps, "underflowed_grad_elements": lost,
                            "underflow_by_parameter": top, "reference_fp16_census": census,
                            "reference_loss": reference_loss,
-                           "grad_elements": compared, "first_step_gradient_vs_fp32": agreement, "parameters": sum(p.numel() for p in model.parameters())}
+                           "grad_elements": compared, "first_step_gradient_vs_fp32": agreement, "parameters": sum(p.numel() for p in model.parameters()),
+                           "nvml": nvml, **({} if nvml else {"nvml_why": clocks_how})}
     if gpu:
         later = [s["peak_bytes"] for s in steps[1:]]  # step 0 also holds the reference gradients' clone
         out["step_peak_memory_bytes"] = max(later) if later else None

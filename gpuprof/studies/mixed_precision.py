@@ -9,7 +9,8 @@ on the same batch. This module holds what the chapter would otherwise spell out 
   scaler) once, and the largest batch each precision fits in a fixed memory budget, all in
   one run, into one JSON file with provenance; without a GPU, the course's reference results;
 * :func:`timing_table`, :func:`speedup_floor`, :func:`fit_table`, :func:`loss_curves`,
-  :func:`loss_agreement`, :func:`underflow_table`: what that file says;
+  :func:`loss_agreement`, :func:`underflow_table`: what that file says; :func:`clock_table`: the SM
+  clock, power and clock-event reasons NVML read during each timed run, and the step in SM cycles;
 * :func:`capture_mode`: one mode's measured steps under Nsight Systems, and
   :func:`capture_summary`, :func:`gemm_kernels`, :func:`scaler_work`: what the captures say
   changed (GEMM kernels, autocast's casts, the scaler's kernels and its host sync).
@@ -29,12 +30,14 @@ from .. import activity as ta
 from ..artifacts import REPO_ROOT, FoundCapture, find_capture, save_json
 from ..backend import describe_machine
 from ..errors import GpuprofError
+from ..device_state import describe_event_reasons
 from ..kernel_kinds import kernel_kind, matmul_table, tensor_cores
+from ..nvml import window_power_w
 from ..nsys import sqlite as ns
 from ..runner import portable_command, python_target
 
 __all__ = ["SCRIPT", "MODES", "FAILURE", "SMALL_BATCH", "LARGE_BATCH", "ROUNDS", "BUDGET_GIB", "run_plan", "run_study",
-           "timing_table", "speedup_floor", "fit_table", "loss_curves", "loss_agreement", "underflow_table",
+           "timing_table", "clock_table", "speedup_floor", "fit_table", "loss_curves", "loss_agreement", "underflow_table",
            "scale_history", "underflow_top", "CPU_CENSUS", "GPU_CENSUS", "census_against_cpu", "census_by_group", "fp16_loss_split", "memory_per_sequence", "capture_mode", "capture_summary", "gemm_kernels",
            "matmul_work", "PHASES", "OPTIMIZER", "phase_work", "scaler_work", "CAST", "SCALER", "figure"]
 
@@ -101,7 +104,9 @@ def run_study(chapter: str, filename: str = "modes.json", *, rounds: int = ROUND
             data = json.loads(out.read_text())
             results.append({**run, "wall_s": secs, **{k: v for k, v in data.items() if k != "config"}})
             what = (f"largest batch {data['largest_batch']}" if run["kind"] == "fit"
-                    else f"batch {run['batch']}: {data['step_ms_median']:.1f} ms per step")
+                    else f"batch {run['batch']}: {data['step_ms_median']:.1f} ms per step"
+                    + (f", {data['nvml']['sm_mhz_median']:.0f} MHz" if (data.get("nvml") or {}).get("sm_mhz_median")
+                       else f" (no clock: {data.get('nvml_why', 'not recorded')})"))
             print(f"  [{i + 1}/{len(plan)}] {run['mode']:<13} {what} ({secs:.0f} s)", flush=True)
     print(f"all runs: {time.perf_counter() - t0:.0f} s")
     command = " ".join(portable_command(python_target(SCRIPT, "--mode", "<mode>", "--batch-size", "<batch>", "--warmup",
@@ -149,6 +154,55 @@ def timing_table(data: dict[str, Any]) -> pd.DataFrame:
     out["speedup_low"] = out["batch"].map(base["low_ms"]) / out["high_ms"]
     out["speedup_high"] = out["batch"].map(base["high_ms"]) / out["low_ms"]
     out["mode"] = out["mode"].astype(str)
+    return out
+
+
+def clock_table(data: dict[str, Any]) -> pd.DataFrame:
+    """Per batch and mode: the step time (as :func:`timing_table`: median over processes of each process's median
+    step), what NVML read during the measured steps (the script's ``nvml``: median over processes of each one's median
+    SM clock, ``sm_mhz_low`` the lowest reading of any, the power with the enforced limit, and the clock-event reasons
+    of all the processes together, in words) and the step in SM cycles: each process's median step times its own
+    median clock, ``mcycles`` the median over processes, in millions. ``cycle_speedup`` is FP32's cycles over the
+    mode's at the same batch: the speed-up at equal clocks, which a mode that ran at a lower clock (a power cap,
+    reason ``0x4``) does not lose to its clock. It counts SM cycles of the step's wall time, so it describes the
+    GPU's work only where the GPU sets the step's time (batch 128); at batch 32 the host does (section 3), and
+    the cycles include the GPU's idle ones.
+
+    Data from before the script recorded clocks (no ``nvml`` key, or null: the CPU, ``--no-clocks``, no NVML)
+    loads: its clock, power and cycle columns are NaN, ``reasons`` "not recorded", and ``clocked`` (the
+    processes with a clock) 0. ``attrs['clocks']`` says whether any process recorded one."""
+    rows = []
+    for (batch, mode), runs in pd.DataFrame(_timed(data)).groupby(["batch", "mode"], sort=False):
+        if mode == FAILURE:
+            continue
+        per = []
+        for r in runs.to_dict("records"):
+            nv = r.get("nvml") if isinstance(r.get("nvml"), dict) else {}
+            clock = nv.get("sm_mhz_median")
+            step = _measured(r, "step_ms")
+            power = window_power_w(nv)
+            per.append({"step": step, "clock": clock, "low": nv.get("sm_mhz_min"), "power": power,
+                        "limit": nv.get("power_limit_w"), "reasons": nv.get("event_reasons"),
+                        "mcycles": step * clock / 1e3 if clock else None})
+
+        def med(key: str) -> float:
+            got = [x[key] for x in per if x[key] is not None]
+            return float(np.median(got)) if got else float("nan")
+
+        masks = [int(x["reasons"], 16) for x in per if x["reasons"]]
+        rows.append({"batch": int(batch), "mode": mode, "step_ms": med("step"), "processes": len(per),
+                     "clocked": sum(x["clock"] is not None for x in per), "sm_mhz": med("clock"),
+                     "sm_mhz_low": min((x["low"] for x in per if x["low"] is not None), default=float("nan")),
+                     "power_w": med("power"), "power_limit_w": med("limit"),
+                     "reasons": describe_event_reasons(f"0x{np.bitwise_or.reduce(masks):016x}") if masks else "not recorded",
+                     "mcycles": med("mcycles")})
+    out = pd.DataFrame(rows)
+    out["mode"] = pd.Categorical(out["mode"], MODES, ordered=True)
+    out = out.sort_values(["batch", "mode"], ignore_index=True)
+    out["mode"] = out["mode"].astype(str)
+    base = out[out["mode"] == "fp32"].set_index("batch")["mcycles"]
+    out["cycle_speedup"] = out["batch"].map(base) / out["mcycles"]
+    out.attrs["clocks"] = bool(out["clocked"].sum())
     return out
 
 
