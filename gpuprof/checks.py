@@ -161,16 +161,17 @@ def record(text: str) -> None:
     times a share is made of): a cell whose output is not compared prints them, and strict nbval would
     keep nothing of them, so a later bound could only be guessed from the verdicts."""
     print(text)
-    for line in text.splitlines():
-        _log_line(f"note\t{line}")
+    _log_line("".join(f"note\t{line}\n" for line in text.splitlines()).rstrip("\n"), "record()", 3)
 
 
 def _log_check(sentence: str, ok: bool) -> None:
     """Append one verdict to the log; a log that cannot be written is a warning, never the check's failure."""
-    _log_line(f"{'ok' if ok else 'FAILED'}\t{sentence}")
+    _log_line(f"{'ok' if ok else 'FAILED'}\t{sentence}", "check()", 4)
 
 
-def _log_line(line: str) -> None:
+def _log_line(line: str, caller: str, stacklevel: int) -> None:
+    """Append ``line`` (one or more lines) to the log; ``caller`` names the public function in the warning, and
+    ``stacklevel`` points the warning at that function's caller."""
     path = os.environ.get(CHECK_LOG_ENV)
     if not path:
         return
@@ -178,4 +179,4 @@ def _log_line(line: str) -> None:
         with open(path, "a", encoding="utf-8") as fh:
             fh.write(f"{line}\n")
     except OSError as exc:
-        warnings.warn(f"check() could not log to {path} ({exc}); the check itself is unaffected", stacklevel=4)
+        warnings.warn(f"{caller} could not log to {path} ({exc}); the check itself is unaffected", stacklevel=stacklevel)

@@ -177,3 +177,12 @@ def test_record_prints_and_logs_notes_beside_the_verdicts(tmp_path, monkeypatch,
     assert capsys.readouterr().out.endswith("steady: steps 1, 2\nnot steady: steps 0, 3\n")
     assert log.read_text().splitlines() == ["ok\thidden 74% (checked: at least 60%)",
                                             "note\tsteady: steps 1, 2", "note\tnot steady: steps 0, 3"]
+
+
+def test_record_warns_once_naming_itself_when_the_log_cannot_be_written(tmp_path, monkeypatch, capsys):
+    from gpuprof.checks import CHECK_LOG_ENV, record
+
+    monkeypatch.setenv(CHECK_LOG_ENV, str(tmp_path / "missing" / "x.txt"))
+    with pytest.warns(UserWarning, match=r"^record\(\) could not log") as caught:
+        record("two\nlines")
+    assert len(caught) == 1 and capsys.readouterr().out == "two\nlines\n"

@@ -212,7 +212,7 @@ def test_a_figure_far_from_its_output_must_be_the_printed_one():
 QUOTED = [
     ("06__cnn_training", "c6nchw2", "0.601 ms"),  # a time per step, read from a table
     ("06__cnn_training", "7d21c9ed", "10,000"),  # a count with a thousands separator
-    ("07__transformer", "c7warm03", "37.26 ms"),  # a time with its unit
+    ("07__transformer", "c7warm03", "37.34 ms"),  # a time with its unit
     ("07__transformer", "db8439a1", "0.998x"),  # a ratio read from an output (0.98x also reads 0.97x beside it)
     ("07__transformer", "c7opt000", "28 bytes"),  # a size
     ("08__multi_gpu", "c8bf16m1", "77%"),  # a percentage
