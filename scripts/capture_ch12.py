@@ -13,6 +13,9 @@ provenance records as run:
    naive loop and the best rung; ``--cuda-graph-trace=node``), exported and gzipped;
 5. ``prefill2048.json``: prefill of 2,048 tokens at batch 1 and 8;
 6. ``noclone.json``: the ``--no-clone`` pitfall (its check must fail: exit status 2 is the expected one);
+7. ``kv_capacity.json``: ``examples/nsys/kv_capacity.py`` (step ``kv``), the largest batch whose KV cache and one
+   decoding step fit beside the weights at contexts of 1,024 to 131,072 tokens, found by real allocations, beside
+   the arithmetic's prediction for the same free memory. Its time is unmeasured (no GPU has run it yet);
 
 then ``scripts/capture_all.py --notebooks notebooks/12__llm_inference.ipynb`` (executes the notebook in
 place and runs strict nbval over it). Each run's printed output goes to ``artifacts/ch12/run_output.txt``.
@@ -21,7 +24,7 @@ A run whose check fails (exit 2) is kept (its JSON is written before the exit) a
 the script exits 2 then, after everything else has run. ``--only`` runs some steps (e.g. ``--only nsys,notebook``).
 About 8 minutes on an H100, estimated (the first run of the same commands: ladder 124 s, sweep 188 s with one
 more batch; the rest unmeasured). To stay inside a 10-minute command, split it: ``--only ceilings,ladder,sweep``
-then ``--only nsys,prefill,noclone,notebook`` (the second part adds to the first's log).
+then ``--only nsys,prefill,noclone,kv,notebook`` (the second part adds to the first's log; ``kv`` unmeasured).
 """
 
 from __future__ import annotations
@@ -52,7 +55,9 @@ RUNS = {  # name: (arguments, the exit status expected)
 }
 NSYS_ARGS = [*DECODE, "--rung", "eager_dynamic,compile_graph", "--batch", "1", "--prompt-len", "512",
              "--new-tokens", "32", "--no-check"]
-STEPS = ("ceilings", "ladder", "sweep", "nsys", "prefill", "noclone", "notebook")
+KV_SCRIPT = "examples/nsys/kv_capacity.py"
+KV_ARGS = ["--model", "8b", "--context", "1024,4096,32768,131072"]
+STEPS = ("ceilings", "ladder", "sweep", "nsys", "prefill", "noclone", "kv", "notebook")
 NOTEBOOK = "notebooks/12__llm_inference.ipynb"
 
 
@@ -70,17 +75,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def run_decode(name: str, args: list[str], expected: int, log) -> int:  # type: ignore[no-untyped-def]
-    """The script with ``args --json artifacts/ch12/<name>``, its output to the terminal and the log; the JSON
-    recorded with the command as shown. Returns the exit status."""
+def run_decode(name: str, args: list[str], expected: int, log, script: str = SCRIPT) -> int:  # type: ignore[no-untyped-def]
+    """``script`` (the decoder's, unless another is named) with ``args --json artifacts/ch12/<name>``, its output to
+    the terminal and the log; the JSON recorded with the command as shown. Returns the exit status."""
     from gpuprof.artifacts import chapter_output, record_file
 
     out = chapter_output("ch12") / name
-    shown = " ".join(["python3", SCRIPT, *args, "--json", name])
+    shown = " ".join(["python3", script, *args, "--json", name])
     print(f"$ {shown}", flush=True)
     log.write(f"$ {shown}\n")
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, str(ROOT / SCRIPT), *args, "--json", str(out)], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, str(ROOT / script), *args, "--json", str(out)], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -151,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
                 nsys_capture()
             elif step == "notebook":
                 continue  # after the log is closed and recorded
+            elif step == "kv":
+                if run_decode("kv_capacity.json", KV_ARGS, 0, log, KV_SCRIPT) != 0:
+                    failed.append("kv_capacity.json")
             else:
                 name = {"ladder": "ladder.json", "sweep": "sweep.json", "prefill": "prefill2048.json",
                         "noclone": "noclone.json"}[step]

@@ -136,3 +136,15 @@ def test_a_cache_that_disagrees_with_the_arithmetic_is_an_error(tmp_path, monkey
         kv.main(["--cpu", "--context", "64", "--memory-limit-gb", "0.02"])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and "The KV cache of batch" in err and "not the arithmetic's" in err
+
+
+def test_chapter_12s_capture_runs_this_script_with_arguments_it_accepts():
+    """scripts/capture_ch12.py's step kv: a typo in its command would otherwise surface only on the GPU machine."""
+    import sys
+
+    sys.path.insert(0, str(REPO_ROOT / "scripts"))
+    import capture_ch12
+
+    assert "kv" in capture_ch12.STEPS and (REPO_ROOT / capture_ch12.KV_SCRIPT).samefile(kv.__file__)
+    parsed = kv.parse_args([*capture_ch12.KV_ARGS, "--json", "/tmp/x.json"])
+    assert parsed.model == "8b" and 4096 in parsed.context and 32768 in parsed.context
