@@ -154,7 +154,7 @@ BAD_INPUT = {
     "kv_capacity.py": [(["--model", "8b", "--cpu"], "--model 8b needs a GPU: in bfloat16 its weights take 15.0 GiB"),
                        (["--cpu"], "On the CPU the search needs --memory-limit-gb"),
                        (["--context", "200000"], "above this script's limit of 131,072 (llm_decode.py builds its rotary"),
-                       (["--context", "64,64"], "names a context twice"), (["--memory-limit-gb", "-1"], "must be"),
+                       (["--context", "64,64"], "names a context length twice"), (["--memory-limit-gb", "-1"], "must be"),
                        (["--context", "100000", "--memory-limit-gb", "0.05"], "Not even batch 1 fits at context 100,000"),
                        (["--json", "/no/such/dir/k.json"], "does not exist")],
     "transpose.py": [(["--n", "100"], "must be a multiple of 64"), (["--kernels", "transpose_fast"], "unknown kernel(s) transpose_fast"),

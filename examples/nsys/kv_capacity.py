@@ -54,7 +54,7 @@ import llm_decode as ld  # noqa: E402
 
 from gpuprof import exit_on_error  # noqa: E402
 from gpuprof.backend import torch_device  # noqa: E402
-from gpuprof.cli import bounded_int, output_file, positive_float, require_memory  # noqa: E402
+from gpuprof.cli import bounded_int, distinct_ints, output_file, positive_float, require_memory  # noqa: E402
 from gpuprof.errors import GpuprofError, is_out_of_memory  # noqa: E402
 from gpuprof.kernels import write_json  # noqa: E402
 from gpuprof.studies.llm_inference import kv_capacity  # noqa: E402
@@ -190,16 +190,9 @@ def measure(model: ld.Decoder, context: int, free_bytes: int, resident_bytes: in
             "trials": [asdict(t) for t in probe.trials]}
 
 
-def context_list(text: str) -> list[int]:
-    """argparse type: context lengths separated by commas, each from 1 to the rotary table's longest."""
-    one = bounded_int(MAX_CONTEXT, "llm_decode.py builds its rotary table up to Llama 3.1's longest context")
-    parts = [p.strip() for p in text.split(",") if p.strip()]
-    if not parts:
-        raise argparse.ArgumentTypeError(f"{text!r}: give context lengths separated by commas, e.g. 4096,32768")
-    values = [one(p) for p in parts]
-    if len(set(values)) != len(values):
-        raise argparse.ArgumentTypeError(f"{text!r} names a context twice")
-    return values
+# argparse type: context lengths separated by commas, each from 1 to the longest the rotary table is built for.
+context_list = distinct_ints(bounded_int(MAX_CONTEXT, "llm_decode.py builds its rotary table up to Llama 3.1's "
+                                                     "longest context"), "context length", "4096,32768")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
