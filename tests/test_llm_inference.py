@@ -309,7 +309,7 @@ def test_the_kv_capacity_table_reads_a_cpu_run_of_the_script():
         assert row["kv_bytes_per_token"] == 1024 and row["kv_MiB_per_sequence"] == r["context"] / 1024
         assert row["cache_GiB"] * 2**30 == r["measured_batch"] * r["context"] * 1024
         assert row["unused_prediction_GiB"] * 2**30 == (r["predicted_batch"] - r["measured_batch"]) * r["context"] * 1024
-        assert pd.isna(row["non_cache_GiB"]) and pd.isna(row["reserved_beyond_GiB"])  # the CPU keeps no allocator figures
+        assert pd.isna(row["non_cache_GiB"]) and pd.isna(row["reserved_beyond_GiB"]) and pd.isna(row["kept_after_GiB"])  # no CPU allocator figures
     assert 0 < t["ratio"].min() and t["ratio"].max() <= 1
 
 
@@ -319,10 +319,11 @@ def test_the_kv_capacity_table_says_where_a_gpus_memory_went():
     res = json.loads(KV_FIXTURE.read_text())
     at = res["contexts"][0]["at_measured"]
     at.update(peak_allocated=res["resident_bytes"] + at["cache_bytes"] + 3 * 2**20, peak_reserved=
-              res["resident_bytes"] + at["cache_bytes"] + 5 * 2**20, free_at_peak=2**30)
+              res["resident_bytes"] + at["cache_bytes"] + 5 * 2**20, free_at_peak=2**30,
+              allocated_after=res["resident_bytes"] + 2**20)
     row = li.kv_capacity_table(res).iloc[0]
     assert row["non_cache_GiB"] * 2**30 == 3 * 2**20 and row["reserved_beyond_GiB"] * 2**30 == 2 * 2**20
-    assert row["free_at_peak_GiB"] == 1.0
+    assert row["free_at_peak_GiB"] == 1.0 and row["kept_after_GiB"] * 2**30 == 2**20
 
 
 def test_a_kv_capacity_record_made_under_other_arithmetic_is_refused():

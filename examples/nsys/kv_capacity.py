@@ -279,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
     resident = torch.cuda.memory_allocated() if gpu else model_bytes(model)
+    free_after_weights = torch.cuda.mem_get_info()[0] if gpu else None
     free_bytes = min(b for b in (free_before, limit) if b is not None)
     rows = []
     for context in contexts:
@@ -291,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         "weight_bytes": cfg.params * dtype_bytes, "resident_bytes": resident,
         "resident_how": ("torch.cuda.memory_allocated after the weights (and rotary tables) were made" if gpu else
                          "the model's tensors' bytes (the CPU keeps no allocator statistics)"),
-        "free_before_weights": free_before, "total_memory": total, "memory_limit_bytes": limit,
+        "free_before_weights": free_before, "free_after_weights": free_after_weights, "total_memory": total, "memory_limit_bytes": limit,
         "free_bytes": free_bytes, "allocator_figures": gpu,
         "step": "the reference rung's decoding step (Decoder.forward of one token per sequence over a StaticCache of "
                 "the whole context, at its last position) and the top-k of its logits",

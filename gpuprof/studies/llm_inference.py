@@ -297,7 +297,8 @@ def kv_capacity_table(source: FoundCapture | str | Path | dict[str, Any]) -> pd.
     bytes per token and per sequence, and where the rest went at the measured batch: the cache itself, the memory
     beside the weights and the cache at the try's peak (the step's activations and logits, cuBLAS's workspace:
     ``max_memory_allocated`` less the resident model and the cache), what the allocator reserved beyond it, the
-    driver's free memory at the peak, and the memory the prediction counted on that the measurement could not use
+    driver's free memory at the peak, what stayed allocated beyond the model once the try was released (cuBLAS's
+    workspace, kept for the next step), and the memory the prediction counted on that the measurement could not use
     ((predicted - measured) sequences' caches). The allocator's columns are NaN for a run on the CPU, which keeps no
     allocator statistics.
 
@@ -329,6 +330,8 @@ def kv_capacity_table(source: FoundCapture | str | Path | dict[str, Any]) -> pd.
                      "non_cache_GiB": (peak - resident - cache) / 2**30 if peak is not None else nan,
                      "reserved_beyond_GiB": (reserved - peak) / 2**30 if peak is not None and reserved is not None else nan,
                      "free_at_peak_GiB": at["free_at_peak"] / 2**30 if at.get("free_at_peak") is not None else nan,
+                     "kept_after_GiB": (at["allocated_after"] - resident) / 2**30 if at.get("allocated_after") is not None
+                     else nan,
                      "unused_prediction_GiB": (predicted - measured) * per_seq / 2**30, "tries": len(r["trials"]),
                      "monotone": r["monotone"]})
     return pd.DataFrame(rows).set_index("context")
