@@ -109,6 +109,38 @@ def model_bytes(model: ld.Decoder) -> int:
     return sum(t.nbytes for t in tensors)
 
 
+ATTENTION_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")
+
+
+def attention_backends(model: ld.Decoder, context: int) -> list[str]:
+    """The ``scaled_dot_product_attention`` backends that accept the step's attention at ``context`` (batch 1, the
+    query laid out as the step lays it out, ``enable_gqa``), each tried alone under ``sdpa_kernel``.
+
+    Why it is recorded: which one runs decides part of the step's working memory. PyTorch's documentation says
+    grouped-query attention runs only on the flash and math backends on CUDA; the math one repeats each key/value
+    head for the query heads that share it (``repeat_interleave``: 4 times a layer's cache for 8b, transient),
+    the flash one reads the cache as it is. The default dispatch takes flash before math when flash accepts."""
+    import warnings
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    torch, cfg = model.torch, model.cfg
+    q = torch.zeros((1, 1, cfg.q_heads * cfg.head_dim), device=model.device, dtype=model.dtype)
+    q = q.view(1, 1, cfg.q_heads, cfg.head_dim).transpose(1, 2)
+    kv = torch.zeros((1, cfg.kv_heads, context, cfg.head_dim), device=model.device, dtype=model.dtype)
+    accepted = []
+    for name in ATTENTION_BACKENDS:
+        try:
+            with warnings.catch_warnings(), sdpa_kernel([getattr(SDPBackend, name)]), torch.inference_mode():
+                warnings.simplefilter("ignore")  # each refusing backend warns why; the list says enough
+                model.F.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
+            accepted.append(name)
+        except RuntimeError as exc:
+            if _refused(exc):
+                raise
+    return accepted
+
+
 def _refused(exc: BaseException) -> bool:
     """An allocation that failed for want of memory: the caching allocator's, or cuBLAS's workspace's."""
     return is_out_of_memory(exc) or (isinstance(exc, RuntimeError) and "CUBLAS_STATUS_ALLOC_FAILED" in str(exc))
@@ -183,6 +215,7 @@ def measure(model: ld.Decoder, context: int, free_bytes: int, resident_bytes: in
     fitted = [t.batch for t in probe.trials if t.fits]
     refused = [t.batch for t in probe.trials if not t.fits]
     return {"context": context, "predicted_batch": predicted, "measured_batch": measured, "capped": measured == cap,
+            "attention_backends": attention_backends(model, context),
             # every batch that fitted below every one refused: what the bisection assumes (fragmentation could break it)
             "monotone": max(fitted, default=0) < min(refused, default=cap + 1),
             "kv_bytes_per_sequence": context * model.cfg.kv_bytes_per_token(dtype_bytes),
@@ -254,7 +287,8 @@ def describe(row: dict[str, Any], free_bytes: int) -> str:
                      f"GiB, {at['free_at_peak'] / GIB:,.4g} GiB free at the peak")
     if above is not None:
         head += f"; batch {above['batch']:,}: {above['why']}"
-    return head + f" ({len(row['trials'])} tries)"
+    return head + f" ({len(row['trials'])} tries; attention backends that accept the step: " \
+        f"{', '.join(row['attention_backends']) or 'none'})"
 
 
 @exit_on_error

@@ -299,7 +299,8 @@ def kv_capacity_table(source: FoundCapture | str | Path | dict[str, Any]) -> pd.
     ``max_memory_allocated`` less the resident model and the cache), what the allocator reserved beyond it, the
     driver's free memory at the peak, what stayed allocated beyond the model once the try was released (cuBLAS's
     workspace, kept for the next step), and the memory the prediction counted on that the measurement could not use
-    ((predicted - measured) sequences' caches). The allocator's columns are NaN for a run on the CPU, which keeps no
+    ((predicted - measured) sequences' caches), and the attention backends that accept the step (the math one
+    repeats the cache's heads, the flash one does not: ``kv_capacity.attention_backends``). The allocator's columns are NaN for a run on the CPU, which keeps no
     allocator statistics.
 
     The record's prediction is checked against :func:`kv_capacity` now, for its configuration and free memory: a
@@ -333,6 +334,7 @@ def kv_capacity_table(source: FoundCapture | str | Path | dict[str, Any]) -> pd.
                      "kept_after_GiB": (at["allocated_after"] - resident) / 2**30 if at.get("allocated_after") is not None
                      else nan,
                      "unused_prediction_GiB": (predicted - measured) * per_seq / 2**30, "tries": len(r["trials"]),
+                     "attention_backends": ", ".join(r.get("attention_backends", [])),
                      "monotone": r["monotone"]})
     return pd.DataFrame(rows).set_index("context")
 
