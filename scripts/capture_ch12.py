@@ -15,7 +15,9 @@ provenance records as run:
 6. ``noclone.json``: the ``--no-clone`` pitfall (its check must fail: exit status 2 is the expected one);
 7. ``kv_capacity.json``: ``examples/nsys/kv_capacity.py`` (step ``kv``), the largest batch whose KV cache and one
    decoding step fit beside the weights at contexts of 1,024 to 131,072 tokens, found by real allocations, beside
-   the arithmetic's prediction for the same free memory. Its time is unmeasured (no GPU has run it yet);
+   the arithmetic's prediction for the same free memory. Its time is unmeasured (no GPU has run it yet); estimated
+   at under a minute beyond loading the weights: some 40 tries, each writing its cache once and reading it and the
+   weights once, at most the GPU's memory each way;
 
 then ``scripts/capture_all.py --notebooks notebooks/12__llm_inference.ipynb`` (executes the notebook in
 place and runs strict nbval over it). Each run's printed output goes to ``artifacts/ch12/run_output.txt``.
