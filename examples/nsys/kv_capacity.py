@@ -4,8 +4,9 @@
 The arithmetic (``gpuprof.studies.llm_inference.kv_capacity``) divides the memory left after the weights
 by one sequence's KV cache (context x 2 x layers x KV heads x head dim x 2 bytes: 128 KiB per token for
 Llama-3-8B's shapes in BF16). A real decoder needs more than that: the step's activations, its logits
-([batch, 128,256], in BF16 and as the top-k's input), the rotary tables, cuBLAS's workspace, and the
-caching allocator's rounding. This script measures what is left of the prediction: with the weights of
+([batch, 128,256], in BF16 and as the top-k's input), the rotary tables, cuBLAS's workspace, the caching
+allocator's rounding, and, if attention runs on PyTorch's math backend, each layer's keys and values repeated
+for the query heads that share them (the backends that accept the step are recorded). This script measures what is left of the prediction: with the weights of
 ``examples/nsys/llm_decode.py``'s decoder resident (``--model 8b`` on a GPU), it allocates the static KV
 cache of ``batch`` sequences of ``context`` tokens (``llm_decode.StaticCache``, the reference rung's) and
 runs one real decoding step at the last position (``Decoder.forward`` of one token per sequence, which
