@@ -13,7 +13,7 @@ from .errors import GpuprofError
 from .memory_probe import available_memory, total_memory
 
 __all__ = ["positive_int", "nonnegative_int", "positive_float", "add_sections_argument", "resolve_sections",
-           "output_file", "require_memory", "bounded_int", "shown_path"]
+           "output_file", "require_memory", "bounded_int", "distinct_ints", "shown_path"]
 
 
 def positive_int(text: str) -> int:
@@ -55,6 +55,23 @@ def bounded_int(limit: int, why: str, low: int = 1) -> Callable[[str], int]:
         return value
 
     parse.__name__ = "count"  # what argparse calls the type in its messages
+    return parse
+
+
+def distinct_ints(one: Callable[[str], int], item: str, example: str) -> Callable[[str], list[int]]:
+    """argparse type: whole numbers separated by commas, each parsed by ``one`` (e.g. :func:`bounded_int`), none
+    twice; ``item`` names one in the messages ("batch size"), ``example`` shows a good value ("1,8,64")."""
+
+    def parse(text: str) -> list[int]:
+        parts = [p.strip() for p in text.split(",") if p.strip()]
+        if not parts:
+            raise argparse.ArgumentTypeError(f"{text!r}: give {item}s separated by commas, e.g. {example}")
+        values = [one(p) for p in parts]
+        if len(set(values)) != len(values):
+            raise argparse.ArgumentTypeError(f"{text!r} names a {item} twice")
+        return values
+
+    parse.__name__ = "list"
     return parse
 
 

@@ -13,7 +13,12 @@ provenance records as run:
    batch 1 (the naive loop and the two best rungs; ``--cuda-graph-trace=node``), exported and gzipped;
 5. ``prefill2048.json``: prefill of 2,048 tokens at batch 1 and 8;
 6. ``noclone.json``: the ``--no-clone`` pitfall (its check must fail: exit status 2 is the expected one);
-7. ``decode_ncu_compile_graph.ncu-rep`` and ``decode_ncu_fused_graph.ncu-rep`` (gzipped when over
+7. ``kv_capacity.json``: ``examples/nsys/kv_capacity.py`` (step ``kv``), the largest batch whose KV cache and one
+   decoding step fit beside the weights at contexts of 1,024 to 131,072 tokens, found by real allocations, beside
+   the arithmetic's prediction for the same free memory. Its time is unmeasured (no GPU has run it yet); estimated
+   at under a minute beyond loading the weights: some 40 tries, each writing its cache once and reading it and the
+   weights once, at most the GPU's memory each way;
+8. ``decode_ncu_compile_graph.ncu-rep`` and ``decode_ncu_fused_graph.ncu-rep`` (gzipped when over
    ``gpuprof.ncu.capture.MAX_REPORT_BYTES``): Nsight Compute over ONE decoding step of each rung at batch 1
    (step :data:`NCU_STEP` of the timed generation, selected by its NVTX ranges; ``--graph-profiling node``, so
    each kernel of the graph is its own result; the SpeedOfLight section and the metrics
@@ -33,7 +38,8 @@ so three times) and the ``ncu`` step (two processes, each loading 16 GB of weigh
 ncu profiles the few hundred kernels of one step). The earlier estimate, about 8 minutes for the whole script,
 predates ``fused_graph`` and the ``ncu`` step; what they add is not measured yet. To stay inside 10-minute
 commands, split it: ``--only ceilings,ladder,sweep``, then
-``--only nsys,prefill,noclone,notebook``, then ``--only ncu`` (each later part adds to the first's log).
+``--only nsys,prefill,noclone,kv,notebook``, then ``--only ncu`` (each later part adds to the first's log; ``kv``
+is unmeasured too).
 """
 
 from __future__ import annotations
@@ -71,7 +77,9 @@ NCU_NEW_TOKENS = 8
 # step of 32 layers: unmeasured here, the nsys step's summary counts them), so the limit only guards against a filter
 # that matches more than intended.
 NCU_LIMIT = 2000
-STEPS = ("ceilings", "ladder", "sweep", "nsys", "prefill", "noclone", "ncu", "notebook")
+KV_SCRIPT = "examples/nsys/kv_capacity.py"
+KV_ARGS = ["--model", "8b", "--context", "1024,4096,32768,131072"]
+STEPS = ("ceilings", "ladder", "sweep", "nsys", "prefill", "noclone", "kv", "ncu", "notebook")
 NOTEBOOK = "notebooks/12__llm_inference.ipynb"
 
 
@@ -89,17 +97,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def run_decode(name: str, args: list[str], expected: int, log) -> int:  # type: ignore[no-untyped-def]
-    """The script with ``args --json artifacts/ch12/<name>``, its output to the terminal and the log; the JSON
-    recorded with the command as shown. Returns the exit status."""
+def run_decode(name: str, args: list[str], expected: int, log, script: str = SCRIPT) -> int:  # type: ignore[no-untyped-def]
+    """``script`` (the decoder's, unless another is named) with ``args --json artifacts/ch12/<name>``, its output to
+    the terminal and the log; the JSON recorded with the command as shown. Returns the exit status."""
     from gpuprof.artifacts import chapter_output, record_file
 
     out = chapter_output("ch12") / name
-    shown = " ".join(["python3", SCRIPT, *args, "--json", name])
+    shown = " ".join(["python3", script, *args, "--json", name])
     print(f"$ {shown}", flush=True)
     log.write(f"$ {shown}\n")
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, str(ROOT / SCRIPT), *args, "--json", str(out)], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, str(ROOT / script), *args, "--json", str(out)], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -243,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
                 failed += ncu_capture_step()
             elif step == "notebook":
                 continue  # after the log is closed and recorded
+            elif step == "kv":
+                if run_decode("kv_capacity.json", KV_ARGS, 0, log, KV_SCRIPT) != 0:
+                    failed.append("kv_capacity.json")
             else:
                 name = {"ladder": "ladder.json", "sweep": "sweep.json", "prefill": "prefill2048.json",
                         "noclone": "noclone.json"}[step]

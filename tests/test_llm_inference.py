@@ -8,6 +8,7 @@ import json
 import sqlite3
 import statistics
 
+import pandas as pd
 import pytest
 
 from gpuprof.artifacts import REPO_ROOT
@@ -288,3 +289,45 @@ def test_the_two_line_fit_finds_a_known_knee():
     line = t.assign(ms_per_step=[5 + 0.001 * n for n in batches])
     with pytest.raises(GpuprofError, match="no knee"):
         li.knee_fit(line, "graph")
+
+
+# ----- kv_capacity.py's record -----
+
+KV_FIXTURE = REPO_ROOT / "tests" / "data" / "kv_capacity_cpu" / "kv_capacity.json"
+
+
+def test_the_kv_capacity_table_reads_a_cpu_run_of_the_script():
+    """The fixture: the tiny model on the CPU under a 0.05 GB limit (its README says how it was made)."""
+    res = json.loads(KV_FIXTURE.read_text())
+    t = li.kv_capacity_table(KV_FIXTURE)
+    assert list(t.index) == [256, 2048]
+    tiny = li.model_config("tiny")
+    for r in res["contexts"]:
+        row = t.loc[r["context"]]
+        assert row["predicted_batch"] == li.kv_capacity(tiny, res["free_bytes"], r["context"], 4) == r["predicted_batch"]
+        assert row["measured_batch"] == r["measured_batch"] and row["ratio"] == r["measured_batch"] / r["predicted_batch"]
+        assert row["kv_bytes_per_token"] == 1024 and row["kv_MiB_per_sequence"] == r["context"] / 1024
+        assert row["cache_GiB"] * 2**30 == r["measured_batch"] * r["context"] * 1024
+        assert row["unused_prediction_GiB"] * 2**30 == (r["predicted_batch"] - r["measured_batch"]) * r["context"] * 1024
+        assert pd.isna(row["non_cache_GiB"]) and pd.isna(row["reserved_beyond_GiB"]) and pd.isna(row["kept_after_GiB"])  # no CPU allocator figures
+    assert 0 < t["ratio"].min() and t["ratio"].max() <= 1 and t["attention_backends"].str.contains("MATH").all()
+
+
+def test_the_kv_capacity_table_says_where_a_gpus_memory_went():
+    """The fixture with allocator figures written in by hand (not a measurement): the non-cache memory is the try's
+    peak less the resident model and the cache, and the allocator's reserve is what it kept beyond the peak."""
+    res = json.loads(KV_FIXTURE.read_text())
+    at = res["contexts"][0]["at_measured"]
+    at.update(peak_allocated=res["resident_bytes"] + at["cache_bytes"] + 3 * 2**20, peak_reserved=
+              res["resident_bytes"] + at["cache_bytes"] + 5 * 2**20, free_at_peak=2**30,
+              allocated_after=res["resident_bytes"] + 2**20)
+    row = li.kv_capacity_table(res).iloc[0]
+    assert row["non_cache_GiB"] * 2**30 == 3 * 2**20 and row["reserved_beyond_GiB"] * 2**30 == 2 * 2**20
+    assert row["free_at_peak_GiB"] == 1.0 and row["kept_after_GiB"] * 2**30 == 2**20
+
+
+def test_a_kv_capacity_record_made_under_other_arithmetic_is_refused():
+    res = json.loads(KV_FIXTURE.read_text())
+    res["contexts"][1]["predicted_batch"] += 1
+    with pytest.raises(GpuprofError, match="the arithmetic now gives 20"):
+        li.kv_capacity_table(res)

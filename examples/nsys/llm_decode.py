@@ -114,7 +114,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywher
 
 from gpuprof import exit_on_error  # noqa: E402
 from gpuprof.backend import torch_device  # noqa: E402
-from gpuprof.cli import bounded_int, output_file, positive_int, require_memory  # noqa: E402
+from gpuprof.cli import bounded_int, distinct_ints, output_file, positive_int, require_memory  # noqa: E402
 from gpuprof.errors import GpuprofError  # noqa: E402
 from gpuprof.kernels import write_json  # noqa: E402
 from gpuprof.models import rms_norm  # noqa: E402
@@ -768,16 +768,8 @@ def summarise(cfg: Config, times_ms: list[float], batch: int, prompt: int, new: 
             "flops_per_step": total_flops / new, "decode_tflops": total_flops / decode_s / 1e12}
 
 
-def batch_list(text: str) -> list[int]:
-    """argparse type: batch sizes separated by commas (1,8,64), each from 1 to the limit."""
-    one = bounded_int(LIMITS["batch"], "each sequence adds its own KV cache")
-    parts = [p.strip() for p in text.split(",") if p.strip()]
-    if not parts:
-        raise argparse.ArgumentTypeError(f"{text!r}: give batch sizes separated by commas, e.g. 1,8,64")
-    values = [one(p) for p in parts]
-    if len(set(values)) != len(values):
-        raise argparse.ArgumentTypeError(f"{text!r} names a batch size twice")
-    return values
+# argparse type: batch sizes separated by commas (1,8,64), each from 1 to the limit.
+batch_list = distinct_ints(bounded_int(LIMITS["batch"], "each sequence adds its own KV cache"), "batch size", "1,8,64")
 
 
 def parse_rungs(text: str) -> list[str]:

@@ -47,7 +47,7 @@ from ..nsys import sqlite as ns
 
 __all__ = ["SCRIPT", "CHAPTER", "script", "model_config", "StepCost", "step_cost", "Ceiling", "Ceilings",
            "recorded_ceilings", "ceiling_records", "session_ceilings", "roofline_ms", "crossover_batch", "prediction_table", "kv_capacity",
-           "max_context", "capacity_table", "run_decode", "load_results", "rows_table", "KneeFit", "knee_fit", "measured_knee", "ladder_figure",
+           "max_context", "capacity_table", "kv_capacity_table", "run_decode", "load_results", "rows_table", "KneeFit", "knee_fit", "measured_knee", "ladder_figure",
            "CAPTURE_OPTIONS", "capture_decode", "decode_steps", "capture_summary", "RUNG_RANGE", "STEP_RANGE"]
 
 SCRIPT = REPO_ROOT / "examples" / "nsys" / "llm_decode.py"
@@ -288,6 +288,54 @@ def capacity_table(cfg: Any, free_bytes: int, contexts: Sequence[int], dtype_byt
         n = kv_capacity(cfg, free_bytes, c, dtype_bytes, reserve_bytes)
         rows.append({"context": c, "kv_MiB_per_sequence": c * per_token / 2**20, "largest_batch": n,
                      "cached_tokens": n * c, "kv_GiB": n * c * per_token / 2**30})
+    return pd.DataFrame(rows).set_index("context")
+
+
+def kv_capacity_table(source: FoundCapture | str | Path | dict[str, Any]) -> pd.DataFrame:
+    """``examples/nsys/kv_capacity.py``'s record as the chapter prints it: per context, the batch the arithmetic
+    predicted for the run's free memory (:func:`kv_capacity`) and the batch that fitted, their ratio, the KV cache's
+    bytes per token and per sequence, and where the rest went at the measured batch: the cache itself, the memory
+    beside the weights and the cache at the try's peak (the step's activations and logits, cuBLAS's workspace:
+    ``max_memory_allocated`` less the resident model and the cache), what the allocator reserved beyond it, the
+    driver's free memory at the peak, what stayed allocated beyond the model once the try was released (cuBLAS's
+    workspace, kept for the next step), and the memory the prediction counted on that the measurement could not use
+    ((predicted - measured) sequences' caches), and the attention backends that accept the step (the math one
+    repeats the cache's heads, the flash one does not: ``kv_capacity.attention_backends``). The allocator's columns are NaN for a run on the CPU, which keeps no
+    allocator statistics.
+
+    The record's prediction is checked against :func:`kv_capacity` now, for its configuration and free memory: a
+    record made under other arithmetic is refused rather than printed beside this one."""
+    from dataclasses import fields
+
+    res = load_results(source)
+    Config = script().Config
+    cfg = Config(**{f.name: res["config"][f.name] for f in fields(Config) if f.name in res["config"]})
+    dtype_bytes, resident = int(res["dtype_bytes"]), int(res["resident_bytes"])
+    rows = []
+    for r in res["contexts"]:
+        context, measured, predicted = r["context"], r["measured_batch"], r["predicted_batch"]
+        now = kv_capacity(cfg, res["free_bytes"], context, dtype_bytes)
+        if now != predicted:
+            raise GpuprofError(f"The record predicts batch {predicted:,} at context {context:,}; the arithmetic now gives "
+                               f"{now:,} for the same {res['free_bytes']:,} free bytes.",
+                               "Run kv_capacity.py again, or read the record with the code it was made with.")
+        per_seq = context * cfg.kv_bytes_per_token(dtype_bytes)
+        at = r.get("at_measured") or {}
+        peak, reserved = at.get("peak_allocated"), at.get("peak_reserved")
+        cache = at.get("cache_bytes", 0)
+        nan = float("nan")
+        rows.append({"context": context, "predicted_batch": predicted, "measured_batch": measured,
+                     "ratio": measured / predicted if predicted else nan, "capped": r["capped"],
+                     "kv_bytes_per_token": cfg.kv_bytes_per_token(dtype_bytes), "kv_MiB_per_sequence": per_seq / 2**20,
+                     "cache_GiB": cache / 2**30,
+                     "non_cache_GiB": (peak - resident - cache) / 2**30 if peak is not None else nan,
+                     "reserved_beyond_GiB": (reserved - peak) / 2**30 if peak is not None and reserved is not None else nan,
+                     "free_at_peak_GiB": at["free_at_peak"] / 2**30 if at.get("free_at_peak") is not None else nan,
+                     "kept_after_GiB": (at["allocated_after"] - resident) / 2**30 if at.get("allocated_after") is not None
+                     else nan,
+                     "unused_prediction_GiB": (predicted - measured) * per_seq / 2**30, "tries": len(r["trials"]),
+                     "attention_backends": ", ".join(r.get("attention_backends", [])),
+                     "monotone": r["monotone"]})
     return pd.DataFrame(rows).set_index("context")
 
 
