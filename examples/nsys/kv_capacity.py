@@ -299,13 +299,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch, device, where = torch_device("kv_capacity.py", args.cpu)
     gpu = device == "cuda"
-    model_name = args.model or ("8b" if gpu else "tiny")
+    chosen = ld.choose_precision(torch, gpu, args.model)
+    model_name, dtype, dtype_name, dtype_bytes = chosen.model, chosen.dtype, chosen.name, chosen.bytes
     cfg = ld.PRESETS[model_name]
     contexts = args.context or list(DEFAULT_CONTEXTS[model_name])
-    dtype, dtype_bytes = (torch.bfloat16, 2) if gpu else (torch.float32, 4)
     limit = None if args.memory_limit_gb is None else int(args.memory_limit_gb * 1e9)
     check_sizes(cfg, model_name, contexts, device, dtype_bytes, limit)
-    dtype_name = str(dtype).replace("torch.", "")
     print(f"kv_capacity: --model {model_name} ({cfg.params:,} parameters, {dtype_name}, "
           f"{cfg.kv_bytes_per_token(dtype_bytes):,} bytes of KV cache per token) on {where}; contexts "
           f"{', '.join(f'{c:,}' for c in contexts)}" + (f"; limit {args.memory_limit_gb:g} GB" if limit else ""), flush=True)

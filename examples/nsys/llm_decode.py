@@ -904,18 +904,34 @@ def format_row(r: dict[str, Any], new: int) -> str:
                if "free_running_tokens_equal" in r and r["check"]["status"] != "reference" else ""))
 
 
+@dataclass(frozen=True)
+class Precision:
+    """The model and number format a run uses: 8b in bfloat16 on a GPU, tiny in float32 on a CPU, unless asked."""
+
+    model: str
+    dtype: Any
+    bytes: int
+
+    @property
+    def name(self) -> str:
+        return str(self.dtype).replace("torch.", "")
+
+
+def choose_precision(torch: Any, gpu: bool, model: str | None) -> Precision:
+    """The run's :class:`Precision` (shared by this script and ``kv_capacity.py``)."""
+    return Precision(model or ("8b" if gpu else "tiny"), torch.bfloat16 if gpu else torch.float32, 2 if gpu else 4)
+
+
 @exit_on_error
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch, device, where = torch_device("llm_decode.py", args.cpu)
     gpu = device == "cuda"
-    model_name = args.model or ("8b" if gpu else "tiny")
+    chosen = choose_precision(torch, gpu, args.model)
+    model_name, dtype, dtype_name, dtype_bytes = chosen.model, chosen.dtype, chosen.name, chosen.bytes
     cfg = PRESETS[model_name] if args.layers is None else replace(PRESETS[model_name], layers=args.layers)
     d_batch, d_prompt, d_new = RUN_DEFAULTS[model_name]
     batches, prompt_len, new = args.batch or [d_batch], args.prompt_len or d_prompt, args.new_tokens or d_new
-    dtype = torch.bfloat16 if gpu else torch.float32
-    dtype_name = str(dtype).replace("torch.", "")
-    dtype_bytes = 2 if gpu else 4
     rungs = resolve_rungs(args, gpu)
     caches = 1 + any(r in FIXED for r in rungs)  # the fixed rungs' shared cache beside an eager rung's own
     check_fits(cfg, model_name, max(batches), prompt_len, new, device, dtype_bytes, caches)
