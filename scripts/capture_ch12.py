@@ -7,7 +7,8 @@ and load 16 GB of weights per process, more than a notebook cell should hide. Th
 provenance records as run:
 
 1. ``ceilings.json``: the device copy and the BF16 product (chapter 0's measurements), in this session;
-2. ``ladder.json``: every rung at batch 1, 8 and 64 (prompt 512, 64 steps), with the logit check;
+2. ``ladder.json``: every rung at batch 1, 8 and 64 (prompt 512, 64 steps), with the logit check (``int8_graph``
+   included: llm_decode.py runs every rung by default on a GPU; its int8 copy, 7.5 GB, is made once per batch);
 3. ``sweep.json``: the ``graph`` rung at batch 1 to 1,024 (prompt 32, 32 steps), with the check;
 4. ``decode_b1.sqlite.gz``: Nsight Systems over ``eager_dynamic``, ``compile_graph`` and ``fused_graph`` at
    batch 1 (the naive loop and the two best rungs; ``--cuda-graph-trace=node``), exported and gzipped;
@@ -18,12 +19,16 @@ provenance records as run:
    the arithmetic's prediction for the same free memory. Its time is unmeasured (no GPU has run it yet); estimated
    at under a minute beyond loading the weights: some 40 tries, each writing its cache once and reading it and the
    weights once, at most the GPU's memory each way;
-8. ``decode_ncu_compile_graph.ncu-rep`` and ``decode_ncu_fused_graph.ncu-rep`` (gzipped when over
-   ``gpuprof.ncu.capture.MAX_REPORT_BYTES``): Nsight Compute over ONE decoding step of each rung at batch 1
+8. ``decode_ncu_compile_graph.ncu-rep``, ``decode_ncu_fused_graph.ncu-rep`` and ``decode_ncu_int8_graph.ncu-rep``
+   (gzipped when over ``gpuprof.ncu.capture.MAX_REPORT_BYTES``): Nsight Compute over ONE decoding step of each rung at
+   batch 1 (for int8_graph: whether Inductor fused the int8 matrices' cast and scale into the products, or each
+   matrix's cast is a kernel of its own that writes a BF16 copy, which the reader then shows as bytes beyond the
+   weights or cannot match to the layer's roles)
    (step :data:`NCU_STEP` of the timed generation, selected by its NVTX ranges; ``--graph-profiling node``, so
    each kernel of the graph is its own result; the SpeedOfLight section and the metrics
    ``gpuprof.studies.decode_kernels`` reads: duration, DRAM bytes read, DRAM throughput's share of peak), each
-   then read per kernel and by the layer's role (printed; the report is the reference). It fails with one
+   then read per kernel and by the layer's role (printed; the report is the reference; int8_graph's matrices read
+   as one byte a weight, :data:`MATRIX_BYTES`). It fails with one
    sentence where ncu is missing or the driver keeps the counters to administrators;
 
 then ``scripts/capture_all.py --notebooks notebooks/12__llm_inference.ipynb`` (executes the notebook in
@@ -34,9 +39,11 @@ the script exits 2 then, after everything else has run. ``--only`` runs some ste
 Time on an H100: the first run of the same commands took 124 s for the ladder (before ``fused_graph`` joined it)
 and 188 s for the sweep (with one more batch); the rest is unmeasured: the other steps, ``fused_graph``'s
 compilation (Inductor's coordinate-descent tuning benchmarks each kernel's variants; once per batch of the ladder,
-so three times) and the ``ncu`` step (two processes, each loading 16 GB of weights and compiling its rung before
-ncu profiles the few hundred kernels of one step). The earlier estimate, about 8 minutes for the whole script,
-predates ``fused_graph`` and the ``ncu`` step; what they add is not measured yet. To stay inside 10-minute
+so three times), ``int8_graph``'s (the same tuning over other kernels, its output projection's too, and its int8
+copy made, three times in the ladder) and the ``ncu`` step (three processes, each loading 16 GB of weights and
+compiling its rung before ncu profiles the few hundred kernels of one step). The earlier estimate, about 8 minutes
+for the whole script, predates ``fused_graph``, ``int8_graph`` and the ``ncu`` step; what they add is not measured
+yet. To stay inside 10-minute
 commands, split it: ``--only ceilings,ladder,sweep``, then
 ``--only nsys,prefill,noclone,kv,notebook``, then ``--only ncu`` (each later part adds to the first's log; ``kv``
 is unmeasured too).
@@ -70,7 +77,9 @@ RUNS = {  # name: (arguments, the exit status expected)
 }
 NSYS_ARGS = [*DECODE, "--rung", "eager_dynamic,compile_graph,fused_graph", "--batch", "1", "--prompt-len", "512",
              "--new-tokens", "32", "--no-check"]
-NCU_RUNGS = ("compile_graph", "fused_graph")
+NCU_RUNGS = ("compile_graph", "fused_graph", "int8_graph")
+# The element size of each rung's matrices, as the per-kernel reader assigns roles by bytes read (int8: one byte).
+MATRIX_BYTES = {"int8_graph": 1}
 NCU_STEP = 4  # the decoding step ncu profiles: one of the timed generation's (not the warm-up's, not the first)
 NCU_NEW_TOKENS = 8
 # -c: the most kernels ncu profiles; the NVTX filter keeps one step, which launches fewer (a few hundred for a compiled
@@ -181,7 +190,7 @@ def ncu_range(rung: str) -> str:
 
 
 def ncu_capture_step() -> list[str]:
-    """Nsight Compute over one decoding step of compile_graph and of fused_graph at batch 1, each report read by role
+    """Nsight Compute over one decoding step of each of :data:`NCU_RUNGS` at batch 1, each report read by role
     (with this session's device copy, when the ceilings step measured it). Returns the reports the reader could not
     read (they are kept: the reader's sentence is printed)."""
     import json
@@ -213,14 +222,15 @@ def ncu_capture_step() -> list[str]:
         if report.stat().st_size > MAX_REPORT_BYTES:
             report = gzip_reference(report)
         try:
-            table = dk.step_kernels(report, model_config("8b"), 2, step_range=ncu_range(rung))
+            table = dk.step_kernels(report, model_config("8b"), MATRIX_BYTES.get(rung, 2), step_range=ncu_range(rung))
         except GpuprofError as exc:
             print(f"ncu, {rung}: {report.name} is kept, but gpuprof.studies.decode_kernels could not read it: {exc}",
                   flush=True)
             unread.append(report.name)
             continue
         print(f"ncu, {rung}: {len(table)} kernels in one step ({report.name})", flush=True)
-        print(dk.role_table(table, model_config("8b"), 2, copy_gbps).round(3).to_string(), flush=True)
+        print(dk.role_table(table, model_config("8b"), MATRIX_BYTES.get(rung, 2), copy_gbps).round(3).to_string(),
+              flush=True)
     return unread
 
 

@@ -22,25 +22,26 @@ HEADER = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context",
 SMALL = 3_000  # bytes a kernel that is not a matrix product reads here (norms, rotary, attention over 36 positions)
 
 
-def _step(fused: bool) -> list[tuple[str, int]]:
-    """(kernel name, bytes read) of one step, in launch order, as llm_decode.py's fixed-shape layer issues them."""
+def _step(fused: bool, e: int = E) -> list[tuple[str, int]]:
+    """(kernel name, bytes read) of one step, in launch order, as llm_decode.py's fixed-shape layer issues them; ``e``:
+    the matrices' element size (1: int8_graph's, each product also reading its BF16 scales, within the 512 extra)."""
     d, q, kv, ffn = CFG.d_model, CFG.q_heads * CFG.head_dim, CFG.kv_heads * CFG.head_dim, CFG.ffn
     out = [("embedding", SMALL)]
     for _ in range(CFG.layers):
         out.append(("rms_norm", SMALL))
         if fused:
-            out.append(("gemv_qkv", d * (q + 2 * kv) * E + 512))
+            out.append(("gemv_qkv", d * (q + 2 * kv) * e + 512))
         else:
-            out += [("gemv", d * q * E + 512), ("gemv", d * kv * E + 512), ("gemv", d * kv * E + 512)]
+            out += [("gemv", d * q * e + 512), ("gemv", d * kv * e + 512), ("gemv", d * kv * e + 512)]
         out += [("rotary", SMALL), ("rotary", SMALL), ("index_copy", SMALL), ("index_copy", SMALL), ("scores", SMALL),
-                ("softmax", SMALL), ("weighted_sum", SMALL), ("gemv", q * d * E + 512), ("add_rms_norm", SMALL)]
+                ("softmax", SMALL), ("weighted_sum", SMALL), ("gemv", q * d * e + 512), ("add_rms_norm", SMALL)]
         if fused:
-            out.append(("gemv_gate_up", 2 * d * ffn * E + 512))
+            out.append(("gemv_gate_up", 2 * d * ffn * e + 512))
         else:
-            out += [("gemv", d * ffn * E + 512), ("gemv", d * ffn * E + 512)]
-        out += [("silu_mul", SMALL), ("gemv_splitk", ffn * d * E // 2), ("splitk_reduce", SMALL // 2),
-                ("gemv_splitk", ffn * d * E // 2), ("add", SMALL)]
-    return out + [("rms_norm", SMALL), ("gemv", d * CFG.vocab * E + 512), ("topk", SMALL), ("copy", SMALL)]
+            out += [("gemv", d * ffn * e + 512), ("gemv", d * ffn * e + 512)]
+        out += [("silu_mul", SMALL), ("gemv_splitk", ffn * d * e // 2), ("splitk_reduce", SMALL // 2),
+                ("gemv_splitk", ffn * d * e // 2), ("add", SMALL)]
+    return out + [("rms_norm", SMALL), ("gemv", d * CFG.vocab * e + 512), ("topk", SMALL), ("copy", SMALL)]
 
 
 def _csv(kernels: list[tuple[str, int]]) -> str:
@@ -149,3 +150,16 @@ def test_the_nvtx_filter_keeps_one_steps_kernels_and_a_missing_metric_is_named()
         dk.step_kernels(table, CFG, E, step_range="rung_x")
     with pytest.raises(GpuprofError, match=r"lacks dram__bytes_read\.sum"):
         dk.step_kernels(table.drop(columns=[dk.READ]), CFG, E)
+
+
+def test_an_int8_step_is_read_with_one_byte_a_weight(tmp_path):
+    """int8_graph's step (fused products, each reading one byte a weight, the cast and scale fused into it) read with
+    the element size 1 gets the same roles; read as BF16 (2), its blocks do not fill: refused with a sentence."""
+    path = tmp_path / "decode_int8.details.csv"
+    path.write_text(_csv(_step(True, 1)))
+    k = dk.step_kernels(path, CFG, 1)
+    for role, n in {"qkv": 1, "o": 1, "gate/up": 1, "down": 2}.items():
+        assert (k["role"] == role).sum() == n * CFG.layers, role
+    assert list(k.loc[k["kernel"] == "gemv", "role"])[-1] == "lm_head"
+    with pytest.raises(GpuprofError, match=r"read 3 of the 9 weight blocks one decoding step reads"):
+        dk.step_kernels(path, CFG, 2)

@@ -139,10 +139,16 @@ def test_compare_bounds_the_worst_steps_mean_difference_not_the_picks():
 BF16_BOUND = llm.TOLERANCE["bfloat16"]
 
 
-def test_the_bfloat16_bound_rests_on_the_measured_rounding_of_8bs_depth():
+@pytest.fixture(scope="module")
+def deep_rounding():
+    """BF16 rounding's effect on the logits at 8b's depth (32 layers of the small width): the bounds rest on it."""
+    return llm.rounding_error(llm.replace(llm.PRESETS["tiny"], layers=32), torch)
+
+
+def test_the_bfloat16_bound_rests_on_the_measured_rounding_of_8bs_depth(deep_rounding):
     """The bound is twice the difference two BF16 implementations may have (each within the measured BF16-vs-float32
     difference of float32's result) at 8b's 32 layers; the difference grows with the depth."""
-    deep = llm.rounding_error(llm.replace(llm.PRESETS["tiny"], layers=32), torch)
+    deep = deep_rounding
     shallow = llm.rounding_error(llm.replace(llm.PRESETS["tiny"], layers=2), torch)
     assert 0 < shallow.worst_step_mean < deep.worst_step_mean
     assert 2 * deep.worst_step_mean <= BF16_BOUND <= 5 * deep.worst_step_mean
@@ -206,12 +212,13 @@ def test_the_bfloat16_check_fails_kept_outputs_without_a_clone(bf16_deep):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["compile", "fused_graph"])
+@pytest.mark.parametrize("name", ["compile", "fused_graph", "int8_graph"])
 def test_the_compiled_step_matches_the_reference_on_the_cpu(tiny, monkeypatch, name):
     """torch.compile of the fixed-shape layer (Inductor's C++ backend on the CPU; tens of seconds to compile here).
     fused_graph's step runs without its graph (a CUDA graph cannot be captured on the CPU: capture_graph is replaced
     by the step itself), built by make_fixed_rungs as on a GPU: the fused layer compiled under coordinate-descent
-    tuning, a switch restored after every call (the compile rungs beside it keep the default)."""
+    tuning, a switch restored after every call (the compile rungs beside it keep the default). int8_graph's the same
+    over its int8 copy (its output projection compiled too), within the int8 bound (its weights differ)."""
     from torch._inductor import config as inductor_config
 
     model, prompt, runs = tiny
@@ -225,9 +232,13 @@ def test_the_compiled_step_matches_the_reference_on_the_cpu(tiny, monkeypatch, n
         free = llm.generate(rung, prompt, NEW)
     finally:
         torch._dynamo.reset()
-    c = llm.compare(ref, forced, F32_TOL)
+    c = llm.compare(ref, forced, llm.check_bound(name, "float32", F32_TOL))
     assert c.ok, c.sentence
-    assert torch.equal(free.tokens, ref.tokens)
+    if name in llm.INT8:
+        assert rung.fixed.model.layers[0]["wqkv"].dtype == torch.int8 and rung.fixed.model.lm_head.dtype == torch.int8
+        assert c.worst_step_mean > F32_TOL  # it did run on the int8 weights
+    else:
+        assert torch.equal(free.tokens, ref.tokens)
     assert inductor_config.coordinate_descent_tuning == before
 
 
@@ -360,7 +371,7 @@ def test_the_command_line_lists():
     assert llm.resolve_rungs(llm.parse_args(["--cache", "both"]), gpu=False) == ["eager_dynamic", "eager_static"]
     assert llm.resolve_rungs(llm.parse_args([]), gpu=False) == list(llm.CPU_DEFAULT)
     assert llm.resolve_rungs(llm.parse_args([]), gpu=True) == list(llm.RUNGS)
-    with pytest.raises(GpuprofError, match=r"--rung graph,compile_graph,fused_graph needs a GPU"):
+    with pytest.raises(GpuprofError, match=r"--rung graph,compile_graph,fused_graph,int8_graph needs a GPU"):
         llm.resolve_rungs(llm.parse_args(["--rung", "all"]), gpu=False)
     for bad in ("1,1", "0", ","):
         with pytest.raises(SystemExit):
@@ -395,3 +406,142 @@ def test_a_run_without_clones_fails_its_check_and_says_why(tmp_path, capsys):
     assert "Clone a graph's outputs before its next replay" in err
     r = json.loads(out.read_text())  # the numbers are kept even so
     assert r["checks_passed"] is False and r["rows"][0]["outputs_cloned"] is False
+
+
+# int8_graph: int8 weights with a BF16 scale per output column.
+
+INT8_BOUND = llm.INT8_TOLERANCE
+
+
+def test_quantize_int8_is_symmetric_per_output_column():
+    """One scale per column (max |w| / 127.5, stored in bfloat16), every value within half a step of the weight, the
+    column's largest at the edge of int8's range; computed by blocks of columns, the same as all at once."""
+    w = torch.randn((64, 40), generator=torch.Generator().manual_seed(5)) * torch.linspace(0.1, 3.0, 40)
+    q, scale = llm.quantize_int8(w)
+    assert q.dtype == torch.int8 and scale.dtype == torch.bfloat16 and scale.shape == (40,)
+    exact = w.abs().amax(dim=0) / 127.5
+    assert torch.allclose(scale.float(), exact, rtol=2**-8)
+    assert ((q.float() * exact - w).abs() <= exact / 2 + 1e-6).all()
+    assert (q.float().abs().amax(dim=0) >= 127).all()  # float: the int8 |-128| overflows
+    q3, scale3 = llm.quantize_int8(w, block=3)
+    assert torch.equal(q3, q) and torch.equal(scale3, scale)
+
+
+def test_the_int8_bound_rests_on_the_measured_quantization_error_of_8bs_depth(deep_rounding):
+    """The int8 bound (the module's text): twice what an int8 rung and the BF16 reference may differ by (the
+    quantization's measured effect, float32 arithmetic, plus each one's BF16 rounding), at 8b's 32 layers; in float32
+    twice the quantization's alone. Deeper models are moved more."""
+    cfg = llm.replace(llm.PRESETS["tiny"], layers=32)
+    deep = llm.quantization_error(cfg, torch).worst_step_mean
+    shallow = llm.quantization_error(llm.replace(cfg, layers=2), torch).worst_step_mean
+    assert 0 < shallow < deep and deep > deep_rounding.worst_step_mean  # int8 moves the logits more than BF16 rounding
+    assert 2 * deep <= INT8_BOUND["float32"] <= 2.5 * deep
+    both = deep + 2 * deep_rounding.worst_step_mean
+    assert 2 * both <= INT8_BOUND["bfloat16"] <= 2.5 * both
+    # What the GPU's check compares, measured on the CPU: the int8 copy in bfloat16 against the BF16 model.
+    assert llm.quantization_error(cfg, torch, torch.bfloat16).worst_step_mean < INT8_BOUND["bfloat16"] / 2
+
+
+def _int8_rung(model, layer=llm.fused_layer):
+    """eager_fixed's rung over ``model`` (an int8 copy), running ``layer`` eagerly: int8_graph's step without compiling."""
+    rung = _fixed(model)["eager_fixed"]
+    rung.fixed.layer = layer
+    return rung
+
+
+def _int8_check(bf16_deep, int8=None, layer=llm.fused_layer, clone=True):
+    model, prompt, ref = bf16_deep
+    rung = _int8_rung(int8 or model.quantized(), layer)
+    return llm.compare(ref, llm.generate(rung, prompt, NEW, clone=clone, force=ref.tokens), INT8_BOUND["bfloat16"])
+
+
+def test_the_int8_check_passes_a_correct_int8_step(bf16_deep):
+    c = _int8_check(bf16_deep)
+    assert c.status == "within bound" and c.worst_step_mean < INT8_BOUND["bfloat16"] / 2, c.sentence
+    assert c.worst_step_mean > 0.01  # int8's weights move the logits: the check compares different weights
+
+
+def _kv_swapped(model):
+    """k and v's columns (and their scales) swapped in every layer's fused int8 wqkv."""
+    int8 = model.quantized()
+    for w in int8.layers:
+        w["wqkv"] = torch.cat([w["wq"], w["wv"], w["wk"]], dim=1)
+        w["wqkv_scale"] = torch.cat([w["wq_scale"], w["wv_scale"], w["wk_scale"]])
+    return int8
+
+
+def _scaled_on_the_wrong_axis(model, monkeypatch):
+    """Each int8 value quantized by its row's scale (max |w| of the row: per input channel), the product then scaled
+    by the columns' scales: the scale applied on the other axis than the one the values were divided by."""
+    right = llm.quantize_int8
+
+    def per_row(w, block=16384):
+        s = w.float().abs().amax(dim=1, keepdim=True) / 127.5
+        return (w.float() / s).round().clamp(-128, 127).to(torch.int8), right(w, block)[1]
+    monkeypatch.setattr(llm, "quantize_int8", per_row)
+    return model.quantized()
+
+
+@pytest.mark.parametrize("bug", ["no clone", "k and v swapped", "scale on the wrong axis"])
+def test_the_int8_check_fails_the_bugs_the_bfloat16_check_catches(bf16_deep, monkeypatch, bug):
+    model = bf16_deep[0]
+    if bug == "no clone":
+        c = _int8_check(bf16_deep, clone=False)
+    elif bug == "k and v swapped":
+        c = _int8_check(bf16_deep, _kv_swapped(model))
+    else:
+        c = _int8_check(bf16_deep, _scaled_on_the_wrong_axis(model, monkeypatch))
+    assert c.status == "failed" and c.worst_step_mean > 3 * INT8_BOUND["bfloat16"], c.sentence
+
+
+def test_an_int8_copy_holds_every_matrix_as_int8_with_a_scale_per_column():
+    """Every layer's stored matrices and the output projection int8, a BF16 scale per output column, the separate
+    projections views of the fused int8 matrices with their columns' scales; the rest shared with the model; in bytes
+    what int8_weight_bytes counts."""
+    model = _model()
+    int8, cfg = model.quantized(), model.cfg
+    for w, w0 in zip(int8.layers, model.layers):
+        for name in llm.MATRICES:
+            assert w[name].dtype == torch.int8 and w[f"{name}_scale"].shape == (w[name].shape[1],)
+        assert w["wk"].untyped_storage().data_ptr() == w["wqkv"].untyped_storage().data_ptr()
+        assert torch.equal(w["w_up_scale"], w["w_gate_up_scale"][cfg.ffn:]) and w["attn_norm"] is w0["attn_norm"]
+    assert int8.lm_head.dtype == torch.int8 and int8.lm_head_scale.shape == (cfg.vocab,) and int8.embed is model.embed
+    matrices = [t for w in int8.layers for n, t in w.items() if n in llm.MATRICES or n.endswith("_scale")
+                and n.removesuffix("_scale") in llm.MATRICES] + [int8.lm_head, int8.lm_head_scale]
+    assert sum(t.untyped_storage().nbytes() for t in matrices) == llm.int8_weight_bytes(cfg)
+    assert model.lm_head_scale is None and model.layers[0]["wqkv"].dtype == torch.float32  # the model is untouched
+
+
+def test_llama3_8b_bytes_per_decode_step_with_int8_matrices():
+    """int8_graph's step reads each matrix's weights as one byte, plus a BF16 scale per output column; the norms, the
+    embedding rows and the KV cache as before: about half of the BF16 step's bytes at batch 1."""
+    cfg = llm.PRESETS["8b"]
+    matrices = 32 * (4096 * 4096 + 2 * 4096 * 1024 + 4096 * 4096 + 3 * 4096 * 14336) + 4096 * 128256
+    columns = 32 * ((4096 + 2 * 1024) + 4096 + 2 * 14336 + 4096) + 128256  # qkv, o, gate/up, down; the output's
+    norms = (2 * 32 + 1) * 4096
+    assert llm.quantized_columns(cfg) == columns == 1_504_512
+    assert llm.int8_weight_bytes(cfg) == matrices + 2 * columns
+    for batch, context in ((1, 513), (8, 640), (64, 2048)):
+        kv = batch * context * 131072
+        expected = matrices * 1 + columns * 2 + (norms + batch * 4096) * 2 + kv
+        assert llm.decode_step_bytes(cfg, batch, context, 2, matrix_bytes=1) == expected
+        assert llm.decode_step_bytes(cfg, batch, context, 2, matrix_bytes=2) == \
+            llm.decode_step_bytes(cfg, batch, context, 2) + 2 * columns  # scales counted whenever an element size is given
+    bf16, int8 = llm.decode_step_bytes(cfg, 1, 513, 2), llm.decode_step_bytes(cfg, 1, 513, 2, 1)
+    assert 0.5 < int8 / bf16 < 0.51
+    r = llm.summarise(llm.PRESETS["tiny"], [10.0, 2.0, 2.0], batch=2, prompt=5, new=2, dtype_bytes=4, matrix_bytes=1)
+    tiny = llm.PRESETS["tiny"]
+    assert r["bytes_per_step"] == pytest.approx(sum(llm.decode_step_bytes(tiny, 2, c, 4, 1) for c in (6, 7)) / 2)
+
+
+def test_the_memory_check_counts_the_int8_copy_when_int8_graph_is_asked_for(monkeypatch):
+    monkeypatch.setattr(gpuprof.cli, "available_memory", lambda device: 20 * 2**30)
+    monkeypatch.setattr(gpuprof.cli, "total_memory", lambda device: 80 * 2**30)
+    cfg = llm.PRESETS["8b"]
+    llm.check_fits(cfg, "8b", 1, 512, 128, "cuda", 2)  # 15.1 GiB without the copy: fits in 20
+    with pytest.raises(GpuprofError, match=r"of which int8_graph's int8 copy 7\.0 GiB"):
+        llm.check_fits(cfg, "8b", 1, 512, 128, "cuda", 2, int8_copy=True)
+    weights, _, _ = llm.memory_needed(cfg, 1, 512, 128, 2, int8_copy=True)
+    assert weights == cfg.params * 2 + llm.int8_weight_bytes(cfg)
+    assert llm.check_bound("int8_graph", "bfloat16", 0.08) == INT8_BOUND["bfloat16"]
+    assert llm.check_bound("fused_graph", "bfloat16", 0.08) == 0.08

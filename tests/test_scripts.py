@@ -316,6 +316,8 @@ def test_chapter_12s_capture_refuses_without_a_gpu_and_its_runs_parse(capsys):
         assert parsed.model == "8b" and parsed.no_clone == (expected == 2)
     assert decode.parse_args(capture_ch12.NSYS_ARGS).batch == [1]  # nsys records the first batch only
     assert "fused_graph" in decode.parse_args(capture_ch12.NSYS_ARGS).rung
+    ladder = decode.parse_args(capture_ch12.RUNS["ladder.json"][0])
+    assert ladder.rung is None and "int8_graph" in decode.resolve_rungs(ladder, gpu=True)  # every rung, int8 included
 
 
 def test_chapter_12s_ncu_step_names_one_timed_step_and_refuses_without_ncu_or_counters(monkeypatch):
@@ -330,6 +332,8 @@ def test_chapter_12s_ncu_step_names_one_timed_step_and_refuses_without_ncu_or_co
     import capture_ch12
 
     decode = load_script(REPO_ROOT / "examples" / "nsys" / "llm_decode.py")
+    assert capture_ch12.NCU_RUNGS == ("compile_graph", "fused_graph", "int8_graph")
+    assert set(capture_ch12.MATRIX_BYTES) <= set(decode.INT8) and capture_ch12.MATRIX_BYTES["int8_graph"] == 1
     for rung in capture_ch12.NCU_RUNGS:
         options, args = capture_ch12.ncu_args(rung)
         parsed = decode.parse_args(args)

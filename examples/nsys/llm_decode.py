@@ -37,6 +37,25 @@ to produce one token per sequence. The same generation is run by each rung of a 
                  bandwidth with coordinate descent tuning"), instead of calling cuBLAS. gpt-fast's model.py
                  fuses q/k/v the same way (one wqkv, split after the product) and keeps gate and up apart;
                  fusing those too is this rung's own step
+  int8_graph     fused_graph's step with every layer's matrices and the output projection stored as int8, one
+                 BF16 scale per output column (symmetric, per channel: gpt-fast's quantize.py,
+                 dynamically_quantize_per_channel and WeightOnlyInt8Linear, whose product is
+                 (x @ w_int8.to(x.dtype)) * scale, as here), so a step reads about half the bytes (a GPU only).
+                 The layer and the output projection are compiled with the same scoped coordinate-descent
+                 tuning, and captured in a CUDA graph. The mechanism that should make the bytes count: with
+                 one row, Inductor's mm decomposition (the source above) turns the product into a
+                 multiply-and-sum it generates, into which the cast and the scale can fuse, so the int8
+                 matrix is read once and no BF16 copy is written. That is how the sources read, gpt-fast
+                 relying on torch.compile rather than a kernel of its own; whether Inductor does fuse them
+                 here is unmeasured (the ncu step of scripts/capture_ch12.py profiles its kernels). The same
+                 source decomposes only a product with ONE row (batch 1): at batch 8 and 64 the product goes
+                 to a matrix-multiply kernel, and the cast is then expected to be a kernel of its own that
+                 writes a BF16 copy of each matrix every step (more bytes than fused_graph's, unmeasured).
+                 The int8 copy (8b: 7.5 GB, beside the 16 GB of BF16 weights the other rungs and the check's
+                 reference use) is made at this rung's setup and released after each batch; its prefill runs
+                 on the int8 weights too, eagerly (the cast then writes a BF16 copy per matrix: prefill is
+                 bound by arithmetic, not by these bytes). Quantizing fused wqkv and w_gate_up whole gives the
+                 same int8 values and scales as quantizing q, k, v, gate and up apart (each column its own)
 
 Why a hand-made graph rather than torch.compile(mode="reduce-overhead"): that mode captures CUDA graphs
 of its own, so the ladder could not tell the fusion's gain from the launches' (compile and graph
@@ -75,6 +94,20 @@ attention over every position): at 256 tokens those one-position bugs moved the 
 than rounding, so BF16 cannot see them there; float32 can (bound 1e-4, the CPU tests). A stale or
 overwritten output moves every logit at any context. The timed generations run free; the share of
 their tokens equal to the reference's is printed too.
+
+An int8 rung's weights are not the reference's, so its logits differ by more than rounding; its bound
+(INT8_TOLERANCE) is measured the same way (:func:`quantization_error`, tests/test_llm_decode.py): the same
+BF16 weights and their int8 copy, both run in float32 on the CPU at 32 layers of the small width, differ
+by 0.041 of the logits' deviation at the worst step (0.014 at 2 layers, 0.024 at 8; at 8 layers, widths
+256, 1,024 and 4,096 give 0.024, 0.024 and 0.023). The int8 rung differs from the float32 result of the
+BF16 weights by at most that and its own rounding (0.020), the BF16 reference by its rounding, so the two
+by at most 0.041 + 2 x 0.020 = 0.081; the bound, 0.17, is twice that, rounded up (in float32, where only
+the weights differ: 0.09, twice 0.041 rounded up). Measured in bfloat16 on the CPU, the int8 copy against
+the BF16 reference gives 0.048. What it catches, measured there (int8 weights, the fixed-shape step,
+32 layers, 24 + 12 tokens): kept outputs without a clone 0.86, k and v swapped in wqkv 0.68, int8 values
+quantized per row but scaled per column 0.70; a correct int8 step 0.044. What it does not: the new key
+and value written one position late moved the logits by 0.14 there, under 0.17. The rungs that share the
+fixed-shape layer's code with BF16 weights are checked at 0.08, which catches that (0.19-0.26).
 
 Printed per (rung, batch): prefill ms and TFLOP/s, decode ms per step (median, quartiles), tokens per
 second, the bytes and FLOPs a decoding step needs (the weights it uses, the KV cache it attends over)
@@ -129,11 +162,14 @@ RUNGS = {
     "graph": "fixed-shape step in a CUDA graph",
     "compile_graph": "compiled fixed-shape step in a CUDA graph",
     "fused_graph": "fused q/k/v and gate/up products, compiled with coordinate-descent tuning, in a CUDA graph",
+    "int8_graph": "fused_graph with int8 weights (a BF16 scale per output column), the cast compiled in, in a CUDA graph",
 }
 REFERENCE = "eager_static"
-FIXED = ("eager_fixed", "compile", "graph", "compile_graph", "fused_graph")  # the rungs that run the fixed-shape step
-NEEDS_GPU = ("graph", "compile_graph", "fused_graph")
-COMPILED = ("compile", "compile_graph", "fused_graph")  # the rungs whose setup compiles a layer
+FIXED = ("eager_fixed", "compile", "graph", "compile_graph", "fused_graph", "int8_graph")  # run the fixed-shape step
+NEEDS_GPU = ("graph", "compile_graph", "fused_graph", "int8_graph")
+COMPILED = ("compile", "compile_graph", "fused_graph", "int8_graph")  # the rungs whose setup compiles a layer
+INT8 = ("int8_graph",)  # the rungs whose matrices are int8 (their bytes, their memory and their check's bound differ)
+SCALE_BYTES = 2  # an int8 matrix's per-column scales are bfloat16, whatever the arithmetic's dtype
 CPU_DEFAULT = ("eager_dynamic", "eager_static", "eager_fixed")
 CACHES = {"dynamic": ("eager_dynamic",), "static": ("eager_static",), "both": ("eager_dynamic", "eager_static")}
 TOPK = 4  # the best logits kept per step: the token is the first (the others are printed, not checked)
@@ -143,6 +179,8 @@ KEPT_COLUMNS = 4096
 # The check's bound on the worst step's mean |difference| between a rung's kept logits and the reference's, as a share
 # of the reference's kept logits' standard deviation (the module's text gives the measurement bfloat16's comes from).
 TOLERANCE = {"float32": 1e-4, "bfloat16": 0.08}
+# The same for the int8 rungs, whose weights differ from the reference's (the module's text gives the measurement).
+INT8_TOLERANCE = {"float32": 0.09, "bfloat16": 0.17}
 LIMITS = {"batch": 4096, "prompt": 131072, "new": 100000, "layers": 1024}
 
 
@@ -194,7 +232,7 @@ PRESETS = {
 RUN_DEFAULTS = {"8b": (1, 512, 128), "tiny": (2, 32, 16)}
 
 
-def decode_step_bytes(cfg: Config, batch: int, context: int, dtype_bytes: int) -> int:
+def decode_step_bytes(cfg: Config, batch: int, context: int, dtype_bytes: int, matrix_bytes: int | None = None) -> int:
     """Bytes one decoding step must read from memory, at ``context`` cached tokens (the new one included).
 
     Every weight matrix once, the whole batch sharing it; of the embedding table only the ``batch``
@@ -202,9 +240,17 @@ def decode_step_bytes(cfg: Config, batch: int, context: int, dtype_bytes: int) -
     The least a step can move: a naive loop moves more (torch.cat copies the cache; the fixed-shape
     step reads the whole preallocated cache), and writes and activations are left out (they grow
     with the batch; at batch 1 they are vectors beside the weights' matrices).
+
+    ``matrix_bytes``: the element size of the matrices a step multiplies, where it is not ``dtype_bytes``: 1 for
+    int8_graph, whose matrices also read one BF16 scale per output column (:func:`quantized_columns`); the norms, the
+    embedding's rows and the KV cache stay in ``dtype_bytes``.
     """
-    weights = (cfg.params - cfg.vocab * cfg.d_model + batch * cfg.d_model) * dtype_bytes
-    return weights + batch * context * cfg.kv_bytes_per_token(dtype_bytes)
+    rest = cfg.params - cfg.vocab * cfg.d_model - cfg.matmul_params + batch * cfg.d_model  # norms, embedding rows
+    if matrix_bytes is None:
+        matrices = cfg.matmul_params * dtype_bytes
+    else:
+        matrices = cfg.matmul_params * matrix_bytes + quantized_columns(cfg) * SCALE_BYTES
+    return matrices + rest * dtype_bytes + batch * context * cfg.kv_bytes_per_token(dtype_bytes)
 
 
 def decode_step_flops(cfg: Config, batch: int, context: int) -> int:
@@ -228,10 +274,12 @@ def prefill_flops(cfg: Config, batch: int, prompt: int) -> int:
 
 
 def memory_needed(cfg: Config, batch: int, prompt: int, new: int, dtype_bytes: int,
-                  caches: int = 1) -> tuple[int, int, int]:
+                  caches: int = 1, int8_copy: bool = False) -> tuple[int, int, int]:
     """(weights, KV caches, prefill's largest activations) in bytes: the least the run allocates. ``caches``:
-    how many full KV caches live at once (the fixed-shape rungs share one; an eager rung holds its own)."""
-    weights = cfg.params * dtype_bytes
+    how many full KV caches live at once (the fixed-shape rungs share one; an eager rung holds its own).
+    ``int8_copy``: int8_graph is asked for, so the weights include its int8 copy (:func:`int8_weight_bytes`), which
+    lives beside the model's own while that rung is set up and run (released after each batch)."""
+    weights = cfg.params * dtype_bytes + (int8_weight_bytes(cfg) if int8_copy else 0)
     kv = caches * batch * (prompt + new) * cfg.kv_bytes_per_token(dtype_bytes)
     # Prefill's widest moment: the MLP's gate, up and their product, beside the residual stream and the attention's q, k, v.
     acts = batch * prompt * (3 * cfg.ffn + 4 * cfg.d_model) * dtype_bytes
@@ -239,7 +287,7 @@ def memory_needed(cfg: Config, batch: int, prompt: int, new: int, dtype_bytes: i
 
 
 def check_fits(cfg: Config, model: str, batch: int, prompt: int, new: int, device: str, dtype_bytes: int,
-               caches: int = 1) -> None:
+               caches: int = 1, int8_copy: bool = False) -> None:
     """Refuse before allocating anything: 8b on a CPU, or weights + KV cache + prefill beyond the free memory."""
     if device == "cpu" and model == "8b":
         weights, kv, acts = memory_needed(cfg, batch, prompt, new, 2)  # what it takes in bfloat16, as on a GPU
@@ -247,10 +295,11 @@ def check_fits(cfg: Config, model: str, batch: int, prompt: int, new: int, devic
                            f"{kv / 2**30:,.2f} GiB for batch {batch} x {prompt + new} tokens and prefill's activations "
                            f"take at least {(weights + kv + acts) / 2**30:,.1f} GiB, and a CPU would spend seconds per token.",
                            "Run --model tiny here.")
-    weights, kv, acts = memory_needed(cfg, batch, prompt, new, dtype_bytes, caches)
+    weights, kv, acts = memory_needed(cfg, batch, prompt, new, dtype_bytes, caches, int8_copy)
+    int8_words = f", of which int8_graph's int8 copy {int8_weight_bytes(cfg) / 2**30:,.1f} GiB" if int8_copy else ""
     cache_words = f"KV cache {kv / 2**30:,.2f} GiB" if caches == 1 else f"{caches} KV caches {kv / 2**30:,.2f} GiB"
     require_memory(weights + kv + acts, device,
-                   f"--model {model} at batch {batch:,} x ({prompt:,} + {new:,}) tokens (weights {weights / 2**30:,.1f} GiB, "
+                   f"--model {model} at batch {batch:,} x ({prompt:,} + {new:,}) tokens (weights {weights / 2**30:,.1f} GiB{int8_words}, "
                    f"{cache_words}, prefill activations {acts / 2**30:,.2f} GiB)",
                    "--batch, --prompt-len or --new-tokens", lower_bound=True)
 
@@ -264,10 +313,24 @@ def rotate(x: Any, cos: Any, sin: Any) -> Any:
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
+def project(a: Any, w: Any, scale: Any | None = None) -> Any:
+    """``a @ w``; for an int8 ``w`` (``scale`` given, one per output column), ``(a @ w.to(a.dtype)) * scale``: the form
+    of gpt-fast's ``WeightOnlyInt8Linear.forward`` (quantize.py: ``F.linear(input, self.weight.to(dtype=input.dtype))
+    * self.scales``). Eager, the cast writes a copy of the matrix in ``a``'s dtype before the product reads it; under
+    torch.compile with coordinate-descent tuning and one row, Inductor may fuse it (see the int8_graph rung)."""
+    return a @ w if scale is None else (a @ w.to(a.dtype)) * scale
+
+
+def linear(a: Any, w: dict[str, Any], name: str) -> Any:
+    """``a`` times the layer's matrix ``name``, scaled by ``name + "_scale"`` where the layer has one (int8)."""
+    return project(a, w[name], w.get(f"{name}_scale"))
+
+
 # A layer's tensors as allocated: q, k and v live in one matrix, gate and up in another (the fused_graph rung multiplies
 # by those at once); wq, wk, wv, w_gate and w_up are views into them (:func:`with_views`), so every rung reads the
 # same bytes and the weights take the memory of one copy.
 STORED = ("attn_norm", "wqkv", "wo", "mlp_norm", "w_gate_up", "w_down")
+MATRICES = ("wqkv", "wo", "w_gate_up", "w_down")  # the stored tensors a layer multiplies by (int8_graph quantizes them)
 
 
 def with_views(w: dict[str, Any], cfg: Config) -> dict[str, Any]:
@@ -278,10 +341,51 @@ def with_views(w: dict[str, Any], cfg: Config) -> dict[str, Any]:
     reads at once (each row of wqkv holds q's, k's and v's columns side by side; a view's row stride is wqkv's, a
     matrix product reads it in place), and 8b's weights stay 16 GB, not 16 + the 4.8 GB of q/k/v/gate/up again."""
     q, kv = cfg.q_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
-    out = {k: w[k] for k in STORED}
+    out = {k: w[k] for k in (*STORED, *(f"{m}_scale" for m in MATRICES)) if k in w}
     out["wq"], out["wk"], out["wv"] = out["wqkv"].split([q, kv, kv], dim=1)
     out["w_gate"], out["w_up"] = out["w_gate_up"].split([cfg.ffn, cfg.ffn], dim=1)
+    if "wqkv_scale" in out:  # an int8 layer (:func:`quantized`): each view's columns keep their own scales
+        out["wq_scale"], out["wk_scale"], out["wv_scale"] = out["wqkv_scale"].split([q, kv, kv])
+        out["w_gate_scale"], out["w_up_scale"] = out["w_gate_up_scale"].split([cfg.ffn, cfg.ffn])
     return out
+
+
+INT8_QMIN, INT8_QMAX = -128, 127
+
+
+def quantize_int8(w: Any, block: int = 16384) -> tuple[Any, Any]:
+    """(int8 matrix, BF16 scale per output column) of ``w`` [in, out]: symmetric, per channel, as gpt-fast's
+    quantize.py does it (``dynamically_quantize_per_channel(mod.weight.float(), -128, 127, torch.int8)``, its scales
+    then ``.to(mod.weight.dtype)``): per column, the scale is max |w| / 127.5 ((127 - -128) / 2) in float32 (at least
+    float32's eps), the int8 value round(w / scale) clamped to [-128, 127], and the scale is stored in bfloat16. Its
+    weight is [out, in] (nn.Linear's) and reduces over dim 1; ours is [in, out], so over dim 0: one scale per column.
+
+    ``block`` columns at a time in float32, so the transient copy stays small (4,096 x 16,384 x 4 B = 256 MiB for 8b's
+    output projection, whose float32 copy would take 2 GB)."""
+    import torch
+
+    q = torch.empty(w.shape, dtype=torch.int8, device=w.device)
+    scale = torch.empty(w.shape[1], dtype=torch.bfloat16, device=w.device)
+    for j in range(0, w.shape[1], block):
+        part = w[:, j:j + block].float()
+        s = (part.abs().amax(dim=0) / ((INT8_QMAX - INT8_QMIN) / 2)).clamp(min=torch.finfo(torch.float32).eps)
+        q[:, j:j + block] = (part / s).round().clamp(INT8_QMIN, INT8_QMAX).to(torch.int8)
+        scale[j:j + block] = s.to(torch.bfloat16)
+    return q, scale
+
+
+def quantized_columns(cfg: "Config") -> int:
+    """Output columns of every quantized matrix (one BF16 scale each): per layer q + 2 kv, width (o), 2 x mlp, width
+    (down); and the output projection's vocabulary."""
+    q, kv = cfg.q_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+    return cfg.layers * (q + 2 * kv + 2 * cfg.d_model + 2 * cfg.ffn) + cfg.vocab
+
+
+def int8_weight_bytes(cfg: "Config") -> int:
+    """The int8 copy int8_graph makes at setup: every matrix a decoding step multiplies, one byte a weight, and a BF16
+    scale per output column (8b: 7.5 GB, beside the 16 GB of BF16 weights, which the other rungs and the prefill's
+    reference keep using)."""
+    return cfg.matmul_params * 1 + quantized_columns(cfg) * SCALE_BYTES
 
 
 class Decoder:
@@ -307,6 +411,7 @@ class Decoder:
         self.embed = torch.randn((cfg.vocab, d), generator=gen, device=device, dtype=dtype)
         self.final_norm = torch.ones(d, device=device, dtype=dtype)
         self.lm_head = rnd(d, cfg.vocab)
+        self.lm_head_scale = None  # the output projection's per-column scales once quantized (:func:`quantized`)
         # Rotary embeddings: cos and sin of every position up to the cache's length, in float32, then the model's dtype.
         inv = 1.0 / cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, device=device, dtype=torch.float32) / cfg.head_dim)
         angles = torch.outer(torch.arange(max_positions, device=device, dtype=torch.float32), inv)
@@ -324,6 +429,24 @@ class Decoder:
             t.to(dtype) for t in (self.embed, self.final_norm, self.lm_head, self.cos, self.sin))
         return other
 
+    def quantized(self) -> "Decoder":
+        """The same model with every layer's matrices and the output projection stored as int8 with a BF16 scale per
+        output column (:func:`quantize_int8`); the norms, the embedding table (looked up, not multiplied) and the
+        rotary tables are shared with this one, and the arithmetic stays in this model's dtype. wqkv and w_gate_up are
+        quantized whole: per-column scales do not depend on which columns sit beside them, so wq, wk, wv, w_gate and
+        w_up (views, :func:`with_views`) are quantized exactly as they would be alone."""
+        other = object.__new__(Decoder)
+        other.__dict__.update(self.__dict__)
+        layers = []
+        for w in self.layers:
+            stored = {k: w[k] for k in STORED}
+            for name in MATRICES:
+                stored[name], stored[f"{name}_scale"] = quantize_int8(w[name])
+            layers.append(with_views(stored, self.cfg))
+        other.layers = layers
+        other.lm_head, other.lm_head_scale = quantize_int8(self.lm_head)
+        return other
+
     def rmsnorm(self, x: Any, w: Any) -> Any:
         return rms_norm(x, w, self.cfg.norm_eps)
 
@@ -339,16 +462,20 @@ class Decoder:
         b, t, _ = x.shape
         for i, w in enumerate(self.layers):
             a = self.rmsnorm(x, w["attn_norm"])
-            q = self.rope((a @ w["wq"]).view(b, t, cfg.q_heads, cfg.head_dim).transpose(1, 2), pos)
-            k = self.rope((a @ w["wk"]).view(b, t, cfg.kv_heads, cfg.head_dim).transpose(1, 2), pos)
-            v = (a @ w["wv"]).view(b, t, cfg.kv_heads, cfg.head_dim).transpose(1, 2)
+            q = self.rope(linear(a, w, "wq").view(b, t, cfg.q_heads, cfg.head_dim).transpose(1, 2), pos)
+            k = self.rope(linear(a, w, "wk").view(b, t, cfg.kv_heads, cfg.head_dim).transpose(1, 2), pos)
+            v = linear(a, w, "wv").view(b, t, cfg.kv_heads, cfg.head_dim).transpose(1, 2)
             keys, values = cache.update(i, k, v, pos)
             # Prefill attends causally within the prompt; a decoding step's one query sees every cached position.
             att = F.scaled_dot_product_attention(q, keys, values, is_causal=t > 1, enable_gqa=True)
-            x = x + att.transpose(1, 2).reshape(b, t, -1) @ w["wo"]
+            x = x + linear(att.transpose(1, 2).reshape(b, t, -1), w, "wo")
             m = self.rmsnorm(x, w["mlp_norm"])
-            x = x + (F.silu(m @ w["w_gate"]) * (m @ w["w_up"])) @ w["w_down"]
-        return self.rmsnorm(x[:, -1], self.final_norm) @ self.lm_head  # only the last position picks a token
+            x = x + linear(F.silu(linear(m, w, "w_gate")) * linear(m, w, "w_up"), w, "w_down")
+        return self.head(x[:, -1])  # only the last position picks a token
+
+    def head(self, x: Any) -> Any:
+        """The logits of the last position's x [batch, width]: the final norm, then the output projection."""
+        return project(self.rmsnorm(x, self.final_norm), self.lm_head, self.lm_head_scale)
 
 
 class DynamicCache:
@@ -417,9 +544,9 @@ def fixed_layer(x: Any, w: dict[str, Any], k_cache: Any, v_cache: Any, pos: Any,
     b = x.shape[0]
     a = rms_norm(x, w["attn_norm"], eps)
     if fused:
-        q, k, v = (a @ w["wqkv"]).split([q_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+        q, k, v = linear(a, w, "wqkv").split([q_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
     else:
-        q, k, v = a @ w["wq"], a @ w["wk"], a @ w["wv"]
+        q, k, v = linear(a, w, "wq"), linear(a, w, "wk"), linear(a, w, "wv")
     q = rotate(q.view(b, 1, q_heads, head_dim).transpose(1, 2), cos, sin)
     k = rotate(k.view(b, 1, kv_heads, head_dim).transpose(1, 2), cos, sin)
     v = v.view(b, 1, kv_heads, head_dim).transpose(1, 2)
@@ -429,13 +556,13 @@ def fixed_layer(x: Any, w: dict[str, Any], k_cache: Any, v_cache: Any, pos: Any,
     scores = (qg @ k_cache.transpose(-1, -2)).float() * (1.0 / math.sqrt(head_dim))
     probs = scores.masked_fill(~mask, float("-inf")).softmax(-1).to(x.dtype)
     att = (probs @ v_cache).reshape(b, 1, q_heads * head_dim)
-    x = x + att @ w["wo"]
+    x = x + linear(att, w, "wo")
     m = rms_norm(x, w["mlp_norm"], eps)
     if fused:
-        gate, up = (m @ w["w_gate_up"]).chunk(2, dim=-1)
+        gate, up = linear(m, w, "w_gate_up").chunk(2, dim=-1)
     else:
-        gate, up = m @ w["w_gate"], m @ w["w_up"]
-    return x + (torch.nn.functional.silu(gate) * up) @ w["w_down"]
+        gate, up = linear(m, w, "w_gate"), linear(m, w, "w_up")
+    return x + linear(torch.nn.functional.silu(gate) * up, w, "w_down")
 
 
 def fused_layer(x: Any, w: dict[str, Any], k_cache: Any, v_cache: Any, pos: Any, mask: Any, cos: Any, sin: Any,
@@ -452,9 +579,11 @@ class FixedStep:
     outputs are buffers that the next call overwrites (see ``--no-clone``).
     """
 
-    def __init__(self, model: Decoder, cache: StaticCache, batch: int, layer: Callable[..., Any] = fixed_layer) -> None:
+    def __init__(self, model: Decoder, cache: StaticCache, batch: int, layer: Callable[..., Any] = fixed_layer,
+                 head: Callable[[Any], Any] | None = None) -> None:
         torch = model.torch
         self.model, self.cache, self.layer = model, cache, layer
+        self.head = head or model.head  # the final norm and the output projection (compiled for int8_graph)
         dev = model.device
         self.positions = torch.arange(cache.k[0].shape[2], device=dev)
         self.tokens = torch.zeros((batch, 1), dtype=torch.long, device=dev)
@@ -472,7 +601,7 @@ class FixedStep:
         for i, w in enumerate(m.layers):
             x = self.layer(x, w, self.cache.k[i], self.cache.v[i], self.pos, mask, cos, sin,
                            cfg.q_heads, cfg.kv_heads, cfg.head_dim, cfg.norm_eps)
-        logits = m.rmsnorm(x[:, -1], m.final_norm) @ m.lm_head
+        logits = self.head(x[:, -1])
         values, ids = logits.topk(TOPK, dim=-1)
         self.top_values.copy_(values)
         self.top_ids.copy_(ids)
@@ -543,15 +672,15 @@ def compiled_layer(torch: Any) -> Callable[..., Any]:
     return torch.compile(fixed_layer, dynamic=False, fullgraph=True)
 
 
-def tuned_layer(torch: Any) -> Callable[..., Any]:
-    """:func:`fused_layer` under torch.compile with Inductor's ``coordinate_descent_tuning`` on for its compilation
-    (gpt-fast's generate.py sets it globally). Scoped: every call runs under ``torch._inductor.config.patch``, which
-    sets the switch and restores it on leaving, so the compile rungs, compiled beside it, keep the default, and a
+def tuned_layer(torch: Any, fn: Callable[..., Any] = fused_layer) -> Callable[..., Any]:
+    """``fn`` (default :func:`fused_layer`) under torch.compile with Inductor's ``coordinate_descent_tuning`` on for its
+    compilation (gpt-fast's generate.py sets it globally). Scoped: every call runs under ``torch._inductor.config.patch``,
+    which sets the switch and restores it on leaving, so the compile rungs, compiled beside it, keep the default, and a
     recompilation (a guard that fails) is tuned too. In a CUDA graph only the capture calls it; its replays run no
     Python. On the CPU the switch changes nothing (Inductor's matrix-vector decomposition skips the CPU)."""
     from torch._inductor import config as inductor_config
 
-    compiled = torch.compile(fused_layer, dynamic=False, fullgraph=True)
+    compiled = torch.compile(fn, dynamic=False, fullgraph=True)
 
     def run(*args: Any) -> Any:
         with inductor_config.patch(coordinate_descent_tuning=True):
@@ -592,7 +721,7 @@ def make_fixed_rungs(names: list[str], model: Decoder, batch: int, positions: in
         torch._dynamo.reset()  # an earlier batch's compiled layer has other shapes: start afresh, under no recompile limit
     cache = StaticCache(model.cfg, torch, batch, positions, model.device, model.dtype)
     eager_step = FixedStep(model, cache, batch)
-    compiled_steps: dict[str, FixedStep] = {}  # by layer kind: "compiled" (compile, compile_graph) or "tuned"
+    compiled_steps: dict[str, FixedStep] = {}  # by layer kind: "compiled" (compile, compile_graph), "tuned" or "int8"
     rungs: dict[str, FixedRung] = {}
     for name in names:
         if name not in FIXED:
@@ -600,10 +729,9 @@ def make_fixed_rungs(names: list[str], model: Decoder, batch: int, positions: in
         t0 = time.perf_counter()
         with annotate(f"setup_{name}_b{batch}"):
             if name in COMPILED:
-                kind = "tuned" if name == "fused_graph" else "compiled"
+                kind = {"fused_graph": "tuned", "int8_graph": "int8"}.get(name, "compiled")
                 if kind not in compiled_steps:
-                    layer = tuned_layer(torch) if kind == "tuned" else compiled_layer(torch)
-                    compiled_steps[kind] = shared_buffers(FixedStep(model, cache, batch, layer), eager_step)
+                    compiled_steps[kind] = shared_buffers(compiled_step(kind, model, cache, batch), eager_step)
                     eager_step.pos.zero_()
                     compiled_steps[kind]()  # compiles the layer here, not inside the first timed generation
                 step = compiled_steps[kind]
@@ -614,8 +742,24 @@ def make_fixed_rungs(names: list[str], model: Decoder, batch: int, positions: in
                 run = capture_graph(torch, step, eager_step.pos.zero_).replay
             if model.device == "cuda":
                 torch.cuda.synchronize()
-        rungs[name] = FixedRung(name, eager_step, run, time.perf_counter() - t0)
+        # int8_graph's rung holds its own step (the int8 model: its prefill runs on those weights too, and they live as
+        # long as the rung, which the graph's replays read); the others hold the eager step (the BF16 model's prefill)
+        owner = compiled_steps["int8"] if name in INT8 else eager_step
+        rungs[name] = FixedRung(name, owner, run, time.perf_counter() - t0)
     return rungs
+
+
+def compiled_step(kind: str, model: Decoder, cache: StaticCache, batch: int) -> FixedStep:
+    """The fixed-shape step of a compiled rung: ``compiled`` (compile, compile_graph: :func:`fixed_layer` under
+    torch.compile), ``tuned`` (fused_graph: :func:`tuned_layer`), or ``int8``: int8_graph's, over an int8 copy of the
+    weights made here (:meth:`Decoder.quantized`), its fused layer and its final norm and output projection each
+    compiled with the scoped tuning, so that every product by an int8 matrix is compiled (an eager one would write a
+    BF16 copy of the matrix every step, the output projection's 1 GB for 8b)."""
+    torch = model.torch
+    if kind == "int8":
+        int8 = model.quantized()
+        return FixedStep(int8, cache, batch, tuned_layer(torch), head=tuned_layer(torch, int8.head))
+    return FixedStep(model, cache, batch, tuned_layer(torch) if kind == "tuned" else compiled_layer(torch))
 
 
 @dataclass
@@ -717,6 +861,11 @@ def compare(ref: Generation, forced: Generation, bound: float) -> Check:
                  sentence=f"fed the reference's tokens: {said}", **fields)
 
 
+def check_bound(rung: str, dtype_name: str, tolerance_share: float) -> float:
+    """The check's bound for ``rung``: int8 rungs' (:data:`INT8_TOLERANCE`) or the dtype's (``tolerance_share``)."""
+    return INT8_TOLERANCE[dtype_name] if rung in INT8 else tolerance_share
+
+
 def rounding_error(cfg: Config, torch: Any, batch: int = 4, prompt_len: int = 16, new: int = 12, seed: int = 0) -> Check:
     """What BF16 arithmetic alone does to this model's logits: the same BF16 weights run in bfloat16 and in float32
     on the CPU, the float32 run fed the bfloat16 run's tokens, compared by :func:`compare`'s statistic (bound 0).
@@ -730,6 +879,22 @@ def rounding_error(cfg: Config, torch: Any, batch: int = 4, prompt_len: int = 16
     ref = generate(EagerRung(REFERENCE, low, batch, positions), prompt, new)
     exact = generate(EagerRung(REFERENCE, high, batch, positions), prompt, new, force=ref.tokens)
     return compare(ref, exact, 0.0)
+
+
+def quantization_error(cfg: Config, torch: Any, dtype: Any = None, batch: int = 4, prompt_len: int = 16, new: int = 12,
+                       seed: int = 0) -> Check:
+    """What int8 weights alone do to this model's logits (the int8_graph rung's bound rests on it): the same BF16
+    weights, kept as they are and quantized (:meth:`Decoder.quantized`), both run in ``dtype`` (default float32, so
+    that only the weights differ) on the CPU by eager_static's code, the int8 run fed the other's tokens, compared by
+    :func:`compare`'s statistic (bound 0). In bfloat16 it is what the GPU's check compares: an int8 rung against the
+    BF16 reference, both rounding."""
+    positions = prompt_len + new
+    bf16 = Decoder(cfg, torch, "cpu", torch.bfloat16, positions, seed)
+    model = bf16.cast(dtype or torch.float32)
+    prompt = torch.randint(0, cfg.vocab, (batch, prompt_len), generator=torch.Generator().manual_seed(seed + batch))
+    ref = generate(EagerRung(REFERENCE, model, batch, positions), prompt, new)
+    int8 = generate(EagerRung(REFERENCE, model.quantized(), batch, positions), prompt, new, force=ref.tokens)
+    return compare(ref, int8, 0.0)
 
 
 def agreement(ref: Generation, run: Generation) -> tuple[float, int | None]:
@@ -748,13 +913,15 @@ def _quartiles(xs: list[float]) -> tuple[float, float]:
     return q[0], q[2]
 
 
-def summarise(cfg: Config, times_ms: list[float], batch: int, prompt: int, new: int, dtype_bytes: int) -> dict[str, Any]:
+def summarise(cfg: Config, times_ms: list[float], batch: int, prompt: int, new: int, dtype_bytes: int,
+              matrix_bytes: int | None = None) -> dict[str, Any]:
     """One timed generation as the JSON keeps it: prefill, every step, and the rates they imply. Bytes and FLOPs are
     what a step needs (:func:`decode_step_bytes`, :func:`decode_step_flops`) at each step's context, whatever the rung
-    reads or computes beyond them; the rates are their totals over the total decoding time."""
+    reads or computes beyond them (``matrix_bytes``: the matrices' element size where it is not ``dtype_bytes``, 1 for
+    int8); the rates are their totals over the total decoding time."""
     prefill, steps = times_ms[0], times_ms[1:]
     contexts = [prompt + s + 1 for s in range(new)]
-    total_bytes = sum(decode_step_bytes(cfg, batch, c, dtype_bytes) for c in contexts)
+    total_bytes = sum(decode_step_bytes(cfg, batch, c, dtype_bytes, matrix_bytes) for c in contexts)
     total_flops = sum(decode_step_flops(cfg, batch, c) for c in contexts)
     decode_s = sum(steps) / 1e3
     q1, q3 = _quartiles(steps)
@@ -868,7 +1035,9 @@ def run_batch(model: Decoder, rungs: list[str], batch: int, prompt_len: int, new
             torch.cuda.synchronize()
         rows.append({"rung": name, "batch": batch, "setup_s": built[name].setup_s,
                      "kv_positions_read": positions if name in FIXED else "context",
-                     **summarise(cfg, clock.intervals_ms(), batch, prompt_len, new, dtype_bytes)})
+                     "matrix_bytes": 1 if name in INT8 else dtype_bytes,  # the element size bytes_per_step counts
+                     **summarise(cfg, clock.intervals_ms(), batch, prompt_len, new, dtype_bytes,
+                                 1 if name in INT8 else None)})
     if gpu:
         torch.cuda.profiler.stop()  # ... to here
     for row in rows:
@@ -878,7 +1047,7 @@ def run_batch(model: Decoder, rungs: list[str], batch: int, prompt_len: int, new
         elif name == REFERENCE:
             c = Check("reference", None, sentence="the reference")
         else:
-            c = compare(ref, forced[name], tolerance_share)
+            c = compare(ref, forced[name], check_bound(name, str(model.dtype).replace("torch.", ""), tolerance_share))
         row["check"] = {**asdict(c), "ok": c.ok}
         if ref is not None:
             share, first = agreement(ref, timed[name])
@@ -934,7 +1103,8 @@ def main(argv: list[str] | None = None) -> int:
     batches, prompt_len, new = args.batch or [d_batch], args.prompt_len or d_prompt, args.new_tokens or d_new
     rungs = resolve_rungs(args, gpu)
     caches = 1 + any(r in FIXED for r in rungs)  # the fixed rungs' shared cache beside an eager rung's own
-    check_fits(cfg, model_name, max(batches), prompt_len, new, device, dtype_bytes, caches)
+    int8_copy = any(r in INT8 for r in rungs)
+    check_fits(cfg, model_name, max(batches), prompt_len, new, device, dtype_bytes, caches, int8_copy)
     print(f"llm_decode: --model {model_name} ({cfg.layers} layers, width {cfg.d_model}, {cfg.q_heads} query / "
           f"{cfg.kv_heads} KV heads, {cfg.params:,} parameters, {dtype_name}) on {where}; batch "
           f"{', '.join(map(str, batches))} x {prompt_len} prompt tokens, {new} new tokens; rungs {', '.join(rungs)}",
@@ -956,6 +1126,8 @@ def main(argv: list[str] | None = None) -> int:
         "device": where, "dtype": dtype_name, "batches": batches, "prompt_len": prompt_len, "new_tokens": new,
         "rungs": rungs, "reference": REFERENCE, "timing": "cuda-events" if gpu else "perf_counter",
         "weight_bytes": cfg.params * dtype_bytes, "kv_bytes_per_token": cfg.kv_bytes_per_token(dtype_bytes),
+        **({"int8_weight_bytes": int8_weight_bytes(cfg), "int8_tolerance_share_of_logit_std": INT8_TOLERANCE[dtype_name]}
+           if int8_copy else {}),
         "topk": TOPK, "tolerance_share_of_logit_std": tolerance_share, "outputs_cloned": not args.no_clone,
         "checked": not args.no_check, "checks_passed": not failed, "rows": rows}
     write_json(args.json, results)

@@ -5,8 +5,8 @@ Chapter 12's ladder measures a whole step (decode GB/s over the device copy's); 
 time goes when that share is short of the copy's: which matrix products stream their weights near the peak and
 which do not, and how much time the work between them (attention, norms, the step's bookkeeping) takes.
 ``scripts/capture_ch12.py --only ncu`` makes the reports (``artifacts/ch12/decode_ncu_<rung>.ncu-rep``: one
-decoding step at batch 1 of ``compile_graph`` and ``fused_graph``, each kernel of the graph profiled as its own
-result, with :data:`NCU_METRICS`).
+decoding step at batch 1 of ``compile_graph``, ``fused_graph`` and ``int8_graph``, each kernel of the graph profiled as
+its own result, with :data:`NCU_METRICS`; ``int8_graph``'s matrices are read with ``dtype_bytes=1``).
 
 How a kernel gets its role (:func:`step_kernels`). Kernel names do not tell: cuBLAS's matrix-vector kernels are
 the same for q and for o, and Inductor names its kernels after the operations it fused
