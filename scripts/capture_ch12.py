@@ -43,10 +43,12 @@ so three times), ``int8_graph``'s (the same tuning over other kernels, its outpu
 copy made, three times in the ladder) and the ``ncu`` step (three processes, each loading 16 GB of weights and
 compiling its rung before ncu profiles the few hundred kernels of one step). The earlier estimate, about 8 minutes
 for the whole script, predates ``fused_graph``, ``int8_graph`` and the ``ncu`` step; what they add is not measured
-yet. To stay inside 10-minute
-commands, split it: ``--only ceilings,ladder,sweep``, then
-``--only nsys,prefill,noclone,kv,notebook``, then ``--only ncu`` (each later part adds to the first's log; ``kv``
-is unmeasured too).
+yet. Each step's outputs stay in ``artifacts/ch12`` on the GPU machine: a command the device tool kills at ten
+minutes brings none back, so copy them out after every command. To stay inside 10-minute commands, split it:
+first a probe of the new rungs' setup time (``llm_decode.py --model 8b --rung eager_static,fused_graph,int8_graph
+--batch 1 --prompt-len 512 --new-tokens 8``, which also fills Inductor's on-disk cache of tuned kernels), then
+``--only ceilings,ladder``, ``--only sweep``, ``--only nsys,prefill,noclone,kv,notebook``, and ``--only ncu
+--ncu-rungs R`` once per rung (each later part adds to the first's log; ``kv`` is unmeasured too).
 """
 
 from __future__ import annotations
@@ -81,7 +83,9 @@ NCU_RUNGS = ("compile_graph", "fused_graph", "int8_graph")
 # The element size of each rung's matrices, as the per-kernel reader assigns roles by bytes read (int8: one byte).
 MATRIX_BYTES = {"int8_graph": 1}
 NCU_STEP = 4  # the decoding step ncu profiles: one of the timed generation's (not the warm-up's, not the first)
-NCU_NEW_TOKENS = 8
+# the ladder's prompt and steps, so the fixed-shape step attends over the same 576 positions and Inductor's tuned
+# kernels (cached on disk by their source) are the ladder's
+NCU_NEW_TOKENS = 64
 # -c: the most kernels ncu profiles; the NVTX filter keeps one step, which launches fewer (a few hundred for a compiled
 # step of 32 layers: unmeasured here, the nsys step's summary counts them), so the limit only guards against a filter
 # that matches more than intended.
@@ -97,7 +101,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", default=",".join(STEPS),
                    help=f"the steps to run, separated by commas (default: all, in this order: {', '.join(STEPS)})")
+    p.add_argument("--ncu-rungs", default=",".join(NCU_RUNGS),
+                   help=f"the rungs the ncu step profiles, separated by commas (default: {', '.join(NCU_RUNGS)}; each "
+                        "loads the weights and compiles its rung under ncu: one per command keeps a command short)")
     args = p.parse_args(argv)
+    args.ncu_rungs = [r.strip() for r in args.ncu_rungs.split(",") if r.strip()]
+    if not args.ncu_rungs or any(r not in NCU_RUNGS for r in args.ncu_rungs):
+        p.error(f"--ncu-rungs {args.ncu_rungs!r}: choose among {', '.join(NCU_RUNGS)}")
     steps = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = [s for s in steps if s not in STEPS]
     if unknown or not steps:
@@ -167,7 +177,8 @@ def ncu_filters(rung: str) -> list[str]:
     outermost first, each closed by ``/``), so the warm-up's step of the same number is left out; then the step's
     range alone (the form the course's other captures use), whose extra warm-up kernels the reader drops by the
     report's NVTX column. The nested form is written from memory of ncu's documentation, unchecked on ncu 2025.3:
-    a filter that selects nothing costs one short run, not the step."""
+    a filter that selects nothing costs a whole run of the rung (the weights loaded, the rung compiled, the
+    generation run: minutes), so check the form first on a toy script (two nested ranges around one kernel)."""
     return [f"{ncu_range(rung)}/", f"decode_step_{NCU_STEP}/"]
 
 
@@ -177,7 +188,9 @@ def ncu_args(rung: str, nvtx_filter: str | None = None) -> tuple[list[str], list
     from gpuprof.studies.decode_kernels import NCU_METRICS
 
     nvtx_filter = nvtx_filter or ncu_filters(rung)[0]
-    options = ["--nvtx", "--nvtx-include", nvtx_filter, "--graph-profiling", "node",
+    # --clock-control none: the step at the clocks the ladder ran at (ncu's default locks them to base, which slows
+    # short kernels more than long ones and would skew the roles' shares and the comparison with the device copy)
+    options = ["--nvtx", "--nvtx-include", nvtx_filter, "--graph-profiling", "node", "--clock-control", "none",
                "--section", "SpeedOfLight", "--metrics", ",".join(NCU_METRICS), "-c", str(NCU_LIMIT)]
     script_args = [*DECODE, "--rung", rung, "--batch", "1", "--prompt-len", "512",
                    "--new-tokens", str(NCU_NEW_TOKENS), "--no-check"]
@@ -189,7 +202,7 @@ def ncu_range(rung: str) -> str:
     return f"rung_{rung}_b1/decode_step_{NCU_STEP}"
 
 
-def ncu_capture_step() -> list[str]:
+def ncu_capture_step(rungs: tuple[str, ...] | list[str] = NCU_RUNGS) -> list[str]:
     """Nsight Compute over one decoding step of each of :data:`NCU_RUNGS` at batch 1, each report read by role
     (with this session's device copy, when the ceilings step measured it). Returns the reports the reader could not
     read (they are kept: the reader's sentence is printed)."""
@@ -208,14 +221,20 @@ def ncu_capture_step() -> list[str]:
     ceilings = chapter_output("ch12") / "ceilings.json"
     copy_gbps = json.loads(ceilings.read_text())["d2d_gbps"] if ceilings.exists() else None
     unread = []
-    for rung in NCU_RUNGS:
+    for rung in rungs:
+        cap = None
         for nvtx_filter in ncu_filters(rung):
             options, script_args = ncu_args(rung, nvtx_filter)
-            cap = ncu_capture("ch12", f"decode_ncu_{rung}", SCRIPT, script_args, options=options, details=False)
+            try:  # a capture that fails falls back to a reference, and raises where there is none yet
+                cap = ncu_capture("ch12", f"decode_ncu_{rung}", SCRIPT, script_args, options=options, details=False)
+            except GpuprofError as exc:
+                print(f"ncu, {rung}: nothing captured under --nvtx-include {nvtx_filter!r} ({exc})", flush=True)
+                cap = None
+                continue
             if cap.report.source == "this machine":
                 break
             print(f"ncu, {rung}: nothing captured under --nvtx-include {nvtx_filter!r}", flush=True)
-        if cap.report.source != "this machine":
+        if cap is None or cap.report.source != "this machine":
             raise GpuprofError(f"The ncu capture of {rung} was not made here (ncu's message is above; "
                                "ERR_NVGPUCTRPERM there means the counters are not permitted).", COUNTER_PERMISSION_HINT)
         report = cap.path
@@ -258,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
             elif step == "nsys":
                 nsys_capture()
             elif step == "ncu":
-                failed += ncu_capture_step()
+                failed += ncu_capture_step(args.ncu_rungs)
             elif step == "notebook":
                 continue  # after the log is closed and recorded
             elif step == "kv":

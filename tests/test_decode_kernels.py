@@ -146,6 +146,9 @@ def test_the_nvtx_filter_keeps_one_steps_kernels_and_a_missing_metric_is_named()
         dk.step_kernels(table, CFG, E)
     k = dk.step_kernels(table, CFG, E, step_range="rung_fused_graph_b1/decode_step_4")
     assert len(k) == len(rows)
+    # ncu's API may list the open ranges in another order than the stack's: the match does not depend on it
+    swapped = table.assign(nvtx=table["nvtx"].map(lambda p: "/".join(reversed(p.split("/")))))
+    assert len(dk.step_kernels(swapped, CFG, E, step_range="rung_fused_graph_b1/decode_step_4")) == len(rows)
     with pytest.raises(GpuprofError, match="No profiled kernel ran inside the NVTX range 'rung_x'"):
         dk.step_kernels(table, CFG, E, step_range="rung_x")
     with pytest.raises(GpuprofError, match=r"lacks dram__bytes_read\.sum"):

@@ -84,6 +84,10 @@ def test_an_out_of_memory_error_is_a_refused_try_and_other_errors_are_not(monkey
                                                                          "allocate 2.00 GiB. GPU 0 has ..."
     assert row["first_refused"]["cache_bytes"] == 8 * 64 * PER_TOKEN  # the cache it would have held
 
+    # cuBLAS that cannot set up a handle for want of memory says "not initialised": a refused try too
+    assert kv._refused(RuntimeError("CUDA error: CUBLAS_STATUS_NOT_INITIALIZED when calling `cublasCreate(handle)`"))
+    assert kv._refused(RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasLtMatmul(...)`"))
+
     def broken(self, batch):
         raise RuntimeError("shape mismatch")
 

@@ -545,3 +545,11 @@ def test_the_memory_check_counts_the_int8_copy_when_int8_graph_is_asked_for(monk
     assert weights == cfg.params * 2 + llm.int8_weight_bytes(cfg)
     assert llm.check_bound("int8_graph", "bfloat16", 0.08) == INT8_BOUND["bfloat16"]
     assert llm.check_bound("fused_graph", "bfloat16", 0.08) == 0.08
+
+
+def test_an_int8_rows_bytes_say_where_they_hold():
+    """int8 matrices are read once a step only where the cast is fused into the product (one row): a row says so, and
+    from batch 2 it says its GB/s reads low; BF16 rows count what a step needs, with nothing to add."""
+    assert llm.bytes_basis(8, None) == llm.bytes_basis(1, 2) == "what a step needs"
+    assert "fused into the product" in llm.bytes_basis(1, 1)
+    assert "reads low" in llm.bytes_basis(8, 1) and "reads low" not in llm.bytes_basis(1, 1)

@@ -353,6 +353,24 @@ def test_chapter_12s_ncu_step_names_one_timed_step_and_refuses_without_ncu_or_co
     with pytest.raises(GpuprofError, match="cannot read GPU performance counters here: the driver keeps them to "
                                            "administrators"):
         capture_ch12.ncu_capture_step()
+    # the steps parse --ncu-rungs; clocks are left as the ladder ran them
+    assert capture_ch12.parse_args(["--only", "ncu", "--ncu-rungs", "int8_graph"]).ncu_rungs == ["int8_graph"]
+    with pytest.raises(SystemExit):
+        capture_ch12.parse_args(["--ncu-rungs", "graph"])
+    options = capture_ch12.ncu_args("fused_graph")[0]
+    assert options[options.index("--clock-control") + 1] == "none"
+    # a filter that captures nothing (no reference to fall back on: ncu_capture raises) moves on to the next filter
+    monkeypatch.setattr(gpuprof.tools, "profiling_restricted", lambda: False)
+    tried = []
+
+    def capture(chapter, name, script, args, options, details):
+        tried.append(options[options.index("--nvtx-include") + 1])
+        raise GpuprofError("no reference report of that name")
+
+    monkeypatch.setattr(gpuprof.ncu.capture, "ncu_capture", capture)
+    with pytest.raises(GpuprofError, match="The ncu capture of fused_graph was not made here"):
+        capture_ch12.ncu_capture_step(["fused_graph"])
+    assert tried == capture_ch12.ncu_filters("fused_graph")
 
 
 def test_memory_the_machine_lacks_is_refused_before_any_work(capsys):

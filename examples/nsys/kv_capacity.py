@@ -145,8 +145,10 @@ def attention_backends(model: ld.Decoder, context: int) -> list[str]:
 
 
 def _refused(exc: BaseException) -> bool:
-    """An allocation that failed for want of memory: the caching allocator's, or cuBLAS's workspace's."""
-    return is_out_of_memory(exc) or (isinstance(exc, RuntimeError) and "CUBLAS_STATUS_ALLOC_FAILED" in str(exc))
+    """An allocation that failed for want of memory: the caching allocator's, or cuBLAS's (its workspace's, or a
+    handle it could not set up for want of memory, which it reports as not initialised)."""
+    return is_out_of_memory(exc) or (isinstance(exc, RuntimeError) and any(
+        code in str(exc) for code in ("CUBLAS_STATUS_ALLOC_FAILED", "CUBLAS_STATUS_NOT_INITIALIZED")))
 
 
 class Probe:
@@ -311,6 +313,11 @@ def main(argv: list[str] | None = None) -> int:
 
     free_before, total = torch.cuda.mem_get_info() if gpu else (None, None)
     model = ld.Decoder(cfg, torch, device, dtype, max(contexts), args.seed)
+    # one small step first: cuBLAS's handle and workspace and the kernels' modules are made here, not in the first
+    # try, which runs near the memory's limit (where cuBLAS's own set-up fails in ways no allocator reports)
+    warm = ld.StaticCache(cfg, torch, 1, 16, device, dtype)
+    model.forward(torch.zeros((1, 8), dtype=torch.long, device=device), warm, 0)
+    del warm
     if gpu:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
@@ -326,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
         "model": model_name, "config": asdict(cfg), "params": cfg.params, "device": where, "dtype": dtype_name,
         "dtype_bytes": dtype_bytes, "kv_bytes_per_token": cfg.kv_bytes_per_token(dtype_bytes),
         "weight_bytes": cfg.params * dtype_bytes, "resident_bytes": resident,
-        "resident_how": ("torch.cuda.memory_allocated after the weights (and rotary tables) were made" if gpu else
+        "resident_how": ("torch.cuda.memory_allocated after the weights (and rotary tables) were made and one small "
+                         "step ran (cuBLAS's workspace included)" if gpu else
                          "the model's tensors' bytes (the CPU keeps no allocator statistics)"),
         "free_before_weights": free_before, "free_after_weights": free_after_weights, "total_memory": total, "memory_limit_bytes": limit,
         "free_bytes": free_bytes, "allocator_figures": gpu,

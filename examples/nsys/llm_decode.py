@@ -753,13 +753,15 @@ def compiled_step(kind: str, model: Decoder, cache: StaticCache, batch: int) -> 
     """The fixed-shape step of a compiled rung: ``compiled`` (compile, compile_graph: :func:`fixed_layer` under
     torch.compile), ``tuned`` (fused_graph: :func:`tuned_layer`), or ``int8``: int8_graph's, over an int8 copy of the
     weights made here (:meth:`Decoder.quantized`), its fused layer and its final norm and output projection each
-    compiled with the scoped tuning, so that every product by an int8 matrix is compiled (an eager one would write a
+    compiled with the scoped tuning (fused_graph's head too, so the two rungs differ only in the weights' format), so that every product by an int8 matrix is compiled (an eager one would write a
     BF16 copy of the matrix every step, the output projection's 1 GB for 8b)."""
     torch = model.torch
     if kind == "int8":
         int8 = model.quantized()
         return FixedStep(int8, cache, batch, tuned_layer(torch), head=tuned_layer(torch, int8.head))
-    return FixedStep(model, cache, batch, tuned_layer(torch) if kind == "tuned" else compiled_layer(torch))
+    if kind == "tuned":  # its head compiled too, as int8_graph's is, so that the two differ in the weights' format only
+        return FixedStep(model, cache, batch, tuned_layer(torch), head=tuned_layer(torch, model.head))
+    return FixedStep(model, cache, batch, compiled_layer(torch))
 
 
 @dataclass
@@ -932,7 +934,21 @@ def summarise(cfg: Config, times_ms: list[float], batch: int, prompt: int, new: 
             "decode_ms_q3": q3, "decode_ms_min": min(steps), "decode_ms_max": max(steps),
             "decode_tokens_per_s": batch * new / decode_s,
             "bytes_per_step": total_bytes / new, "decode_gbps": total_bytes / decode_s / 1e9,
-            "flops_per_step": total_flops / new, "decode_tflops": total_flops / decode_s / 1e12}
+            "flops_per_step": total_flops / new, "decode_tflops": total_flops / decode_s / 1e12,
+            "bytes_basis": bytes_basis(batch, matrix_bytes)}
+
+
+def bytes_basis(batch: int, matrix_bytes: int | None) -> str:
+    """What ``bytes_per_step`` counts: the bytes a step needs. For int8 matrices that is one byte a weight, which a
+    step reads only where the cast is fused into the product: Inductor decomposes a product into a multiply-and-sum
+    of its own only for one row (``torch/_inductor/decomposition.py``, ``mm``), so from batch 2 each matrix's cast is
+    a kernel of its own, writing and reading a BF16 copy that the count leaves out (its GB/s then reads low)."""
+    if matrix_bytes != 1:
+        return "what a step needs"
+    if batch == 1:
+        return "what a step needs: int8 matrices read once, where the cast is fused into the product"
+    return ("what a step needs, int8 matrices read once; at this batch each matrix's cast is likely a kernel of its own "
+            "(BF16 copies written and read, not counted), so the GB/s reads low")
 
 
 # argparse type: batch sizes separated by commas (1,8,64), each from 1 to the limit.
@@ -1068,7 +1084,9 @@ def format_row(r: dict[str, Any], new: int) -> str:
             f"{r['decode_ms_q3']:.3f}); over all {new} steps (the mean step) {r['decode_tokens_per_s']:,.1f} tokens/s; "
             f"{r['bytes_per_step'] / 1e9:.3f} GB and "
             f"{r['flops_per_step'] / 1e9:,.1f} GFLOP per step: {r['decode_gbps']:,.1f} GB/s, {r['decode_tflops']:.2f} TFLOP/s"
-            + (f"; set up in {r['setup_s']:.1f} s" if r["setup_s"] else "") + f"\n      check: {r['check']['sentence']}"
+            + (f"; set up in {r['setup_s']:.1f} s" if r["setup_s"] else "")
+            + (f"\n      bytes: {r['bytes_basis']}" if r.get("bytes_basis", "what a step needs") != "what a step needs" else "")
+            + f"\n      check: {r['check']['sentence']}"
             + (f"; free-running, {r['free_running_tokens_equal']:.0%} of the tokens equal the reference's"
                if "free_running_tokens_equal" in r and r["check"]["status"] != "reference" else ""))
 
@@ -1102,7 +1120,8 @@ def main(argv: list[str] | None = None) -> int:
     d_batch, d_prompt, d_new = RUN_DEFAULTS[model_name]
     batches, prompt_len, new = args.batch or [d_batch], args.prompt_len or d_prompt, args.new_tokens or d_new
     rungs = resolve_rungs(args, gpu)
-    caches = 1 + any(r in FIXED for r in rungs)  # the fixed rungs' shared cache beside an eager rung's own
+    # every eager rung keeps its own cache until its batch ends (the reference's included), the fixed rungs share one
+    caches = len({REFERENCE, *(r for r in rungs if r not in FIXED)}) + any(r in FIXED for r in rungs)
     int8_copy = any(r in INT8 for r in rungs)
     check_fits(cfg, model_name, max(batches), prompt_len, new, device, dtype_bytes, caches, int8_copy)
     print(f"llm_decode: --model {model_name} ({cfg.layers} layers, width {cfg.d_model}, {cfg.q_heads} query / "

@@ -96,12 +96,16 @@ def step_kernels(source: str | Path | pd.DataFrame, cfg: Any, dtype_bytes: int =
     rule), time (us), bytes read (MB), the read bandwidth it achieved (GB/s: bytes read over its duration) and ncu's
     DRAM throughput as a share of the peak (reads and writes; ``dram_pct``).
 
-    ``step_range``: keep only kernels whose NVTX ranges include this one (``rung_fused_graph_b1/decode_step_4``: a
-    report's ``nvtx`` joins the open push/pop ranges with ``/``); a source without NVTX (a CSV) is taken whole."""
+    ``step_range``: keep only kernels inside every range it names (``rung_fused_graph_b1/decode_step_4``: a
+    report's ``nvtx`` joins the open push/pop ranges with ``/``, compared here in any order); a source without NVTX
+    (a CSV) is taken whole."""
     table = read_kernel_metrics(source)
     if step_range:
         if table["nvtx"].astype(bool).any():
-            table = table[table["nvtx"].str.contains(step_range, regex=False)].reset_index(drop=True)
+            # every named range open around the kernel, in any order: ncu's API calls its push/pop list "sorted",
+            # which may not be the stack's order
+            wanted = set(step_range.split("/"))
+            table = table[table["nvtx"].map(lambda path: wanted <= set(str(path).split("/")))].reset_index(drop=True)
         if table.empty:
             raise GpuprofError(f"No profiled kernel ran inside the NVTX range {step_range!r}.",
                                "Profile with --nvtx and an --nvtx-include filter on that range.")
