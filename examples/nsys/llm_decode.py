@@ -583,7 +583,7 @@ class FixedStep:
                  head: Callable[[Any], Any] | None = None) -> None:
         torch = model.torch
         self.model, self.cache, self.layer = model, cache, layer
-        self.head = head or model.head  # the final norm and the output projection (compiled for int8_graph)
+        self.head = head or model.head  # the final norm and the output projection (compiled for fused_graph, int8_graph)
         dev = model.device
         self.positions = torch.arange(cache.k[0].shape[2], device=dev)
         self.tokens = torch.zeros((batch, 1), dtype=torch.long, device=dev)
@@ -641,8 +641,8 @@ class EagerRung:
 
 
 class FixedRung:
-    """eager_fixed, compile, graph, compile_graph or fused_graph: the fixed-shape step over one static cache, which the prefill
-    fills (the same code as eager_static's) and the step continues."""
+    """A rung of :data:`FIXED`: the fixed-shape step over one static cache, which the prefill fills (the same code as
+    eager_static's) and the step continues."""
 
     static_outputs = True  # each step returns the step's own output buffers
 
@@ -751,17 +751,16 @@ def make_fixed_rungs(names: list[str], model: Decoder, batch: int, positions: in
 
 def compiled_step(kind: str, model: Decoder, cache: StaticCache, batch: int) -> FixedStep:
     """The fixed-shape step of a compiled rung: ``compiled`` (compile, compile_graph: :func:`fixed_layer` under
-    torch.compile), ``tuned`` (fused_graph: :func:`tuned_layer`), or ``int8``: int8_graph's, over an int8 copy of the
-    weights made here (:meth:`Decoder.quantized`), its fused layer and its final norm and output projection each
-    compiled with the scoped tuning (fused_graph's head too, so the two rungs differ only in the weights' format), so that every product by an int8 matrix is compiled (an eager one would write a
-    BF16 copy of the matrix every step, the output projection's 1 GB for 8b)."""
+    torch.compile), ``tuned`` (fused_graph) or ``int8`` (int8_graph, over an int8 copy of the weights made here,
+    :meth:`Decoder.quantized`): the fused layer and the final norm and output projection each compiled with the
+    scoped tuning (:func:`tuned_layer`), in both, so that the two rungs differ in the weights' format only, and every
+    product by an int8 matrix is compiled (an eager one would write a BF16 copy of the matrix every step, the output
+    projection's 1 GB for 8b)."""
     torch = model.torch
-    if kind == "int8":
-        int8 = model.quantized()
-        return FixedStep(int8, cache, batch, tuned_layer(torch), head=tuned_layer(torch, int8.head))
-    if kind == "tuned":  # its head compiled too, as int8_graph's is, so that the two differ in the weights' format only
-        return FixedStep(model, cache, batch, tuned_layer(torch), head=tuned_layer(torch, model.head))
-    return FixedStep(model, cache, batch, compiled_layer(torch))
+    if kind == "compiled":
+        return FixedStep(model, cache, batch, compiled_layer(torch))
+    weights = model.quantized() if kind == "int8" else model
+    return FixedStep(weights, cache, batch, tuned_layer(torch), head=tuned_layer(torch, weights.head))
 
 
 @dataclass
@@ -1049,11 +1048,11 @@ def run_batch(model: Decoder, rungs: list[str], batch: int, prompt_len: int, new
             timed[name] = generate(built[name], prompt, new, clock, clone=clone)
         if gpu:
             torch.cuda.synchronize()
+        int8 = 1 if name in INT8 else None  # the matrices' element size, where it is not dtype_bytes
         rows.append({"rung": name, "batch": batch, "setup_s": built[name].setup_s,
                      "kv_positions_read": positions if name in FIXED else "context",
-                     "matrix_bytes": 1 if name in INT8 else dtype_bytes,  # the element size bytes_per_step counts
-                     **summarise(cfg, clock.intervals_ms(), batch, prompt_len, new, dtype_bytes,
-                                 1 if name in INT8 else None)})
+                     "matrix_bytes": int8 or dtype_bytes,  # the element size bytes_per_step counts
+                     **summarise(cfg, clock.intervals_ms(), batch, prompt_len, new, dtype_bytes, int8)})
     if gpu:
         torch.cuda.profiler.stop()  # ... to here
     for row in rows:
