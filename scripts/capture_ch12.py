@@ -176,9 +176,10 @@ def ncu_filters(rung: str) -> list[str]:
     """The NVTX filters to try, in order: the timed generation's range and the step inside it (push/pop ranges,
     outermost first, each closed by ``/``), so the warm-up's step of the same number is left out; then the step's
     range alone (the form the course's other captures use), whose extra warm-up kernels the reader drops by the
-    report's NVTX column. The nested form is written from memory of ncu's documentation, unchecked on ncu 2025.3:
-    a filter that selects nothing costs a whole run of the rung (the weights loaded, the rung compiled, the
-    generation run: minutes), so check the form first on a toy script (two nested ranges around one kernel)."""
+    report's NVTX column. The nested form was checked on ncu 2025.3.1 on an H100 (2026-11-27, artifacts/capture_run.md):
+    in a toy with one kernel inside ranges ``a`` > ``b`` and one inside ``a`` only, ``a/b/`` profiled the first
+    kernel only, ``a/`` both, and ``b/`` the first too (a range need not be the outermost to match, so the fallback
+    also catches the warm-up's step of the same number, as said)."""
     return [f"{ncu_range(rung)}/", f"decode_step_{NCU_STEP}/"]
 
 
