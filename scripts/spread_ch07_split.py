@@ -5,8 +5,9 @@ Chapter 7's verdict cell ``c7split2`` checks five ratios of one capture of
 ``examples/nsys/launch_bound_layer.py`` (fusion's GPU-time gain, the CUDA graph's gain over the
 fused stack, the graph's GPU time against the fused one's, reduce-overhead's launch calls per layer,
 reduce-overhead against plain ``torch.compile``). A strict run on an H200 once failed that cell
-without saying which bound broke, and one on an H100 measured the graph's gain at 1.90x where the
-committed run had 2.82x. A bound must sit outside the spread a lent GPU shows from run to run, so
+without saying which bound broke (most likely the graph's gain under the 2x bound of the time: this
+script's H200 record, artifacts/tools/spread_ch07_split_h200.json, has 4 of 5 processes under 2x), and
+one on an H100 measured the graph's gain at 1.90x where the committed run had 2.82x. A bound must sit outside the spread a lent GPU shows from run to run, so
 this script captures the layer ``--runs`` times, each in a fresh process under Nsight Systems
 (exactly as the chapter's cell does, through ``gpuprof.studies.transformer.capture_layer``), and
 prints each ratio's lowest, median and highest value beside the bound the chapter uses.
@@ -39,7 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=bounded_int(50, "each run is a fresh process under nsys, about 30 s on an H100"), default=5, help="fresh processes to capture (default 5)")
-    p.add_argument("--json", type=Path, help="write every run's ratios, its variants' timing windows and the machine here")
+    p.add_argument("--json", type=Path, help="write every run's ratios, its variants' timing windows and GPU kernel times, the machine and its host CPU, the commit and the time here")
     p.add_argument("--keep", type=Path, help="keep the captures in this folder instead of a temporary one")
     return p.parse_args(argv)
 
@@ -57,18 +58,39 @@ def summary(runs: list[dict[str, float]]) -> list[dict[str, object]]:
     return rows
 
 
-def one_run(result: dict, path: str | Path) -> tuple[dict[str, float], dict[str, list[float]]]:
-    """One capture's five ratios, and each variant's untraced timing windows (us per forward, in the order run).
+def one_run(result: dict, path: str | Path) -> tuple[dict[str, float], dict[str, list[float]], dict[str, float]]:
+    """One capture's five ratios, each variant's untraced timing windows (us per forward, in the order run), and
+    each variant's GPU kernel time per forward from the capture (us).
 
     The ratios of launch-bound times (the graph's gain, reduce-overhead over torch.compile) move
     between one process's windows as well as between processes; keeping the windows in the record
-    says which of the two a wide spread comes from.
+    says which of the two a wide spread comes from. The kernel times say whether the GPU side moved
+    too (a slower GPU-bound graph lowers the graph's gain as surely as a quicker CPU).
     """
     from gpuprof.studies import transformer as tr
 
     windows = tr.window_table(result).filter(like="window_")
-    return (tr.split_ratios(tr.layer_table(result, path)),
-            {v: [float(x) for x in row] for v, row in windows.iterrows()})
+    table = tr.layer_table(result, path)
+    return (tr.split_ratios(table),
+            {v: [float(x) for x in row] for v, row in windows.iterrows()},
+            {v: float(x) for v, x in table["kernel_us_per_forward"].items()})
+
+
+def provenance(machine) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    """What the record needs beside its numbers: the whole machine (the host's CPU included: the launch-bound
+    ratios follow its pace), when, from which tree, and which GPU of the host ran it."""
+    import dataclasses
+    import datetime
+    import subprocess
+
+    try:
+        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {"machine_info": dataclasses.asdict(machine), "commit": commit,
+            "finished_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
 
 @exit_on_error
@@ -86,15 +108,16 @@ def main(argv: list[str] | None = None) -> int:
     from gpuprof.backend import describe_machine
     from gpuprof.studies import transformer as tr
 
-    runs, windows = [], []
+    runs, windows, kernel_us = [], [], []
     for i in range(1, args.runs + 1):
         t0 = time.perf_counter()
         cap, found = tr.capture_layer("spread", f"layer_{i}")
         if cap.sqlite.source != "this machine":
             raise GpuprofError(f"run {i}'s capture fell back to the course's reference; nothing measured")
-        ratios, windows_us = one_run(found.json(), cap.path)
+        ratios, windows_us, gpu_us = one_run(found.json(), cap.path)
         runs.append(ratios)
         windows.append(windows_us)
+        kernel_us.append(gpu_us)
         print(f"[{i}/{args.runs}] " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items())
               + "; fused windows " + "/".join(f"{w:.0f}" for w in windows_us.get("fused", []))
               + f" us ({time.perf_counter() - t0:.0f} s)", flush=True)
@@ -106,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['ratio']:<28}{r['low']:>8.2f}{r['median']:>8.2f}{r['high']:>8.2f}  {r['bound']} ({r['failed']} of {r['runs']})")
     if args.json:
         args.json.write_text(json.dumps({"machine": machine.summary(), "runs": runs, "summary": rows,
-                                          "windows_us": windows}, indent=1))
+                                          "windows_us": windows, "kernel_us_per_forward": kernel_us,
+                                          **provenance(machine)}, indent=1))
         print(f"written to {args.json}")
     return 0
 

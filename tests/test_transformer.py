@@ -443,9 +443,23 @@ def test_spread_run_keeps_the_windows_beside_the_ratios():
     import spread_ch07_split as sp
 
     result = json.loads((REF / "layer.json").read_text())
-    ratios, windows = sp.one_run(result, REF / "layer.sqlite")
-    assert ratios == tr.split_ratios(tr.layer_table(result, REF / "layer.sqlite"))
+    ratios, windows, gpu_us = sp.one_run(result, REF / "layer.sqlite")
+    table = tr.layer_table(result, REF / "layer.sqlite")
+    assert ratios == tr.split_ratios(table)
     assert set(windows) == set(result["variants"]) and [round(w, 2) for w in windows["fused"]] == [962.9, 945.23, 646.86]
+    # c7split1's GPU times per forward: library kernels 333 us, their graph 325 us
+    assert set(gpu_us) == set(result["variants"]) and round(gpu_us["fused"]) == 333 and round(gpu_us["graph"]) == 325
+
+
+def test_spread_record_names_the_host_the_tree_and_the_time():
+    import sys
+    sys.path.insert(0, str(REPO_ROOT / "scripts"))
+    import spread_ch07_split as sp
+    from gpuprof.backend import describe_machine
+
+    record = sp.provenance(describe_machine())
+    assert "cpu_model" in record["machine_info"] and "cpu_count" in record["machine_info"]
+    assert record["finished_utc"].endswith("+00:00") and "cuda_visible_devices" in record
 
 
 def test_spread_script_refuses_in_one_sentence():
