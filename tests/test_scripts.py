@@ -22,7 +22,7 @@ SCRIPTS = EXAMPLES + [REPO_ROOT / "scripts" / "capture_all.py", REPO_ROOT / "scr
                       REPO_ROOT / "scripts" / "reexecute_cells.py", REPO_ROOT / "scripts" / "bench_ranks.py",
                       REPO_ROOT / "scripts" / "tree_memory.py", REPO_ROOT / "scripts" / "trim_ch13.py",
                       REPO_ROOT / "scripts" / "check_ch13.py", REPO_ROOT / "scripts" / "capture_ch12.py",
-                      REPO_ROOT / "scripts" / "spread_ch07_split.py"]
+                      REPO_ROOT / "scripts" / "spread_ch07_split.py", REPO_ROOT / "scripts" / "saved_tensor_census.py"]
 SMALL_ARGS = {"tiny_kernels.py": ["--steps", "2", "--kernels", "10"], "saxpy.py": ["--n", "10000", "--repeats", "2"],
               "data_transfer.py": ["--size-mib", "2", "--curve-max-mib", "1", "--repeats", "2"],
               "memory_allocation.py": ["--size-mib", "2", "--iterations", "5"],
