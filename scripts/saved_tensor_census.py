@@ -119,7 +119,8 @@ def show(census: Any) -> None:
     if "cuda_memory" in s:
         m = s["cuda_memory"]
         print(f"  CUDA: forward left {m['allocated_by_forward']:,} B allocated; the census counts "
-              f"{m['census_activations_and_copies']:,} B (activations + weight copies); difference {m['difference']:,} B")
+              f"{m['census_new_cuda_storages']:,} B (the saved storages forward allocated on the GPU: activations and "
+              f"weight copies); difference {m['difference']:,} B")
 
 
 @exit_on_error
@@ -150,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
                 del census
                 if args.device == "cuda":
                     torch.cuda.empty_cache()
+                if args.json:  # after every configuration: a run that fails later keeps what it finished
+                    write_json(args.json, payload(records, torch, where, argv))
     fits = slopes(records)
     if fits:
         print("\nslope between the shortest and longest context, bytes per token, per layer and per unit of width:")
@@ -157,19 +160,32 @@ def main(argv: list[str] | None = None) -> int:
             extra = f", CUDA allocated {f['allocated_slope']:.3f}" if "allocated_slope" in f else ""
             print(f"  {f['size']}{' checkpointed' if f['checkpoint'] else ''}: census {f['census_slope']:.3f}{extra}")
     if args.json or args.record:
-        from gpuprof.artifacts import git_commit, overwrite_allowed, save_json
-        from gpuprof.backend import describe_machine
+        from gpuprof.artifacts import overwrite_allowed, save_json
 
-        command = "python scripts/saved_tensor_census.py " + " ".join(sys.argv[1:] if argv is None else argv)
-        payload = {"machine": describe_machine().as_dict(), "gpu": where, "torch": torch.__version__,
-                   "commit": git_commit(), "command": command, "slopes": fits, "runs": records,
-                   "finished_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+        final = {**payload(records, torch, where, argv), "complete": True}
         if args.json:
-            args.json.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+            write_json(args.json, final)
             print(f"written to {args.json}")
         if args.record:
-            print(f"recorded as {save_json(*RECORD, payload, command=command, overwrite=overwrite_allowed())}")
+            print(f"recorded as {save_json(*RECORD, final, command=final['command'], overwrite=overwrite_allowed())}")
     return 0
+
+
+def payload(records: list[dict[str, Any]], torch: Any, where: str, argv: list[str] | None) -> dict[str, Any]:
+    """The record: machine, versions, commit, command, the slopes over the runs so far and the runs.
+    ``complete`` is False until every configuration has run (the file is rewritten after each)."""
+    from gpuprof.artifacts import git_commit
+    from gpuprof.backend import describe_machine
+
+    command = "python scripts/saved_tensor_census.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    return {"machine": describe_machine().as_dict(), "gpu": where, "torch": torch.__version__, "commit": git_commit(),
+            "command": command, "slopes": slopes(records), "runs": records, "complete": False,
+            "finished_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Strict JSON (no NaN: a reader other than Python's would refuse it)."""
+    path.write_text(json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n")
 
 
 if __name__ == "__main__":

@@ -58,6 +58,7 @@ the summary counts them, 0 where torch cannot say), and fields holding no tensor
 from __future__ import annotations
 
 import contextlib
+import gc
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -146,7 +147,8 @@ class Census:
         and the model's own, enough to read every kind of tensor; ``"all"``; ``"none"``)."""
         keep = {"all": lambda e: True, "none": lambda e: False,
                 "first layer": lambda e: e.layer in (None, 0)}[entries]
-        roles = self.roles.reset_index().to_dict(orient="records")
+        roles = [{k: (None if isinstance(v, float) and v != v else v) for k, v in r.items()}  # NaN: not JSON
+                 for r in self.roles.reset_index().to_dict(orient="records")]
         return {"config": self.config, "mode": self.mode, "device": self.device, "batch": self.batch,
                 "context": self.context, "checkpoint": self.checkpoint, "summary": self.summary, "roles": roles,
                 "entries_kept": entries,
@@ -193,11 +195,13 @@ def saved_tensor_census(cfg: dict[str, Any], device: str, mode: str, *, batch: i
     tokens = torch.randint(0, cfg["vocab"], (batch, context + 1), device=device, generator=gen)
     x, y = tokens[:, :-1], tokens[:, 1:]
     cuda = torch.device(device).type == "cuda"
+    existing = {_storage_key(tokens)}  # storages alive before forward: saved by it, not allocated by it
     if cuda:  # one untracked step first: what the first step allocates once (cuBLAS's workspace) is not forward's
         _loss(torch, model, x, y, device, mode).backward()
         model.zero_grad(set_to_none=True)
         regions.clear()
-        torch.cuda.synchronize()
+        gc.collect()  # an earlier census's checkpointed model, freed only by the cycle collector, must not be freed
+        torch.cuda.synchronize()  # during this forward (its bytes would come off the allocated count)
         before = torch.cuda.memory_allocated()
     collector = _Collector(model)
     with torch.autograd.graph.saved_tensors_hooks(collector.pack, collector.unpack):
@@ -214,10 +218,28 @@ def saved_tensor_census(cfg: dict[str, Any], device: str, mode: str, *, batch: i
     summary["tensors_checked_unread"] = collector.checked
     summary["attention_nodes"] = sorted({e.node for e in entries if e.node.startswith("ScaledDotProduct")})
     if cuda:
-        counted = summary["activation_bytes"] + summary["weight_copy_bytes"]
-        summary["cuda_memory"] = {"allocated_by_forward": int(allocated), "census_activations_and_copies": counted,
-                                  "difference": int(allocated) - counted}
+        summary["cuda_memory"] = _memory_check(entries, existing, int(allocated))
+    if checkpoint:  # the wrappers close over their blocks (a cycle): undo them, so the model is freed by refcount
+        for block in model.blocks:
+            del block.forward
     return Census(cfg, mode, str(device), batch, context, checkpoint, entries, table, summary)
+
+
+def _memory_check(entries: list[SavedEntry], existing: set[tuple], allocated: int) -> dict[str, int]:
+    """The census against what forward left allocated on the GPU, over the same storages: those on a CUDA device
+    that did not exist before forward (the token ids did: saved, not allocated), each counted once, activations and
+    autocast's weight copies alike. What remains in ``difference`` is the caching allocator's rounding of each block
+    (512 B, more for large blocks), the loss and what forward allocated without saving it for backward."""
+    seen: set[tuple] = set()
+    counted = 0
+    for e in entries:
+        if e.storage is None or e.storage in seen or e.storage in existing or not str(e.storage[0]).startswith("cuda"):
+            continue
+        if e.counted_as == "parameters":  # the weights exist before forward (their storages are not new)
+            continue
+        seen.add(e.storage)
+        counted += e.storage_bytes
+    return {"allocated_by_forward": allocated, "census_new_cuda_storages": counted, "difference": allocated - counted}
 
 
 def role_table(entries: list[SavedEntry], tokens: int, layers: int, width: int) -> pd.DataFrame:
