@@ -298,6 +298,22 @@ def test_clock_table_reads_each_processs_window_and_counts_cycles_at_its_own_clo
     assert at_one_clock.loc[(128, "bf16"), "reasons"] == "none"
 
 
+def test_clock_speedups_set_the_time_beside_the_cycles_at_one_batch(data):
+    clocked = _with_clocks(data)
+    for r in clocked["runs"]:  # every bf16 process at the large batch held to 1500 MHz, everyone else at 1980
+        if r["kind"] == "time" and r["mode"] == "bf16" and r["batch"] == mp.LARGE_BATCH:
+            r["nvml"] = {**r["nvml"], "sm_mhz_median": 1500.0, "event_reasons": "0x0000000000000004"}
+    t = mp.clock_speedups(clocked)
+    assert t.attrs["clocks"] and list(t.index) == list(mp.MODES)
+    timing = mp.timing_table(data).set_index(["batch", "mode"])
+    assert t.loc["bf16", "speedup"] == timing.loc[(mp.LARGE_BATCH, "bf16"), "speedup"]
+    assert t.loc["bf16", "reasons"] == "software power cap" and t.loc["fp16", "reasons"] == "none"
+    # at one clock the two speed-ups agree; bf16's work, done at 1500 MHz, is 1980/1500 faster in cycles than in time
+    assert t.loc["fp16", "cycle_speedup"] == pytest.approx(t.loc["fp16", "speedup"])
+    assert t.loc["bf16", "cycle_speedup"] == pytest.approx(t.loc["bf16", "speedup"] * 1980 / 1500)
+    assert not mp.clock_speedups(data).attrs["clocks"]  # the committed reference has no clocks
+
+
 def test_clock_table_loads_data_without_clocks(data):
     old = mp.clock_table(data)  # the committed reference predates the clocks
     assert not old.attrs["clocks"] and (old["clocked"] == 0).all() and (old["reasons"] == "not recorded").all()

@@ -242,6 +242,14 @@ def test_script_on_the_cpu_writes_its_record(tmp_path):
     assert "cuda_memory" not in data["runs"][0]["summary"] and "allocated_slope" not in plain
     assert data["command"].startswith("python scripts/saved_tensor_census.py --device cpu")
     assert data["complete"] is True and "NaN" not in out.read_text()
+    # the chapter's reading: the fit's slope beside the census's, per size (a size the fit lacks reads NaN)
+    import pandas as pd
+    fit = pd.DataFrame({"bytes per token-layer-width": [38.6]}, index=pd.Index(["tiny"], name="size"))
+    side = st.census_beside_fit(data, fit)
+    assert side.loc["tiny", "fit"] == 38.6 and side.loc["tiny", "census, plain"] == pytest.approx(want, rel=1e-12)
+    assert side.loc["tiny", "census, checkpointed"] < side.loc["tiny", "census, plain"]
+    assert "allocated, plain" not in side.columns  # the CPU has no allocated bytes to compare
+    assert pd.isna(st.census_beside_fit(data, fit.rename(index={"tiny": "small"})).loc["tiny", "fit"])
 
 
 def _entry(role: str, storage: tuple | None, nbytes: int, counted_as: str | None = None) -> st.SavedEntry:

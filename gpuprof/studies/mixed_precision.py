@@ -206,6 +206,21 @@ def clock_table(data: dict[str, Any]) -> pd.DataFrame:
     return out
 
 
+def clock_speedups(data: dict[str, Any], batch: int = LARGE_BATCH) -> pd.DataFrame:
+    """Per mode at ``batch``: the speed-up over FP32 in time (:func:`timing_table`'s) beside the speed-up in SM
+    cycles (:func:`clock_table`'s: at equal clocks), with the clock, the power against its limit and the
+    clock-event reasons NVML read. Where the two speed-ups differ, the modes ran at different clocks: a mode
+    held to a lower clock by the power limit looks slower in time than its work is. At the large batch the
+    GPU's work sets the step (section 3), so the cycles are the GPU's own; at the small one, not."""
+    keys = ["batch", "mode"]
+    both = timing_table(data)[keys + ["step_ms", "speedup"]].merge(
+        clock_table(data)[keys + ["sm_mhz", "sm_mhz_low", "power_w", "power_limit_w", "reasons", "mcycles",
+                                  "cycle_speedup", "clocked", "processes"]], on=keys)
+    out = both[both["batch"] == batch].drop(columns="batch").set_index("mode")
+    out.attrs["clocks"] = bool(out["clocked"].sum())
+    return out
+
+
 def speedup_floor(table: pd.DataFrame, batch: int, mode: str) -> float:
     """The least speed-up over FP32 any pairing of processes gives: FP32's fastest process over ``mode``'s slowest."""
     return float(table[(table["batch"] == batch) & (table["mode"] == mode)]["speedup_low"].iloc[0])

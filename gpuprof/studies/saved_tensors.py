@@ -583,3 +583,21 @@ def _summary(entries: list[SavedEntry], table: pd.DataFrame, layers: int, dead: 
             "storages": len({e.storage for e in entries if e.storage is not None}),
             "held_by_checkpoint": sum(e.role == "recomputed in backward" for e in entries),
             "saved_then_freed": dead}
+
+
+def census_beside_fit(record: dict[str, Any], fit: pd.DataFrame) -> pd.DataFrame:
+    """Per size the census ran: the chapter's fitted slope (``tr.activation_fit``'s bytes per token, per layer and
+    per unit of width, from the benchmark's own memory records) beside the census's slope between the record's
+    contexts, and CUDA's allocated bytes over the same contexts where the record has them, with each block plain and
+    checkpointed. The fit and the allocated slope weigh what memory held; the census, what autograd saved: where
+    they part, something forward allocates is not a saved tensor (or the allocator rounds)."""
+    rows: dict[str, dict[str, float]] = {}
+    for s in record["slopes"]:
+        known = s["size"] in fit.index
+        row = rows.setdefault(s["size"], {"fit": float(fit.loc[s["size"], "bytes per token-layer-width"])
+                                          if known else float("nan")})
+        tag = "checkpointed" if s["checkpoint"] else "plain"
+        row[f"census, {tag}"] = s["census_slope"]
+        if "allocated_slope" in s:
+            row[f"allocated, {tag}"] = s["allocated_slope"]
+    return pd.DataFrame.from_dict(rows, orient="index").rename_axis("size")
