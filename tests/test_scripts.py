@@ -734,3 +734,17 @@ def test_the_ladder_without_a_gpu_says_what_the_size_needs_and_refuses_sizes_pas
     assert proc.returncode == 3 and "would need 149.01 GiB of GPU memory" in proc.stdout, proc.stdout
     proc = run_here(ladder, "--size", "1000000000000", capsys=capsys)
     assert proc.returncode == 2 and "must be under 2,147,483,648" in proc.stderr, proc.stderr
+
+
+def test_review_records_script_helps_and_refuses_without_a_gpu(tmp_path):
+    """scripts/capture_review_records.sh: --help prints its header; without a GPU it says so and exits 2, writing nothing."""
+    import shutil
+    import subprocess
+
+    script = str(REPO_ROOT / "scripts" / "capture_review_records.sh")
+    help_ = subprocess.run(["bash", script, "--help"], capture_output=True, text=True, timeout=30)
+    assert help_.returncode == 0 and "saved_tensor_census.py" in help_.stdout and "clocks.json" in help_.stdout
+    if shutil.which("nvidia-smi"):
+        pytest.skip("this machine has nvidia-smi")
+    proc = subprocess.run(["bash", script, str(tmp_path / "out")], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and "no NVIDIA GPU visible" in proc.stderr and not (tmp_path / "out").exists()

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Two small GPU records the round-2 review asks for, in one call (the chapter-10 study's 28 processes took
+# 203 s in all in the committed H100 run; the census has not yet run on a GPU: limit 240 s):
+#
+#   bash scripts/capture_review_records.sh [OUTDIR] [COMMIT]
+#
+#   census   chapter 7: the saved-tensor census of the benchmark's model (scripts/saved_tensor_census.py,
+#            small and medium, contexts 256 and 512, batch 4, bf16 autocast, plain and checkpointed)
+#            -> OUTDIR/ch07/saved_tensors.json (+ its provenance entry), OUTDIR/census_log.txt
+#   clocks   chapter 10: the mixed-precision study run again, now with NVML's SM clock, power and
+#            clock-event reasons during every timed run (gpuprof.studies.mixed_precision.run_study)
+#            -> OUTDIR/ch10/clocks.json (+ its provenance entry), OUTDIR/clocks_log.txt
+#
+# OUTDIR defaults to $OUT, else ./review_records. COMMIT (default $GPUPROF_GIT_COMMIT) is written into
+# the provenance: the device machine's copy of the tree has no .git to read it from. Each step has a
+# time limit; a failed step does not stop the other. Then copy each JSON into artifacts/ and merge its
+# provenance entry (artifacts/<chapter>/provenance.json), as artifacts/capture_run.md records.
+# Refuses (exit 2) where no NVIDIA GPU is visible: both records are the GPU's numbers.
+set -u
+case "${1:-}" in -h|--help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;; esac
+OUTDIR=${1:-${OUT:-./review_records}}
+export GPUPROF_GIT_COMMIT=${2:-${GPUPROF_GIT_COMMIT:-}}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PY=${PYTHON:-python3}
+if ! nvidia-smi -L > /dev/null 2>&1; then
+  echo "error: no NVIDIA GPU visible here (nvidia-smi -L failed): both records are a GPU's numbers; run this on a GPU machine" >&2
+  exit 2
+fi
+mkdir -p "$OUTDIR"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 GPUPROF_OUTPUT_DIR="$OUTDIR" GPUPROF_OVERWRITE=1
+status=0
+echo "[census] $(date -u +%H:%M:%S)"
+timeout --kill-after=15 240 "$PY" "$ROOT/scripts/saved_tensor_census.py" --sizes small,medium --contexts 256,512 \
+  --batch-size 4 --mode bf16 --checkpoint both --record --json "$OUTDIR/saved_tensors_flat.json" \
+  > "$OUTDIR/census_log.txt" 2>&1 || { echo "[census] failed ($?): see census_log.txt"; status=1; }
+tail -25 "$OUTDIR/census_log.txt"
+echo "[clocks] $(date -u +%H:%M:%S)"
+timeout --kill-after=15 420 "$PY" -c "
+from gpuprof.studies import mixed_precision as mp
+found = mp.run_study('ch10', 'clocks.json')
+print(found.describe())
+print(mp.clock_speedups(found.json()).round(3).to_string())
+" > "$OUTDIR/clocks_log.txt" 2>&1 || { echo "[clocks] failed ($?): see clocks_log.txt"; status=1; }
+tail -12 "$OUTDIR/clocks_log.txt"
+echo "[done] $(date -u +%H:%M:%S)"
+exit $status
