@@ -78,17 +78,13 @@ def one_run(result: dict, path: str | Path) -> tuple[dict[str, float], dict[str,
 
 def provenance(machine) -> dict[str, object]:  # type: ignore[no-untyped-def]
     """What the record needs beside its numbers: the whole machine (the host's CPU included: the launch-bound
-    ratios follow its pace), when, from which tree, and which GPU of the host ran it."""
-    import dataclasses
+    ratios follow its pace), when, from which tree (``GPUPROF_GIT_COMMIT`` on a copy without .git), and which GPU
+    of the host ran it."""
     import datetime
-    import subprocess
 
-    try:
-        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        commit = None
-    return {"machine_info": dataclasses.asdict(machine), "commit": commit,
+    from gpuprof.artifacts import git_commit
+
+    return {"machine_info": machine.as_dict(), "commit": git_commit(),
             "finished_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
