@@ -488,3 +488,21 @@ def test_the_gpu_fp16_loss_split_is_the_training_runs_first_step():
             and r["kind"] == "time"}
     assert lost == {int(split.loc["total", "lost"])}
     assert (split["lost"] == split[["below_fp16_subnormal", "fp16_subnormal", "fp16_normal"]].sum(axis=1)).all()
+
+
+def test_clock_processes_lists_every_timed_process_at_one_batch_with_both_powers_and_its_energy(data):
+    clocked = _with_clocks(data)  # bf16, batch 128, round 1: 1500 MHz, 699 W from the counter, software power cap
+    t = mp.clock_processes(clocked)
+    timed = [r for r in data["runs"] if r["kind"] == "time" and r["batch"] == mp.LARGE_BATCH and r["mode"] in mp.MODES]
+    assert len(t) == len(timed) and list(dict.fromkeys(t["mode"])) == list(mp.MODES)
+    capped = t[t["sm_mhz"] == 1500]
+    assert len(capped) == 1 and capped["mode"].iloc[0] == "bf16" and capped["reasons"].iloc[0] == "software power cap"
+    # the power the tables use is the energy counter's; the readings' mean is kept beside it, not mixed in
+    assert capped["power_w"].iloc[0] == 699 and capped["readings_w"].iloc[0] == 610
+    assert capped["joules_per_step"].iloc[0] == pytest.approx(699 * capped["step_ms"].iloc[0] / 1e3)
+    # the same process's step as timing_table's input: each process's median measured step
+    run = next(r for r in clocked["runs"] if r["kind"] == "time" and (r["mode"], r["batch"], r["round"]) == ("bf16", 128, 1))
+    assert capped["step_ms"].iloc[0] == mp._measured(run, "step_ms")
+    # without clocks: the rows are there, their readings empty and said to be so
+    old = mp.clock_processes(data)
+    assert len(old) == len(timed) and (old["reasons"] == "not recorded").all() and old["joules_per_step"].isna().all()

@@ -37,7 +37,7 @@ from ..nsys import sqlite as ns
 from ..runner import portable_command, python_target
 
 __all__ = ["SCRIPT", "MODES", "FAILURE", "SMALL_BATCH", "LARGE_BATCH", "ROUNDS", "BUDGET_GIB", "run_plan", "run_study",
-           "timing_table", "clock_table", "speedup_floor", "fit_table", "loss_curves", "loss_agreement", "underflow_table",
+           "timing_table", "clock_table", "clock_processes", "clock_speedups", "speedup_floor", "fit_table", "loss_curves", "loss_agreement", "underflow_table",
            "scale_history", "underflow_top", "CPU_CENSUS", "GPU_CENSUS", "census_against_cpu", "census_by_group", "fp16_loss_split", "memory_per_sequence", "capture_mode", "capture_summary", "gemm_kernels",
            "matmul_work", "PHASES", "OPTIMIZER", "phase_work", "scaler_work", "CAST", "SCALER", "figure"]
 
@@ -175,15 +175,7 @@ def clock_table(data: dict[str, Any]) -> pd.DataFrame:
     for (batch, mode), runs in pd.DataFrame(_timed(data)).groupby(["batch", "mode"], sort=False):
         if mode == FAILURE:
             continue
-        per = []
-        for r in runs.to_dict("records"):
-            nv = r.get("nvml") if isinstance(r.get("nvml"), dict) else {}
-            clock = nv.get("sm_mhz_median")
-            step = _measured(r, "step_ms")
-            power = window_power_w(nv)
-            per.append({"step": step, "clock": clock, "low": nv.get("sm_mhz_min"), "power": power,
-                        "limit": nv.get("power_limit_w"), "reasons": nv.get("event_reasons"),
-                        "mcycles": step * clock / 1e3 if clock else None})
+        per = [_clock_reading(r) for r in runs.to_dict("records")]
 
         def med(key: str) -> float:
             got = [x[key] for x in per if x[key] is not None]
@@ -204,6 +196,37 @@ def clock_table(data: dict[str, Any]) -> pd.DataFrame:
     out["cycle_speedup"] = out["batch"].map(base) / out["mcycles"]
     out.attrs["clocks"] = bool(out["clocked"].sum())
     return out
+
+
+def _clock_reading(r: dict[str, Any]) -> dict[str, Any]:
+    """One timed process's step and what NVML read during its measured steps (None where it read nothing)."""
+    nv = r.get("nvml") if isinstance(r.get("nvml"), dict) else {}
+    clock, step = nv.get("sm_mhz_median"), _measured(r, "step_ms")
+    return {"step": step, "clock": clock, "low": nv.get("sm_mhz_min"), "power": window_power_w(nv),
+            "readings_w": nv.get("power_w_mean"), "samples": nv.get("samples"), "seconds": nv.get("seconds"),
+            "limit": nv.get("power_limit_w"), "reasons": nv.get("event_reasons"),
+            "mcycles": step * clock / 1e3 if clock else None}
+
+
+def clock_processes(data: dict[str, Any], batch: int = LARGE_BATCH) -> pd.DataFrame:
+    """Process by process at ``batch``: the median step, NVML's median and lowest SM clock, the power two ways (from
+    the energy counter over the window, ``power_w``, which the tables use, and the mean of the power readings,
+    ``readings_w``, each an average over about the last second, so it lags a window shorter than that), the
+    readings' count and span, the clock-event reasons in words, and the energy of one step (``power_w`` times the
+    step). The energy counter advances in steps (every 20-100 ms on recent GPUs), so a window under a second gives
+    its power only roughly: read the spread between a mode's processes before any one value."""
+    rows = []
+    for r in _timed(data):
+        if r["mode"] == FAILURE or r["batch"] != batch:
+            continue
+        x = _clock_reading(r)
+        rows.append({"mode": r["mode"], "step_ms": x["step"], "sm_mhz": x["clock"], "sm_mhz_low": x["low"],
+                     "power_w": x["power"], "readings_w": x["readings_w"], "samples": x["samples"],
+                     "seconds": x["seconds"], "reasons": describe_event_reasons(x["reasons"]) if x["reasons"] else "not recorded",
+                     "joules_per_step": x["power"] * x["step"] / 1e3 if x["power"] else None})
+    out = pd.DataFrame(rows)
+    out["mode"] = pd.Categorical(out["mode"], MODES, ordered=True)
+    return out.sort_values("mode", kind="stable", ignore_index=True).assign(mode=lambda d: d["mode"].astype(str))
 
 
 def clock_speedups(data: dict[str, Any], batch: int = LARGE_BATCH) -> pd.DataFrame:

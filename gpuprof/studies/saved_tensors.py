@@ -68,7 +68,7 @@ import pandas as pd
 from ..artifacts import REPO_ROOT
 from ..errors import GpuprofError
 
-__all__ = ["BENCHMARK", "MODES", "ROLES", "REVIEWER_38", "SavedEntry", "Census", "benchmark_config",
+__all__ = ["BENCHMARK", "MODES", "ROLES", "REVIEWER_38", "PUBLISHED_36", "SavedEntry", "Census", "benchmark_config",
            "saved_tensor_census", "role_table"]
 
 BENCHMARK = REPO_ROOT / "examples" / "nsys" / "transformer_benchmark.py"
@@ -102,6 +102,16 @@ ROLES: dict[str, str] = {
 # projection input 2, the up-projection input 2, the GELU input 8 (4d in bf16), the down-projection input 8. Sum 38.
 REVIEWER_38: dict[str, float] = {"LayerNorm inputs": 8, "qkv input": 2, "q, k, v": 6, "attention output": 2,
                                  "projection input": 2, "MLP up input": 2, "GELU input": 8, "MLP down input": 8}
+
+# The published accounting (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
+# Eq. 1: 34 bytes per token, layer and unit of width in 16-bit training, plus 5as/h for the attention scores) applied
+# to this model, by the census's roles: without the paper's two dropout masks (1 + 1), with the LayerNorm inputs in
+# FP32 under autocast (4 + 4, not 2 + 2), and with no score matrix (a fused attention kernel saves its output and a
+# log-sum-exp instead). The paper counts the attention's output once, as the projection's input; the census counts
+# that one storage under "attention output" and none under "projection input". Sum 36 (34 - 2 + 4); what the
+# census adds beyond it (LayerNorm statistics, the kernel's log-sum-exp and RNG state) is not in the paper's count.
+PUBLISHED_36: dict[str, float] = {"LayerNorm inputs": 8, "qkv input": 2, "q, k, v": 6, "attention output": 2,
+                                  "projection input": 0, "MLP up input": 2, "GELU input": 8, "MLP down input": 8}
 
 # Nodes a weight passes through on its way to a matrix product (transpose, autocast's cast, views); a saved tensor
 # that reaches a weight's AccumulateGrad through these alone is the weight or a copy of it, not an activation.
