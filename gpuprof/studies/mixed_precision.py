@@ -163,7 +163,8 @@ def clock_table(data: dict[str, Any]) -> pd.DataFrame:
     SM clock, ``sm_mhz_low`` the lowest reading of any, the power with the enforced limit, and the clock-event reasons
     of all the processes together, in words) and the step in SM cycles: each process's median step times its own
     median clock, ``mcycles`` the median over processes, in millions. ``cycle_speedup`` is FP32's cycles over the
-    mode's at the same batch: the speed-up at equal clocks, which a mode that ran at a lower clock (a power cap,
+    mode's at the same batch: the speed-up at equal clocks as a model that scales all of the step with the SM
+    clock (memory-bound kernels do not, and a dip between readings is not seen), which a mode that ran at a lower clock (a power cap,
     reason ``0x4``) does not lose to its clock. It counts SM cycles of the step's wall time, so it describes the
     GPU's work only where the GPU sets the step's time (batch 128); at batch 32 the host does (section 3), and
     the cycles include the GPU's idle ones.
@@ -231,7 +232,7 @@ def clock_processes(data: dict[str, Any], batch: int = LARGE_BATCH) -> pd.DataFr
 
 def clock_speedups(data: dict[str, Any], batch: int = LARGE_BATCH) -> pd.DataFrame:
     """Per mode at ``batch``: the speed-up over FP32 in time (:func:`timing_table`'s) beside the speed-up in SM
-    cycles (:func:`clock_table`'s: at equal clocks), with the clock, the power against its limit and the
+    cycles (:func:`clock_table`'s: at equal clocks, as a model), with the clock, the power against its limit and the
     clock-event reasons NVML read. Where the two speed-ups differ, the modes ran at different clocks: a mode
     held to a lower clock by the power limit looks slower in time than its work is. At the large batch the
     GPU's work sets the step (section 3), so the cycles are the GPU's own; at the small one, not."""
