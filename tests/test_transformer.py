@@ -40,6 +40,7 @@ BENCHMARK_RUNS = {
     "design line": ["--context_length", "16", "--d_model", "32", "--num_layers", "1", "--num_heads", "2", "--d_ff", "64",
                     "--warmup_steps", "1", "--num_steps", "2", "--forward_only", "--batch_size", "2"],
     "forward only": [*TINY, "--forward-only", "--dtype", "bf16"],
+    "checkpointed": [*TINY, "--checkpoint"],
 }
 
 
@@ -119,6 +120,32 @@ def test_benchmark_forward_only_times_one_phase(benchmark_runs):
     assert status == "0", output
     assert "forward_ms" in r and "backward_ms" not in r and all(len(p) == 1 for p in r["phase_ms_each"])
     assert r["config"]["dtype"] == "bf16" and "forward_backward_tflops" not in r
+
+
+@pytest.mark.slow
+def test_checkpointing_changes_no_loss_and_counts_the_recomputed_forward_as_hardware_flops(benchmark_runs):
+    plain, (status, output, r) = benchmark_runs["training"][2], benchmark_runs["checkpointed"]
+    assert status == "0", output
+    assert "each block checkpointed" in output and r["config"]["checkpoint"] and not plain["config"]["checkpoint"]
+    # the same seed, weights and tokens: recomputing each block's forward in backward changes no gradient
+    assert r["last_output"] == pytest.approx(plain["last_output"], rel=1e-5)
+    bench = load_script(tr.BENCHMARK)
+    assert r["flops_per_step"] == plain["flops_per_step"]  # model FLOPs (MFU) do not count the recomputation
+    assert r["hardware_flops_per_step"] == r["flops_per_step"] + bench.recomputed_flops(r["config"]) > r["flops_per_step"]
+    assert plain["hardware_flops_per_step"] == plain["flops_per_step"]
+
+
+def test_recomputed_flops_by_hand():
+    bench = load_script(tr.BENCHMARK)
+    cfg = {"d_model": 8, "d_ff": 32, "num_layers": 2, "num_heads": 2, "context_length": 4, "batch_size": 3, "vocab": 10}
+    assert bench.recomputed_flops(cfg) == 0
+    blocks_forward = 2 * 2 * (4 * 8 * 8 + 2 * 8 * 32) * 12 + 4 * 2 * 12 * 4 * 8  # the head (8 x 10) not recomputed
+    assert bench.recomputed_flops({**cfg, "checkpoint": True}) == blocks_forward
+
+
+def test_checkpoint_with_forward_only_is_refused_in_one_sentence(capsys):
+    out = run_script_in_process(tr.BENCHMARK, "--checkpoint", "--forward-only", capsys=capsys)
+    assert out.returncode == 2 and "no meaning with --forward-only" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_flops_count_by_hand():

@@ -128,6 +128,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "mask, softmax, times V), each part in an NVTX range attention_scores / attention_softmax / "
                         "attention_values (default: sdpa)")
     r.add_argument("--compile", action="store_true", help="torch.compile the model (compilation falls in the warm-up)")
+    r.add_argument("--checkpoint", action="store_true",
+                   help="activation checkpointing: each block through torch.utils.checkpoint (non-reentrant), so forward "
+                        "saves only the blocks' inputs and backward runs each block's forward again; training only")
     r.add_argument("--optimizer", choices=OPTIMIZER_IMPLS, default="foreach",
                    help="AdamW's implementation: foreach (PyTorch's default on a GPU: one kernel per operation of the "
                         "update, over all weights at once) or fused (one kernel for the whole update) (default: foreach)")
@@ -144,6 +147,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.size:
         args.d_model, args.d_ff, args.num_layers, args.num_heads = PRESETS[args.size]
+    if args.checkpoint and args.forward_only:
+        p.error("--checkpoint saves memory for backward: it has no meaning with --forward-only (nothing is saved)")
     if not args.sweep and args.d_model % args.num_heads:
         p.error(f"--d-model {args.d_model} is not divisible by --num-heads {args.num_heads}")
     for name, (d, _, _, h) in args.sizes if args.sweep else []:
@@ -160,7 +165,8 @@ def model_config(args: argparse.Namespace) -> dict[str, Any]:
     return {"size": args.size, "d_model": args.d_model, "d_ff": args.d_ff, "num_layers": args.num_layers,
             "num_heads": args.num_heads, "context_length": args.context_length, "batch_size": args.batch_size,
             "vocab": VOCAB, "dtype": args.dtype, "forward_only": args.forward_only, "compile": args.compile,
-            "warmup_steps": args.warmup_steps, "num_steps": args.num_steps, "attention": args.attention}
+            "warmup_steps": args.warmup_steps, "num_steps": args.num_steps, "attention": args.attention,
+            "checkpoint": args.checkpoint}
 
 
 def build_model(cfg: dict[str, Any], device: str) -> Any:
@@ -255,6 +261,31 @@ def flops_per_step(cfg: dict[str, Any], forward_only: bool) -> int:
     return forward * (1 if forward_only else 3)
 
 
+def recomputed_flops(cfg: dict[str, Any]) -> int:
+    """FLOPs a checkpointed step spends again: each block's forward, recomputed in backward (the head's is not).
+
+    The model FLOPs (:func:`flops_per_step`, what MFU counts) leave them out; hardware FLOPs (HFU) add them. Zero
+    without ``checkpoint``.
+    """
+    if not cfg.get("checkpoint"):
+        return 0
+    tokens = cfg["batch_size"] * cfg["context_length"]
+    d, layers = cfg["d_model"], cfg["num_layers"]
+    return 2 * layers * (4 * d * d + 2 * d * cfg["d_ff"]) * tokens + 4 * layers * tokens * cfg["context_length"] * d
+
+
+def checkpoint_blocks(model: Any) -> None:
+    """Each block's forward through ``torch.utils.checkpoint`` (non-reentrant), set on the built model so that
+    :func:`build_model`, which the chapter prints, stays the model without it."""
+    from torch.utils.checkpoint import checkpoint
+
+    def checkpointed(forward: Any) -> Any:
+        return lambda x: checkpoint(forward, x, use_reentrant=False)
+
+    for block in model.blocks:
+        block.forward = checkpointed(block.forward)
+
+
 def summary(values: list[float]) -> dict[str, float]:
     """Mean, standard deviation, min and max of a list of milliseconds."""
     return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
@@ -275,6 +306,8 @@ def run(args: argparse.Namespace, device: str) -> dict[str, Any]:
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     model = build_model(cfg, device)
+    if args.checkpoint:
+        checkpoint_blocks(model)
     forward_model = torch.compile(model) if args.compile else model
     opt = None if args.forward_only else torch.optim.AdamW(model.parameters(), lr=1e-4,
                                                             **{args.optimizer: True})  # foreach=True or fused=True
@@ -363,6 +396,9 @@ def run(args: argparse.Namespace, device: str) -> dict[str, Any]:
     if not args.forward_only:  # model FLOPs of forward + backward over their time, the optimizer apart
         fb_s = statistics.fmean([s[0] + s[1] for s in measured]) / 1e3
         result["forward_backward_tflops"] = flops / fb_s / 1e12
+        # with checkpointing the GPU also does each block's forward again: hardware FLOPs (HFU) beside model FLOPs
+        result["hardware_flops_per_step"] = flops + recomputed_flops(cfg)
+        result["achieved_hardware_tflops"] = result["hardware_flops_per_step"] / mean_s / 1e12
     return result
 
 
@@ -390,7 +426,8 @@ def single(args: argparse.Namespace) -> int:
     what = "forward only" if args.forward_only else "forward + backward + AdamW"
     print(f"transformer_benchmark: d_model {args.d_model}, d_ff {args.d_ff}, {args.num_layers} layers, "
           f"{args.num_heads} heads, context {args.context_length}, batch {args.batch_size}, {args.dtype}"
-          f"{', compiled' if args.compile else ''}, {what}, on {where}", flush=True)
+          f"{', compiled' if args.compile else ''}{', each block checkpointed' if args.checkpoint else ''}, {what}, on {where}",
+          flush=True)
     base = {"config": cfg, "device": device, "gpu": where, "torch": torch.__version__}
     try:
         require_memory(least_bytes(cfg), device,
@@ -434,7 +471,7 @@ def child_args(args: argparse.Namespace, name: str, dims: tuple[int, int, int, i
            "--batch-size", str(args.batch_size), "--warmup-steps", str(args.warmup_steps),
            "--num-steps", str(args.num_steps), "--dtype", args.dtype, "--seed", str(args.seed), "--json", str(out),
            "--optimizer", args.optimizer, "--attention", args.attention]
-    for flag in ("forward_only", "compile", "cpu"):
+    for flag in ("forward_only", "compile", "checkpoint", "cpu"):
         if getattr(args, flag):
             cmd.append("--" + flag.replace("_", "-"))
     if name in PRESETS:
