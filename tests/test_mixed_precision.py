@@ -506,3 +506,34 @@ def test_clock_processes_lists_every_timed_process_at_one_batch_with_both_powers
     # without clocks: the rows are there, their readings empty and said to be so
     old = mp.clock_processes(data)
     assert len(old) == len(timed) and (old["reasons"] == "not recorded").all() and old["joules_per_step"].isna().all()
+
+
+def test_cures_plan_interleaves_every_variant_and_the_script_takes_their_flags():
+    plan = mp.cures_plan(rounds=2)
+    assert len(plan) == 2 * 2 * 2 * len(mp.CURES)  # rounds x modes x batches x variants
+    first = [(r["batch"], r["mode"], r["cure"]) for r in plan if r["round"] == 0]
+    second = [(r["batch"], r["mode"], r["cure"]) for r in plan if r["round"] == 1]
+    assert second == first[::-1]
+    from gpuprof.runner import load_script
+
+    script = load_script(mp.SCRIPT)
+    for run in plan:  # every variant's command line parses as the script's own
+        argv = mp._argv(run, "run.json", mp.BUDGET_GIB)
+        args = script.parse_args(argv)
+        assert (args.optimizer == "fused") == ("fused" in run["cure"]) and args.compile == run["cure"].startswith("compiled")
+
+
+def test_cures_table_sets_each_variant_beside_the_chapters_step(data):
+    fake = copy.deepcopy(data)
+    timed = [r for r in fake["runs"] if r["kind"] == "time" and r["mode"] in ("fp16", "bf16")]
+    runs = []
+    for cure, factor in zip(mp.CURES, (1.0, 0.8, 0.5)):  # each variant's steps a fixed share of the chapter's
+        for r in timed:
+            steps = [{**s, "step_ms": s["step_ms"] * factor} for s in r["steps"]]
+            runs.append({**r, "cure": cure, "steps": steps})
+    t = mp.cures_table({"runs": runs}).set_index(["batch", "mode", "cure"])
+    assert list(dict.fromkeys(t.index.get_level_values("cure"))) == list(mp.CURES)
+    for (batch, mode, cure), row in t.iterrows():
+        factor = {c: f for c, f in zip(mp.CURES, (1.0, 0.8, 0.5))}[cure]
+        assert row["speedup"] == pytest.approx(1 / factor)
+        assert row["speedup_low"] <= row["speedup"] + 1e-12 and row["processes"] == 3

@@ -81,6 +81,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     r.add_argument("--lr", type=float, default=2e-5, help="AdamW learning rate (default: 2e-5, a fine-tuning rate)")
     r.add_argument("--seed", type=nonnegative_int, default=0, help="seed for weights and data (default: 0)")
     r.add_argument("--cpu", action="store_true", help="run on the CPU even where a GPU is available")
+    r.add_argument("--optimizer", choices=("default", "fused"), default="default",
+                   help="AdamW's implementation: default (PyTorch's choice, foreach on a GPU) or fused (the whole update in "
+                        "one pass over memory; with a GradScaler, scaler.step makes no host sync: the fused step unscales "
+                        "and skips on inf/NaN itself); a cure for the optimizer's share of the step")
+    r.add_argument("--compile", action="store_true",
+                   help="torch.compile the model (Module.compile, after the FP32 reference pass: compilation falls "
+                        "in the warm-up steps); the cure for a host-bound step, one of them")
     r.add_argument("--no-clocks", action="store_true",
                    help="do not read the SM clock, power and clock-event reasons from NVML during the measured steps")
     r.add_argument("--largest-batch-in", type=float, default=None, metavar="GIB",
@@ -292,7 +299,7 @@ def census_run(args: argparse.Namespace, device: str, command: str) -> dict[str,
     census = fp16_range_census(torch, reference)
     split = fp16_loss_split(torch, model, ids, labels, reference, device)
     config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
-              if k not in ("json", "census", "mode", "warmup", "steps", "lr", "largest_batch_in")}
+              if k not in ("json", "census", "mode", "warmup", "steps", "lr", "largest_batch_in", "optimizer", "compile")}
     return {"what": "the FP32 reference gradient of the first step (TF32 off, no autocast), counted against FP16's "
                     "range: below_fp16_subnormal is 0 < |g| < 2^-25 (rounds to zero in FP16), fp16_subnormal is "
                     "2^-25 <= |g| < 2^-14",
@@ -399,7 +406,9 @@ def run(args: argparse.Namespace, device: str) -> dict[str, Any]:
     set_tf32(torch, args.mode == "tf32")
     dtype = {"fp16": torch.float16, "fp16-noscaler": torch.float16, "bf16": torch.bfloat16}.get(args.mode)
     scaler = torch.amp.GradScaler(device) if args.mode == "fp16" else None
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, **({"fused": True} if args.optimizer == "fused" else {}))
+    if args.compile:
+        model.compile()  # in place: model(ids) below runs the compiled forward; the FP32 reference above did not
 
     def timer() -> Any:
         return torch.cuda.Event(enable_timing=True) if gpu else None

@@ -37,7 +37,7 @@ from ..nsys import sqlite as ns
 from ..runner import portable_command, python_target
 
 __all__ = ["SCRIPT", "MODES", "FAILURE", "SMALL_BATCH", "LARGE_BATCH", "ROUNDS", "BUDGET_GIB", "run_plan", "run_study",
-           "timing_table", "clock_table", "clock_processes", "clock_speedups", "speedup_floor", "fit_table", "loss_curves", "loss_agreement", "underflow_table",
+           "timing_table", "clock_table", "clock_processes", "clock_speedups", "CURES", "cures_plan", "cures_table", "speedup_floor", "fit_table", "loss_curves", "loss_agreement", "underflow_table",
            "scale_history", "underflow_top", "CPU_CENSUS", "GPU_CENSUS", "census_against_cpu", "census_by_group", "fp16_loss_split", "memory_per_sequence", "capture_mode", "capture_summary", "gemm_kernels",
            "matmul_work", "PHASES", "OPTIMIZER", "phase_work", "scaler_work", "CAST", "SCALER", "figure"]
 
@@ -67,16 +67,36 @@ def run_plan(rounds: int = ROUNDS, batches: Sequence[int] = (SMALL_BATCH, LARGE_
     return runs
 
 
+# The cures the chapter names for what its profile shows (review 2, C10-19): AdamW's share of the step
+# (``--optimizer fused``: one pass over memory, and no host sync in the GradScaler's step) and the host-bound small
+# batch (``--compile``, with the fused optimizer). Flags of ``mixed_precision.py`` by variant name.
+CURES: dict[str, tuple[str, ...]] = {"as in the chapter": (), "fused AdamW": ("--optimizer", "fused"),
+                                     "compiled, fused AdamW": ("--compile", "--optimizer", "fused")}
+
+
+def cures_plan(rounds: int = 2, modes: Sequence[str] = ("fp16", "bf16"),
+               batches: Sequence[int] = (SMALL_BATCH, LARGE_BATCH)) -> list[dict[str, Any]]:
+    """Timed runs of each :data:`CURES` variant beside the chapter's own step, every mode at every batch, the order
+    reversed on odd rounds (as :func:`run_plan`); each run's ``cure`` names its variant. Not run by the notebook:
+    a record made with :func:`run_study` (``plan=cures_plan()``) on a GPU."""
+    runs = []
+    for r in range(rounds):
+        order = [(b, m, c) for b in batches for m in modes for c in CURES]
+        for b, m, c in (order if r % 2 == 0 else order[::-1]):
+            runs.append({"kind": "time", "mode": m, "batch": b, "round": r, "cure": c})
+    return runs
+
+
 def _argv(run: dict[str, Any], json_path: str, budget_gib: float) -> list[str]:
     if run["kind"] == "fit":
         return ["--mode", run["mode"], "--largest-batch-in", f"{budget_gib:g}", "--json", json_path]
     return ["--mode", run["mode"], "--batch-size", str(run["batch"]), "--warmup", str(WARMUP), "--steps", str(STEPS),
-            "--json", json_path]
+            *CURES.get(run.get("cure", ""), ()), "--json", json_path]
 
 
 def run_study(chapter: str, filename: str = "modes.json", *, rounds: int = ROUNDS,
               batches: Sequence[int] = (SMALL_BATCH, LARGE_BATCH), budget_gib: float = BUDGET_GIB,
-              timeout_s: float = 240) -> FoundCapture:
+              timeout_s: float = 240, plan: list[dict[str, Any]] | None = None) -> FoundCapture:
     """Every run of :func:`run_plan`, each a process forked from one that imported PyTorch once
     (:mod:`gpuprof.fork_runs`), into ``<chapter>/<filename>``; without a GPU, the course's reference."""
     import json
@@ -88,9 +108,13 @@ def run_study(chapter: str, filename: str = "modes.json", *, rounds: int = ROUND
     if machine.device != "cuda":
         print(f"No GPU on this machine ({machine.summary()}): showing the course's reference results instead.")
         return find_capture(chapter, filename, prefer="reference")
-    plan = run_plan(rounds, batches)
-    print(f"{len(plan)} processes: {len(MODES)} modes x {len(batches)} batches x {rounds} rounds, {FAILURE} once, "
-          f"the largest batch in {budget_gib:g} GiB for 3 modes", flush=True)
+    custom = plan is not None
+    if plan is None:
+        plan = run_plan(rounds, batches)
+        print(f"{len(plan)} processes: {len(MODES)} modes x {len(batches)} batches x {rounds} rounds, {FAILURE} once, "
+              f"the largest batch in {budget_gib:g} GiB for 3 modes", flush=True)
+    else:
+        print(f"{len(plan)} processes, as planned by the caller", flush=True)
     results: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
@@ -107,7 +131,8 @@ def run_study(chapter: str, filename: str = "modes.json", *, rounds: int = ROUND
                     else f"batch {run['batch']}: {data['step_ms_median']:.1f} ms per step"
                     + (f", {data['nvml']['sm_mhz_median']:.0f} MHz" if (data.get("nvml") or {}).get("sm_mhz_median")
                        else f" (no clock: {data.get('nvml_why', 'not recorded')})"))
-            print(f"  [{i + 1}/{len(plan)}] {run['mode']:<13} {what} ({secs:.0f} s)", flush=True)
+            cure = f" ({run['cure']})" if run.get("cure") else ""
+            print(f"  [{i + 1}/{len(plan)}] {run['mode']:<13}{cure} {what} ({secs:.0f} s)", flush=True)
     print(f"all runs: {time.perf_counter() - t0:.0f} s")
     command = " ".join(portable_command(python_target(SCRIPT, "--mode", "<mode>", "--batch-size", "<batch>", "--warmup",
                                                       str(WARMUP), "--steps", str(STEPS), "--json", "run.json")))
@@ -115,7 +140,8 @@ def run_study(chapter: str, filename: str = "modes.json", *, rounds: int = ROUND
                                   "budget_gib": budget_gib, "steps": STEPS, "warmup": WARMUP, "runs": results},
               overwrite=True, command=f"gpuprof.studies.mixed_precision.run_study: {command} per mode and batch in "
                                       f"{rounds} interleaved rounds, each in a process forked from gpuprof.fork_runs; "
-                                      f"then --largest-batch-in {budget_gib:g} per mode")
+                                      + ("each run's 'cure' adds its flags (gpuprof.studies.mixed_precision.CURES)"
+                                         if custom else f"then --largest-batch-in {budget_gib:g} per mode"))
     return find_capture(chapter, filename)
 
 
@@ -243,6 +269,26 @@ def clock_speedups(data: dict[str, Any], batch: int = LARGE_BATCH) -> pd.DataFra
     out = both[both["batch"] == batch].drop(columns="batch").set_index("mode")
     out.attrs["clocks"] = bool(out["clocked"].sum())
     return out
+
+
+def cures_table(data: dict[str, Any]) -> pd.DataFrame:
+    """Per batch, mode and :data:`CURES` variant of a :func:`cures_plan` record: the step (median over processes of
+    each one's median, with the processes' range), AdamW's phase (``optimizer_ms``, CUDA events, median), and the
+    speed-up over the chapter's own step for the same mode and batch (its median over the variant's; ``low``: the
+    chapter's fastest process over the variant's slowest, the least favourable pairing)."""
+    rows = []
+    for (batch, mode, cure), runs in pd.DataFrame(_timed(data)).groupby(["batch", "mode", "cure"], sort=False):
+        steps = [_measured(r, "step_ms") for r in runs.to_dict("records")]
+        rows.append({"batch": int(batch), "mode": mode, "cure": cure, "step_ms": float(np.median(steps)),
+                     "step_low": min(steps), "step_high": max(steps), "processes": len(steps),
+                     "optimizer_ms": float(np.median([_measured(r, "optimizer_ms") for r in runs.to_dict("records")]))})
+    out = pd.DataFrame(rows)
+    base = out[out["cure"] == next(iter(CURES))].set_index(["batch", "mode"])
+    key = list(zip(out["batch"], out["mode"]))
+    out["speedup"] = [base.loc[k, "step_ms"] for k in key] / out["step_ms"]
+    out["speedup_low"] = [base.loc[k, "step_low"] for k in key] / out["step_high"]
+    out["cure"] = pd.Categorical(out["cure"], list(CURES), ordered=True)
+    return out.sort_values(["batch", "mode", "cure"], ignore_index=True).assign(cure=lambda d: d["cure"].astype(str))
 
 
 def speedup_floor(table: pd.DataFrame, batch: int, mode: str) -> float:
