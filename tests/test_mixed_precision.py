@@ -537,3 +537,17 @@ def test_cures_table_sets_each_variant_beside_the_chapters_step(data):
         factor = {c: f for c, f in zip(mp.CURES, (1.0, 0.8, 0.5))}[cure]
         assert row["speedup"] == pytest.approx(1 / factor)
         assert row["speedup_low"] <= row["speedup"] + 1e-12 and row["processes"] == 3
+
+
+@pytest.mark.slow
+def test_the_cures_change_no_loss_on_the_cpu(mode_runs, tmp_path):
+    """The fused optimizer and the compiled model train the same weights from the same batch: on the CPU, each
+    step's loss as the chapter's own step gives it (bf16 autocast; the compiled run also tests that Module.compile
+    after the FP32 reference pass leaves the reference and the first step alone)."""
+    runs = {cure: ["--mode", "bf16", *TINY, *flags] for cure, flags in mp.CURES.items() if flags}
+    out = forked_json_runs(SCRIPT, runs, tmp_path, timeout_s=600)
+    plain = [s["loss"] for s in mode_runs["bf16"].result["steps"]]
+    for cure, run in out.items():
+        assert run.status == "0", run.output
+        assert run.result["config"]["optimizer"] == "fused"
+        assert [s["loss"] for s in run.result["steps"]] == pytest.approx(plain, rel=1e-3), cure
