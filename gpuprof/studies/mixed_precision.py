@@ -113,7 +113,8 @@ def run_study(chapter: str, filename: str = "modes.json", *, rounds: int = ROUND
         plan = run_plan(rounds, batches)
         print(f"{len(plan)} processes: {len(MODES)} modes x {len(batches)} batches x {rounds} rounds, {FAILURE} once, "
               f"the largest batch in {budget_gib:g} GiB for 3 modes", flush=True)
-    else:
+    else:  # the record says what the plan holds, not the defaults it did not use
+        rounds, batches = 1 + max(r["round"] for r in plan), sorted({r["batch"] for r in plan if r["batch"] is not None})
         print(f"{len(plan)} processes, as planned by the caller", flush=True)
     results: list[dict[str, Any]] = []
     t0 = time.perf_counter()
