@@ -40,6 +40,18 @@ fi
 mkdir -p "$OUTDIR"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 GPUPROF_OUTPUT_DIR="$OUTDIR" GPUPROF_OVERWRITE=1
 status=0
+# study NAME LIMIT_S TAIL_LINES RUN TABLE: one chapter-10 study in Python (RUN binds 'found'; TABLE is printed rounded),
+# its output in OUTDIR/NAME_log.txt, its last TAIL_LINES lines shown
+study() {
+  echo "[$1] $(date -u +%H:%M:%S)"
+  timeout --kill-after=15 "$2" "$PY" -c "
+from gpuprof.studies import mixed_precision as mp
+$4
+print(found.describe())
+print(($5).round(3).to_string())
+" > "$OUTDIR/$1_log.txt" 2>&1 || { echo "[$1] failed ($?): see $1_log.txt"; status=1; }
+  tail -"$3" "$OUTDIR/$1_log.txt"
+}
 STEPS=",${STEPS:-census,clocks},"
 case "$STEPS" in *,census,*)
 echo "[census] $(date -u +%H:%M:%S)"
@@ -48,23 +60,9 @@ timeout --kill-after=15 240 "$PY" "$ROOT/scripts/saved_tensor_census.py" --sizes
   > "$OUTDIR/census_log.txt" 2>&1 || { echo "[census] failed ($?): see census_log.txt"; status=1; }
 tail -25 "$OUTDIR/census_log.txt" ;; esac
 case "$STEPS" in *,clocks,*)
-echo "[clocks] $(date -u +%H:%M:%S)"
-timeout --kill-after=15 420 "$PY" -c "
-from gpuprof.studies import mixed_precision as mp
-found = mp.run_study('ch10', 'clocks.json')
-print(found.describe())
-print(mp.clock_speedups(found.json()).round(3).to_string())
-" > "$OUTDIR/clocks_log.txt" 2>&1 || { echo "[clocks] failed ($?): see clocks_log.txt"; status=1; }
-tail -12 "$OUTDIR/clocks_log.txt" ;; esac
+study clocks 420 12 "found = mp.run_study('ch10', 'clocks.json')" "mp.clock_speedups(found.json())" ;; esac
 case "$STEPS" in *,cures,*)
-echo "[cures] $(date -u +%H:%M:%S)"
-timeout --kill-after=15 480 "$PY" -c "
-from gpuprof.studies import mixed_precision as mp
-found = mp.run_study('ch10', 'cures.json', plan=mp.cures_plan())
-print(found.describe())
-print(mp.cures_table(found.json()).round(3).to_string())
-" > "$OUTDIR/cures_log.txt" 2>&1 || { echo "[cures] failed ($?): see cures_log.txt"; status=1; }
-tail -16 "$OUTDIR/cures_log.txt" ;; esac
+study cures 480 16 "found = mp.run_study('ch10', 'cures.json', plan=mp.cures_plan())" "mp.cures_table(found.json())" ;; esac
 case "$STEPS" in *,checkpoint,*)
 echo "[checkpoint] $(date -u +%H:%M:%S)"
 mkdir -p "$OUTDIR/ch07"
