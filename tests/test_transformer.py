@@ -687,3 +687,34 @@ def test_graph_input_copy_kernels_by_grid_on_the_static_capture():
     median = by_grid["median_us"]
     assert median[("reduce-overhead-static", 6)] < median[("reduce-overhead", 158)] < median[("reduce-overhead", 320)]
     assert median[("reduce-overhead", 320)] / median[("reduce-overhead-static", 6)] < 320 / 6 / 10
+
+
+def test_checkpoint_table_on_the_h100_records():
+    """The 2.7B at context 1024 with and without per-block checkpointing (artifacts/ch07/checkpoint_*.json, an H100):
+    the table's figures are the records' own, the recomputation is the checkpointed run's extra FLOPs (one more forward
+    of every block: 1.33x the model's FLOPs), forward keeps less and its peak falls, and the step's peak, set by
+    AdamW's temporaries in both, stays within 0.1% (what max_memory_allocated alone would show)."""
+    plain = json.loads((REF / "checkpoint_plain.json").read_text())
+    each = json.loads((REF / "checkpoint_each_block.json").read_text())
+    t = tr.checkpoint_table(plain, each)
+    p, c = t.loc["plain"], t.loc["each block checkpointed"]
+    assert p["step_ms"] == plain["step_ms"]["mean"] and c["backward_ms"] == each["backward_ms"]["mean"]
+    assert p["hardware_over_model_flops"] == 1.0
+    assert c["hardware_over_model_flops"] == each["hardware_flops_per_step"] / each["flops_per_step"]
+    assert 1.3 < c["hardware_over_model_flops"] < 1.34
+    assert c["saved_by_forward_GiB"] < p["saved_by_forward_GiB"] / 5 and c["forward_peak_GiB"] < p["forward_peak_GiB"]
+    for run in (p, c):  # the run's peak is the optimizer's, within 0.1% (a warm-up step's may be a few MB higher)
+        assert abs(run["run_peak_GiB"] / run["optimizer_peak_GiB"] - 1) < 1e-3
+        assert run["optimizer_peak_GiB"] > max(run["forward_peak_GiB"], run["backward_peak_GiB"])
+    assert abs(c["run_peak_GiB"] / p["run_peak_GiB"] - 1) < 1e-3
+    assert c["backward_ms"] > p["backward_ms"]
+
+
+def test_checkpoint_table_refuses_runs_that_cannot_be_compared():
+    plain = json.loads((REF / "checkpoint_plain.json").read_text())
+    each = json.loads((REF / "checkpoint_each_block.json").read_text())
+    with pytest.raises(tr.GpuprofError, match="plain run first"):
+        tr.checkpoint_table(each, plain)
+    other = {**each, "config": {**each["config"], "context_length": 512}}
+    with pytest.raises(tr.GpuprofError, match="differ in context_length"):
+        tr.checkpoint_table(plain, other)

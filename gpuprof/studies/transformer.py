@@ -478,6 +478,41 @@ def memory_by_category(result: dict[str, Any]) -> dict[str, float]:
             "peak": result["peak_memory_bytes"] / gib}
 
 
+def checkpoint_table(plain: dict[str, Any], checkpointed: dict[str, Any]) -> pd.DataFrame:
+    """The same training step without and with activation checkpointing (two benchmark results, ``--checkpoint``):
+    per run the step and its phases (mean ms), what forward left for backward and the peaks (GiB, from the
+    ``memory`` record), and the FLOP rates by model FLOPs and by the FLOPs the GPU did (recomputation included).
+
+    Why every peak: checkpointing shrinks what forward keeps, so the forward's and backward's peaks fall; the run's
+    peak (``peak_memory_bytes``: every step's highest, warm-up included) is that of its highest phase, and where AdamW's
+    temporaries set it, it does not move. A reader who looks only at ``torch.cuda.max_memory_allocated`` would conclude
+    that checkpointing saved nothing.
+    """
+    if plain["config"].get("checkpoint") or not checkpointed["config"].get("checkpoint"):
+        raise GpuprofError("checkpoint_table takes the plain run first and the --checkpoint run second (their configs "
+                           f"say checkpoint {plain['config'].get('checkpoint')} and {checkpointed['config'].get('checkpoint')})")
+    differ = [k for k in ("size", "d_model", "num_layers", "context_length", "batch_size", "dtype")
+              if plain["config"].get(k) != checkpointed["config"].get(k)]
+    if differ:
+        raise GpuprofError(f"the two runs differ in {', '.join(differ)}: checkpointing's cost is read between runs of one model")
+    gib = 2**30
+    rows = {}
+    for label, r in (("plain", plain), ("each block checkpointed", checkpointed)):
+        m = r["memory"]
+        rows[label] = {
+            "step_ms": r["step_ms"]["mean"], "step_std_ms": r["step_ms"]["std"],
+            "forward_ms": r["forward_ms"]["mean"], "backward_ms": r["backward_ms"]["mean"],
+            "optimizer_ms": r["optimizer_ms"]["mean"],
+            "saved_by_forward_GiB": (m["forward_end"] - m["step_start"]) / gib,
+            "forward_peak_GiB": m["forward_peak"] / gib, "backward_peak_GiB": m["backward_peak"] / gib,
+            "optimizer_peak_GiB": m["optimizer_peak"] / gib, "run_peak_GiB": r["peak_memory_bytes"] / gib,
+            "model_tflops": r["achieved_tflops"],
+            "hardware_tflops": r.get("achieved_hardware_tflops", r["achieved_tflops"]),
+            "hardware_over_model_flops": r.get("hardware_flops_per_step", r["flops_per_step"]) / r["flops_per_step"],
+        }
+    return pd.DataFrame(rows).T
+
+
 def memory_by_context(data: dict[str, Any], size: str) -> pd.DataFrame:
     """One size's training-step memory at each context length of a sweep, in GiB: the categories of
     :func:`memory_by_category` and the peak of each phase (the last measured step of each run)."""
