@@ -480,13 +480,16 @@ def memory_by_category(result: dict[str, Any]) -> dict[str, float]:
 
 def checkpoint_table(plain: dict[str, Any], checkpointed: dict[str, Any]) -> pd.DataFrame:
     """The same training step without and with activation checkpointing (two benchmark results, ``--checkpoint``):
-    per run the step and its phases (mean ms), what forward left for backward and the peaks (GiB, from the
-    ``memory`` record), and the FLOP rates by model FLOPs and by the FLOPs the GPU did (recomputation included).
+    per run the measured steps' median step and phases (ms, with the step's fastest and slowest: a single stalled step
+    moves a mean of ten, not a median), what the last measured step's forward left for backward and that step's
+    phase peaks (GiB, the benchmark's ``memory`` record), the peak before that step (``earlier_peak_GiB``: set-up,
+    warm-up and the other steps), the run's peak (``run_peak_GiB``, the benchmark's ``peak_memory_bytes``: the
+    largest of those four), and the FLOP rates of the median step: by model FLOPs, and counting the forwards that
+    checkpointing recomputes as well (``hardware_tflops``: arithmetic from the model's shapes, not a counter).
 
-    Why every peak: checkpointing shrinks what forward keeps, so the forward's and backward's peaks fall; the run's
-    peak (``peak_memory_bytes``: every step's highest, warm-up included) is that of its highest phase, and where AdamW's
-    temporaries set it, it does not move. A reader who looks only at ``torch.cuda.max_memory_allocated`` would conclude
-    that checkpointing saved nothing.
+    Why every peak: checkpointing shrinks what forward keeps, so the forward's and backward's peaks fall, while the
+    run's peak is whichever phase is highest; where AdamW's temporaries set it, it does not move. A reader who looks
+    only at ``torch.cuda.max_memory_allocated`` would conclude that checkpointing saved nothing.
     """
     if plain["config"].get("checkpoint") or not checkpointed["config"].get("checkpoint"):
         raise GpuprofError("checkpoint_table takes the plain run first and the --checkpoint run second (their configs "
@@ -499,15 +502,18 @@ def checkpoint_table(plain: dict[str, Any], checkpointed: dict[str, Any]) -> pd.
     rows = {}
     for label, r in (("plain", plain), ("each block checkpointed", checkpointed)):
         m = r["memory"]
+        steps = np.asarray(r["step_ms_each"], dtype=float)
+        phases = np.median(np.asarray(r["phase_ms_each"], dtype=float), axis=0)
+        median_s = float(np.median(steps)) / 1e3
         rows[label] = {
-            "step_ms": r["step_ms"]["mean"], "step_std_ms": r["step_ms"]["std"],
-            "forward_ms": r["forward_ms"]["mean"], "backward_ms": r["backward_ms"]["mean"],
-            "optimizer_ms": r["optimizer_ms"]["mean"],
+            "step_ms": float(np.median(steps)), "step_min_ms": float(steps.min()), "step_max_ms": float(steps.max()),
+            "forward_ms": float(phases[0]), "backward_ms": float(phases[1]), "optimizer_ms": float(phases[2]),
             "saved_by_forward_GiB": (m["forward_end"] - m["step_start"]) / gib,
             "forward_peak_GiB": m["forward_peak"] / gib, "backward_peak_GiB": m["backward_peak"] / gib,
-            "optimizer_peak_GiB": m["optimizer_peak"] / gib, "run_peak_GiB": r["peak_memory_bytes"] / gib,
-            "model_tflops": r["achieved_tflops"],
-            "hardware_tflops": r.get("achieved_hardware_tflops", r["achieved_tflops"]),
+            "optimizer_peak_GiB": m["optimizer_peak"] / gib, "earlier_peak_GiB": m["earlier_peak"] / gib,
+            "run_peak_GiB": r["peak_memory_bytes"] / gib,
+            "model_tflops": r["flops_per_step"] / median_s / 1e12,
+            "hardware_tflops": r.get("hardware_flops_per_step", r["flops_per_step"]) / median_s / 1e12,
             "hardware_over_model_flops": r.get("hardware_flops_per_step", r["flops_per_step"]) / r["flops_per_step"],
         }
     return pd.DataFrame(rows).T
