@@ -211,6 +211,47 @@ def test_the_bfloat16_check_fails_kept_outputs_without_a_clone(bf16_deep):
     assert c.status == "failed" and c.worst_step_mean > 5 * BF16_BOUND
 
 
+class _GraphLike:
+    """A stand-in for torch.cuda.CUDAGraph on the CPU: it runs the captured step, but like a real graph it holds no
+    reference to it (a graph replays addresses, not objects), so a step nothing else keeps alive is freed, and the
+    replay says so instead of reading memory the allocator gave away (what fused_graph did on an H100)."""
+
+    def __init__(self, step):
+        import weakref
+
+        self._step = weakref.ref(step)
+
+    def replay(self):
+        step = self._step()
+        assert step is not None, "the step this graph was captured from was freed: its buffers' memory is no longer the graph's"
+        step()
+
+
+def _graph_like(torch, step, reset, warmup=3):
+    reset()
+    step()
+    return _GraphLike(step)
+
+
+@pytest.mark.parametrize("name", ["graph", "compile_graph", "fused_graph", "int8_graph"])
+def test_every_graph_rung_keeps_the_step_it_replays_alive(tiny, monkeypatch, name):
+    """A CUDA graph replays the addresses of the tensors its step read (the mask's positions, the kept columns) and
+    holds no reference to them: the rung must. With the compiled layers replaced by the plain ones (the question is
+    lifetime, not compilation), each graph rung generates after make_fixed_rungs has returned and a collection has
+    run. Before the fix, compile_graph's and fused_graph's steps were freed there (an H100 run read the freed columns
+    as indices: a device-side assert in the gather behind index_select)."""
+    import gc
+
+    model, prompt, runs = tiny
+    monkeypatch.setattr(llm, "capture_graph", _graph_like)
+    monkeypatch.setattr(llm, "compiled_layer", lambda torch: llm.fixed_layer)
+    monkeypatch.setattr(llm, "tuned_layer", lambda torch, fn=llm.fused_layer: fn)
+    rung = _fixed(model, [name])[name]
+    gc.collect()
+    out = llm.generate(rung, prompt, NEW, force=runs["eager_static"].tokens)
+    assert out.kept.shape[1] == NEW + 1
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["compile", "fused_graph", "int8_graph"])
 def test_the_compiled_step_matches_the_reference_on_the_cpu(tiny, monkeypatch, name):
@@ -223,7 +264,7 @@ def test_the_compiled_step_matches_the_reference_on_the_cpu(tiny, monkeypatch, n
 
     model, prompt, runs = tiny
     ref = runs["eager_static"]
-    monkeypatch.setattr(llm, "capture_graph", lambda torch, step, reset, warmup=3: type("G", (), {"replay": step})())
+    monkeypatch.setattr(llm, "capture_graph", _graph_like)
     before = inductor_config.coordinate_descent_tuning
     try:
         rung = _fixed(model, [name])[name]

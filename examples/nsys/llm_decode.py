@@ -646,8 +646,12 @@ class FixedRung:
 
     static_outputs = True  # each step returns the step's own output buffers
 
-    def __init__(self, name: str, step: FixedStep, run: Callable[[], Any], setup_s: float) -> None:
+    def __init__(self, name: str, step: FixedStep, run: Callable[[], Any], setup_s: float,
+                 captured: FixedStep | None = None) -> None:
         self.name, self.fixed, self.run, self.setup_s = name, step, run, setup_s
+        # the step a CUDA graph was captured from: the graph replays its tensors' addresses but holds no reference to
+        # them, so the rung must, as long as it may replay (else the caching allocator hands that memory to others)
+        self.captured = captured
 
     def prefill(self, prompt: Any) -> Any:
         self.prompt_len = prompt.shape[1]
@@ -665,6 +669,7 @@ class FixedRung:
 
     def release(self) -> None:
         self.run = None  # type: ignore[assignment]
+        self.captured = None
 
 
 def compiled_layer(torch: Any) -> Callable[..., Any]:
@@ -709,6 +714,7 @@ def shared_buffers(step: FixedStep, like: FixedStep) -> FixedStep:
     """``step`` reading and writing ``like``'s buffers (input ids, position, outputs): one set for all the rungs."""
     step.tokens, step.pos, step.top_values, step.top_ids, step.kept = (
         like.tokens, like.pos, like.top_values, like.top_ids, like.kept)
+    step.positions, step.columns = like.positions, like.columns  # read by the step (mask, kept logits): one copy too
     return step
 
 
@@ -745,7 +751,7 @@ def make_fixed_rungs(names: list[str], model: Decoder, batch: int, positions: in
         # int8_graph's rung holds its own step (the int8 model: its prefill runs on those weights too, and they live as
         # long as the rung, which the graph's replays read); the others hold the eager step (the BF16 model's prefill)
         owner = compiled_steps["int8"] if name in INT8 else eager_step
-        rungs[name] = FixedRung(name, owner, run, time.perf_counter() - t0)
+        rungs[name] = FixedRung(name, owner, run, time.perf_counter() - t0, captured=step if name in NEEDS_GPU else None)
     return rungs
 
 
