@@ -239,7 +239,8 @@ def test_every_graph_rung_keeps_the_step_it_replays_alive(tiny, monkeypatch, nam
     holds no reference to them: the rung must. With the compiled layers replaced by the plain ones (the question is
     lifetime, not compilation), each graph rung generates after make_fixed_rungs has returned and a collection has
     run. Before the fix, compile_graph's and fused_graph's steps were freed there (an H100 run read the freed columns
-    as indices: a device-side assert in the gather behind index_select)."""
+    as indices: a device-side assert in the gather behind index_select). The stand-in checks the step object, which is
+    stricter than its tensors: it guards FixedRung.captured, not only shared_buffers' sharing of positions and columns."""
     import gc
 
     model, prompt, runs = tiny
