@@ -723,3 +723,42 @@ def test_checkpoint_table_refuses_runs_that_cannot_be_compared():
     other = {**each, "config": {**each["config"], "context_length": 512}}
     with pytest.raises(tr.GpuprofError, match="differ in context_length"):
         tr.checkpoint_table(plain, other)
+
+
+def test_the_graph_variant_keeps_its_input_alive(monkeypatch):
+    """A CUDA graph replays the addresses its capture read and holds no reference to those tensors, so the graph
+    variant's forward must keep its static input alive (chapter 12's decode script lost one this way, and its replays
+    read freed memory). On the CPU, with stand-ins for the CUDA stream and graph calls (they record nothing), the
+    input the capture read must survive make_forward's return and a collection."""
+    import contextlib
+    import gc
+    import weakref
+
+    layer = load_script(tr.LAYER)
+    args = layer.parse_args(LAYER_TINY)
+    weights = layer.make_weights(args, "cpu")
+    x = torch.randn(args.batch_size, args.seq_len, args.d_model)
+
+    class Stand:
+        def __init__(self, *a, **k):
+            pass
+
+        def wait_stream(self, other):
+            pass
+
+        def replay(self):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stand)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Stand)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: Stand())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "graph", lambda g: contextlib.nullcontext())
+    read = []
+    real_stack = layer.stack
+    monkeypatch.setattr(layer, "stack", lambda fn, w, inp, heads: read.append(weakref.ref(inp)) or real_stack(fn, w, inp, heads))
+    with torch.inference_mode():
+        forward = layer.make_forward("graph", weights, x, args.heads)
+    gc.collect()
+    assert read and all(r() is not None for r in read), "the graph's input was freed after make_forward returned"
+    assert forward() is not None

@@ -255,6 +255,9 @@ def make_forward(variant: str, weights: list[dict[str, Any]], x: Any, heads: int
             graph.replay()
             return static_out
 
+        # A CUDA graph replays addresses and holds no reference to the tensors it read: the forward keeps its input
+        # alive (weights are the caller's), else the allocator may hand that memory to another variant's temporaries
+        replay.static_input = static_x  # type: ignore[attr-defined]
         return replay
     if variant == "reduce-overhead":  # the whole stack compiled as one function, so one graph covers every layer
         return torch.compile(lambda: stack(layer_ops, weights, x, heads), mode="reduce-overhead")
