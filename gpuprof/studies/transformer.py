@@ -37,7 +37,7 @@ from ..errors import GpuprofError
 __all__ = ["BENCHMARK", "LAYER", "SIZES", "CAPTURE_ARGS", "MEASURED_RANGE", "BACKTRACES", "capture_benchmark",
            "capture_layer", "step_table", "measured", "phase_summary", "kinds_per_step", "matmul_kernels",
            "events_vs_nvtx", "backtrace_coverage", "sweep_table", "sweep_figure", "layer_table",
-           "layer_figure", "window_table", "split_ratios", "SPLIT_BOUNDS", "graph_input_copies", "graph_input_copy_kernels", "GRAPH_INPUT_COPY", "LAUNCH_CALLS", "memory_by_category", "memory_by_context", "activation_fit", "compare_optimizers", "optimizer_table",
+           "layer_figure", "window_table", "split_ratios", "SPLIT_BOUNDS", "graph_input_copies", "graph_input_copy_kernels", "GRAPH_INPUT_COPY", "LAUNCH_CALLS", "memory_by_category", "checkpoint_table", "memory_by_context", "activation_fit", "compare_optimizers", "optimizer_table",
            "run_benchmarks", "WARMUPS", "with_option", "warmup_table", "ATTENTION_PARTS", "attention_split", "softmax_bytes_per_step", "matmul_share"]
 
 BENCHMARK = REPO_ROOT / "examples" / "nsys" / "transformer_benchmark.py"
