@@ -114,11 +114,12 @@ def _now() -> str:
 
 
 def record_file(chapter: str, filename: str, command: Sequence[str] | str,
-                tools: dict[str, str] | None = None) -> dict[str, Any]:
+                tools: dict[str, str] | None = None, note: str | None = None) -> dict[str, Any]:
     """Add (or refresh) one file's entry in the chapter's ``provenance.json``.
 
     The machine description and tool versions are written with every entry, so a
     folder whose files came from two runs says so instead of mixing them silently.
+    ``note``: what the command alone does not say (a file derived from another, say).
     """
     folder = chapter_output(chapter)
     prov_path = folder / PROVENANCE_FILE
@@ -130,6 +131,8 @@ def record_file(chapter: str, filename: str, command: Sequence[str] | str,
         "tools": dict(tools or {}),
         "git_commit": git_commit(),
     }
+    if note:
+        entry["note"] = note
     target = folder / filename
     if target.exists():
         entry["bytes"] = target.stat().st_size

@@ -19,16 +19,16 @@ provenance records as run:
    the arithmetic's prediction for the same free memory. Its time is unmeasured (no GPU has run it yet); estimated
    at under a minute beyond loading the weights: some 40 tries, each writing its cache once and reading it and the
    weights once, at most the GPU's memory each way;
-8. ``decode_ncu_compile_graph.ncu-rep``, ``decode_ncu_fused_graph.ncu-rep`` and ``decode_ncu_int8_graph.ncu-rep``
-   (gzipped when over ``gpuprof.ncu.capture.MAX_REPORT_BYTES``): Nsight Compute over ONE decoding step of each rung at
-   batch 1 (for int8_graph: whether Inductor fused the int8 matrices' cast and scale into the products, or each
-   matrix's cast is a kernel of its own that writes a BF16 copy, which the reader then shows as bytes beyond the
-   weights or cannot match to the layer's roles)
-   (step :data:`NCU_STEP` of the timed generation, selected by its NVTX ranges; ``--graph-profiling node``, so
-   each kernel of the graph is its own result; the SpeedOfLight section and the metrics
-   ``gpuprof.studies.decode_kernels`` reads: duration, DRAM bytes read, DRAM throughput's share of peak), each
-   then read per kernel and by the layer's role (printed; the report is the reference; int8_graph's matrices read
-   as one byte a weight, :data:`MATRIX_BYTES`). It fails with one
+8. ``decode_ncu_compile_graph.kernels.csv``, ``decode_ncu_fused_graph.kernels.csv`` and
+   ``decode_ncu_int8_graph.kernels.csv``: Nsight Compute over ONE decoding step of each rung at batch 1 (for
+   int8_graph: whether Inductor fused the int8 matrices' cast and scale into the products, or each matrix's cast is a
+   kernel of its own that writes a BF16 copy, which the reader then shows as bytes beyond the weights or cannot match
+   to the layer's roles) (step :data:`NCU_STEP` of the timed generation, selected by its NVTX ranges;
+   ``--graph-profiling node``, so each kernel of the graph is its own result; the SpeedOfLight section and the
+   metrics ``gpuprof.studies.decode_kernels`` reads: duration, DRAM bytes read, DRAM throughput's share of peak), each
+   then read per kernel and by the layer's role (printed). The reference is the kernel table
+   (``decode_kernels.write_kernel_table``: a row per kernel, 64 KB); the report itself (``decode_ncu_<rung>.ncu-rep``,
+   71 MB for a step of 502 kernels on an H200, 2026-11-27) stays where it was made, ignored by git. It fails with one
    sentence where ncu is missing or the driver keeps the counters to administrators;
 
 then ``scripts/capture_all.py --notebooks notebooks/12__llm_inference.ipynb`` (executes the notebook in
@@ -159,15 +159,21 @@ def ceilings() -> None:
 
 
 def nsys_capture() -> None:
-    """nsys over the naive loop and the best rung at batch 1; the export gzipped as the course commits it."""
-    from gpuprof.artifacts import chapter_output, gzip_reference
+    """nsys over the naive loop and the best rung at batch 1; the export cut to the last 16 steps of each rung
+    (``llm_inference.trim_decode_capture``) and gzipped, as the course commits it."""
+    import json
+
+    from gpuprof.artifacts import chapter_output, gzip_reference, record_file
     from gpuprof.studies import llm_inference as li
 
     cap = li.capture_decode("decode_b1", NSYS_ARGS)
     if cap.sqlite.source != "this machine":
         raise GpuprofError("The nsys capture was not made here (its message is above).")
     folder = chapter_output("ch12")
+    note = li.trim_decode_capture(folder / "decode_b1.sqlite")
     gzip_reference(folder / "decode_b1.sqlite")
+    entry = json.loads((folder / "provenance.json").read_text())["files"]["decode_b1.sqlite.gz"]
+    record_file("ch12", "decode_b1.sqlite.gz", entry["command"], entry.get("tools"), note=note)
     (folder / "decode_b1.nsys-rep").unlink(missing_ok=True)  # raw reports stay out of the course (.gitignore)
     print(li.capture_summary(folder / "decode_b1.sqlite.gz").round(3).to_string(), flush=True)
 
@@ -209,7 +215,7 @@ def ncu_capture_step(rungs: tuple[str, ...] | list[str] = NCU_RUNGS) -> list[str
     read (they are kept: the reader's sentence is printed)."""
     import json
 
-    from gpuprof.artifacts import chapter_output, gzip_reference
+    from gpuprof.artifacts import chapter_output, gzip_reference, record_file
     from gpuprof.ncu.capture import MAX_REPORT_BYTES, ncu_capture
     from gpuprof.studies import decode_kernels as dk
     from gpuprof.studies.llm_inference import model_config
@@ -220,7 +226,11 @@ def ncu_capture_step(rungs: tuple[str, ...] | list[str] = NCU_RUNGS) -> list[str
         raise GpuprofError("The ncu step cannot read GPU performance counters here: the driver keeps them to "
                            "administrators (RmProfilingAdminOnly: 1).", COUNTER_PERMISSION_HINT)
     ceilings = chapter_output("ch12") / "ceilings.json"
-    copy_gbps = json.loads(ceilings.read_text())["d2d_gbps"] if ceilings.exists() else None
+    copy_gbps = None
+    if ceilings.exists():  # the shares only against a copy measured on this GPU's model (the committed one may not be)
+        measured = json.loads(ceilings.read_text())
+        if measured.get("gpu") == describe_machine().gpu_name:
+            copy_gbps = measured["d2d_gbps"]
     unread = []
     for rung in rungs:
         cap = None
@@ -248,7 +258,12 @@ def ncu_capture_step(rungs: tuple[str, ...] | list[str] = NCU_RUNGS) -> list[str
                   flush=True)
             unread.append(report.name)
             continue
-        print(f"ncu, {rung}: {len(table)} kernels in one step ({report.name})", flush=True)
+        kernel_table = dk.write_kernel_table(report, report.parent / f"decode_ncu_{rung}.kernels.csv")
+        record_file("ch12", kernel_table.name, cap.command,
+                    note=f"{report.name} ({report.stat().st_size:,} bytes, not kept: git ignores it) read by "
+                         "gpuprof.studies.decode_kernels.write_kernel_table: a row per profiled kernel")
+        print(f"ncu, {rung}: {len(table)} kernels in one step ({report.name}; the reference: {kernel_table.name})",
+              flush=True)
         print(dk.role_table(table, model_config("8b"), MATRIX_BYTES.get(rung, 2), copy_gbps).round(3).to_string(),
               flush=True)
     return unread

@@ -166,3 +166,33 @@ def test_an_int8_step_is_read_with_one_byte_a_weight(tmp_path):
     assert list(k.loc[k["kernel"] == "gemv", "role"])[-1] == "lm_head"
     with pytest.raises(GpuprofError, match=r"read 3 of the 9 weight blocks one decoding step reads"):
         dk.step_kernels(path, CFG, 2)
+
+
+def test_a_kernel_table_reads_back_as_its_source_did(step_csv, tmp_path):
+    path, _ = step_csv
+    table = dk.write_kernel_table(path, tmp_path / "step.kernels.csv")
+    a, b = dk.step_kernels(path, CFG, E), dk.step_kernels(table, CFG, E)
+    import pandas as pd
+
+    pd.testing.assert_frame_equal(a, b)
+    with pytest.raises(GpuprofError, match="kernels.csv"):
+        dk.write_kernel_table(path, tmp_path / "step.csv")
+
+
+REFERENCE = {"fused_graph": 2, "int8_graph": 1}  # artifacts/ch12's kernel tables (H200, 2026-11-27) and element sizes
+
+
+@pytest.mark.parametrize("rung", sorted(REFERENCE))
+def test_the_committed_step_tables_hold_one_whole_step_of_8b(rung):
+    """The real references: one step of 502 kernels, every weight matrix matched once, its bytes those of the weights
+    (within 1%), the output projection one kernel (the reader's rule would fail loudly on a partial or doubled step)."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "artifacts" / "ch12" / f"decode_ncu_{rung}.kernels.csv"
+    cfg = model_config("8b")
+    k = dk.step_kernels(path, cfg, REFERENCE[rung], step_range=f"rung_{rung}_b1/decode_step_4")
+    t = dk.role_table(k, cfg, REFERENCE[rung])
+    assert len(k) == 502 and t.loc["lm_head", "kernels"] == 1
+    for role in ("qkv", "o", "gate/up", "down", "lm_head"):
+        assert t.loc[role, "read_over_weights"] == pytest.approx(1.0, abs=0.01), role
+    assert (k["role"] == "o").sum() == cfg.layers

@@ -193,6 +193,27 @@ def test_the_capture_reader_names_the_launch_bound_loop_and_the_graph(tmp_path):
     assert graph["cpu_ms_per_step"] == pytest.approx(0.1)
 
 
+def test_a_trimmed_capture_keeps_whole_late_steps_and_the_graphs_late_kernels(tmp_path):
+    """The reference trim: the eager rung's last two steps (ranges, launch calls and kernels), the graph rung whole,
+    its kernels kept with their launch though they run long after its steps' ranges end; the summary of what is
+    kept is the same per step."""
+    path = tmp_path / "decode.sqlite"
+    _export(path)
+    before = li.capture_summary(path)
+    note = li.trim_decode_capture(path, {"eager_static": 2})
+    assert "eager_static 2 of 3" in note and "graph 3 of 3" in note
+    steps = li.decode_steps(path)
+    assert list(steps["step"]) == [1, 2, 0, 1, 2] and (steps["kernels"] == 4).all()
+    after = li.capture_summary(path)
+    assert after.loc[("eager_static", 1), "steps"] == 2
+    for col in ("kernels_per_step", "launch_calls_per_step", "cpu_ms_per_step", "gpu_busy_ms_per_step"):
+        assert after.loc[("eager_static", 1), col] == pytest.approx(before.loc[("eager_static", 1), col]), col
+    assert after.loc[("graph", 1)].equals(before.loc[("graph", 1)])
+    con = sqlite3.connect(path)
+    assert con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0] == 8 + 12
+    con.close()
+
+
 def test_a_capture_without_the_scripts_ranges_is_refused(tmp_path):
     path = tmp_path / "plain.sqlite"
     con = sqlite3.connect(path)
@@ -248,9 +269,9 @@ def test_the_sweeps_knee_and_prediction_come_from_its_context_and_rates():
     fit = li.knee_fit(t, "graph")
     lo, hi = fit.split
     assert lo <= fit.batch <= hi and fit.right[1] > fit.left[1] > 0  # the upper line is the steeper
-    # The split with the least residuals overall, 128 | 256, has its lines crossing at 315.7, outside its own split
-    # (batch 256 would sit on the wrong line); the fit keeps only splits whose lines cross between them.
-    assert fit.split == (256, 384) and fit.batch == pytest.approx(261.6, abs=0.05)
+    # the H200 record of 2026-11-27: the lines of the split 128 | 256 cross at 200.0, between them (the fit keeps
+    # only splits whose lines cross between them, tested above on a known knee)
+    assert fit.split == (128, 256) and fit.batch == pytest.approx(200.0, abs=0.05)
     predicted = li.crossover_batch(CFG, context, ceil.copy_gbps, ceil.matmul_tflops)
     mem, comp = li.roofline_ms(li.step_cost(CFG, round(predicted), context), ceil)
     assert mem == pytest.approx(comp, rel=0.01)  # the crossover is where the two times meet
@@ -331,3 +352,15 @@ def test_a_kv_capacity_record_made_under_other_arithmetic_is_refused():
     res["contexts"][1]["predicted_batch"] += 1
     with pytest.raises(GpuprofError, match="the arithmetic now gives 20"):
         li.kv_capacity_table(res)
+
+
+def test_the_committed_capture_names_the_naive_loop_cpu_bound_and_the_graphs_gpu_bound():
+    """decode_b1.sqlite.gz (H200, 2026-11-27, trimmed): the naive loop launches each kernel itself and leaves the GPU
+    idle most of a step; the two graph rungs launch one graph a step and keep it busy; the fused step has fewer
+    kernels than the compiled one."""
+    s = li.capture_summary(_ch12("decode_b1.sqlite").path)
+    eager, graph, fused = (s.loc[(r, 1)] for r in ("eager_dynamic", "compile_graph", "fused_graph"))
+    assert eager["bound"] == "CPU" and graph["bound"] == "GPU" and fused["bound"] == "GPU"
+    assert eager["launch_calls_per_step"] == eager["kernels_per_step"] > 1000
+    assert graph["graph_launches_per_step"] == fused["graph_launches_per_step"] == 1
+    assert fused["kernels_per_step"] < graph["kernels_per_step"]

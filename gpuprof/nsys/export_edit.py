@@ -17,7 +17,10 @@ from typing import Sequence
 
 from .sqlite import KERNEL_TABLE, RUNTIME_TABLE, nvtx_ranges, open_export, table_names
 
-__all__ = ["ENV_REMOVED", "scrub_environment", "keep_callchains", "trim_reference", "keep_in_windows"]
+__all__ = ["ENV_REMOVED", "scrub_environment", "keep_callchains", "trim_reference", "keep_in_windows",
+           "keep_launched_in"]
+
+LAUNCHED_TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
 
 ENV_REMOVED = "(removed by gpuprof: the capture machine's environment variables are not kept)"
 
@@ -176,3 +179,34 @@ def keep_in_windows(path: str | Path, tables: Sequence[str], windows: Sequence[t
         return ""
     return (f"the rows starting inside {len(windows)} given windows were kept{said}: " + ", ".join(notes)
             + f" ({before / 2**20:.1f} -> {path.stat().st_size / 2**20:.1f} MiB)")
+
+
+def keep_launched_in(path: str | Path, windows: Sequence[tuple[int, int]]) -> str:
+    """Keep the CUDA API calls that start inside ``windows`` ((start, end), ns, the export's clock: a chapter's step
+    ranges, say) and the GPU work they launched, matched by correlation id (a graph's kernels carry their
+    ``cudaGraphLaunch``'s, so they stay with the launch however late they run); delete the rest of the API,
+    kernel, copy and memset tables. Why not by time: where the CPU runs ahead, a step's kernels run after its range
+    ends, and a window on the GPU's clock would cut them off or take the next step's. Returns the sentence for the
+    provenance, with how many rows each table kept."""
+    path = Path(path)
+    before = path.stat().st_size
+    notes = []
+    with closing(sqlite3.connect(path)) as conn:
+        present = table_names(conn)
+        if RUNTIME_TABLE not in present:
+            return ""
+        conn.execute("CREATE TEMP TABLE launch_windows (lo INTEGER, hi INTEGER)")
+        conn.executemany("INSERT INTO launch_windows VALUES (?, ?)", [(int(a), int(b)) for a, b in windows])
+        for t in (RUNTIME_TABLE, *(x for x in LAUNCHED_TABLES if x in present)):
+            total = conn.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0]
+            if t == RUNTIME_TABLE:
+                conn.execute(f'DELETE FROM "{t}" WHERE NOT EXISTS (SELECT 1 FROM launch_windows '
+                             f'WHERE "{t}".start >= lo AND "{t}".start <= hi)')
+            else:
+                conn.execute(f'DELETE FROM "{t}" WHERE correlationId NOT IN (SELECT correlationId FROM {RUNTIME_TABLE})')
+            kept = conn.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0]
+            notes.append(f"{t} {kept} of {total}")
+        conn.commit()
+        conn.execute("VACUUM")
+    return (f"only the CUDA API calls starting inside {len(windows)} given windows and the GPU work they launched were "
+            "kept: " + ", ".join(notes) + f" ({before / 2**20:.1f} -> {path.stat().st_size / 2**20:.1f} MiB)")

@@ -39,7 +39,8 @@ import pandas as pd
 
 from ..errors import GpuprofError
 
-__all__ = ["NCU_METRICS", "ROLES", "WeightBlock", "weight_roles", "step_kernels", "role_table", "read_kernel_metrics"]
+__all__ = ["NCU_METRICS", "ROLES", "WeightBlock", "weight_roles", "step_kernels", "role_table", "read_kernel_metrics",
+           "write_kernel_table"]
 
 DURATION, READ, DRAM_PCT = ("gpu__time_duration.sum", "dram__bytes_read.sum",
                             "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed")
@@ -69,9 +70,12 @@ def read_kernel_metrics(source: str | Path | pd.DataFrame) -> pd.DataFrame:
     """One row per profiled kernel in launch order: ``kernel``, ``nvtx`` (the push/pop ranges open at its launch, where
     the source has them: a report does, a details CSV does not) and :data:`NCU_METRICS` in base units (ns, bytes, %).
 
-    ``source``: an ``.ncu-rep`` (or ``.ncu-rep.gz``) report, its ``--page details`` CSV, or a table already read."""
+    ``source``: an ``.ncu-rep`` (or ``.ncu-rep.gz``) report, its ``--page details`` CSV, a kernel table that
+    :func:`write_kernel_table` wrote (``*.kernels.csv``), or a table already read."""
     if isinstance(source, pd.DataFrame):
         table = source.copy()
+    elif str(source).endswith(".kernels.csv"):
+        table = pd.read_csv(source, keep_default_na=False, na_values={m: [""] for m in NCU_METRICS})
     elif str(source).endswith(".csv"):
         from ..ncu.csv_reader import metric_columns, read_details
 
@@ -88,6 +92,21 @@ def read_kernel_metrics(source: str | Path | pd.DataFrame) -> pd.DataFrame:
     if "nvtx" not in table:
         table["nvtx"] = ""
     return table[["kernel", "nvtx", *NCU_METRICS]].reset_index(drop=True)
+
+
+def write_kernel_table(source: str | Path | pd.DataFrame, path: str | Path) -> Path:
+    """Write :func:`read_kernel_metrics`'s table to ``path`` (a CSV named ``*.kernels.csv``) and return it.
+
+    Why: a report of one decoding step holds every kernel's SpeedOfLight section and launch record, 71 MB for the
+    502 kernels of a compiled step (11 MB gzipped), far more than the course keeps; the reader needs five columns.
+    The table keeps them for every kernel, in launch order, so a reference made from it reads exactly as the report
+    did (tested)."""
+    path = Path(path)
+    if not path.name.endswith(".kernels.csv"):
+        raise GpuprofError(f"{path.name}: a kernel table's name ends in .kernels.csv (that is how it is read back).",
+                           "Name it like decode_ncu_fused_graph.kernels.csv.")
+    read_kernel_metrics(source).to_csv(path, index=False)
+    return path
 
 
 def step_kernels(source: str | Path | pd.DataFrame, cfg: Any, dtype_bytes: int = 2, step_range: str | None = None,

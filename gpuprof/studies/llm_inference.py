@@ -48,7 +48,8 @@ from ..nsys import sqlite as ns
 __all__ = ["SCRIPT", "CHAPTER", "script", "model_config", "StepCost", "step_cost", "Ceiling", "Ceilings",
            "recorded_ceilings", "ceiling_records", "session_ceilings", "roofline_ms", "crossover_batch", "prediction_table", "kv_capacity",
            "max_context", "capacity_table", "kv_capacity_table", "run_decode", "load_results", "rows_table", "KneeFit", "knee_fit", "measured_knee", "ladder_figure",
-           "CAPTURE_OPTIONS", "capture_decode", "decode_steps", "capture_summary", "RUNG_RANGE", "STEP_RANGE"]
+           "CAPTURE_OPTIONS", "capture_decode", "decode_steps", "capture_summary", "RUNG_RANGE", "STEP_RANGE",
+           "trim_decode_capture"]
 
 SCRIPT = REPO_ROOT / "examples" / "nsys" / "llm_decode.py"
 CHAPTER = "ch12"
@@ -519,6 +520,52 @@ def capture_decode(name: str, args: Sequence[str]) -> Any:
     from ..nsys.capture import nsys_capture
 
     return nsys_capture(CHAPTER, name, SCRIPT, list(args), options=CAPTURE_OPTIONS)
+
+
+def trim_decode_capture(path: str | Path, keep_last: dict[str, int] | None = None) -> str:
+    """Cut an uncompressed export of :func:`capture_decode` down to a course reference: per rung, its last
+    ``keep_last[rung]`` decoding steps (every step of a rung not named; their NVTX ranges, the CUDA calls made inside
+    them and the GPU work those launched), the earlier steps' ranges and the prefill's and warm-up's work deleted, the
+    tables no reader here uses dropped, the environment scrubbed. Why: the naive loop's 32 steps alone are 48,000
+    kernels and as many launch calls, most of a 3.4 MB export; :func:`capture_summary` reads per step, so fewer of its
+    steps say the same, while a graph rung's steps cost few rows and all of them show when the CPU, run ahead, starts
+    waiting for the GPU. Default: ``{"eager_dynamic": 8}``. Returns the sentence for the provenance."""
+    import sqlite3
+    from contextlib import closing
+
+    from ..nsys import export_edit as ee
+
+    keep_last = {"eager_dynamic": 8} if keep_last is None else keep_last
+    path = Path(path)
+    ranges = ns.nvtx_ranges(path)
+    text = ranges["text"].astype(str)
+    rungs, steps = ranges[text.str.match(RUNG_RANGE)], ranges[text.str.match(STEP_RANGE)].copy()
+    if steps.empty or rungs.empty:
+        raise GpuprofError(f"{path.name} holds no rung_<RUNG>_b<BATCH> ranges with decode_step_N inside: nothing to keep.",
+                           "Trim a capture of llm_decode.py (capture_decode).")
+    steps["n"] = steps["text"].str.extract(STEP_RANGE)["step"].astype(int)
+    steps["rung"] = None
+    for r in rungs.itertuples():
+        inside = (steps["start"] >= r.start) & (steps["end"] <= r.end) & (steps["globalTid"] == r.globalTid)
+        steps.loc[inside, "rung"] = RUNG_RANGE.match(r.text)["rung"]
+    said, keep = [], []
+    for rung, g in steps.dropna(subset=["rung"]).groupby("rung", sort=False):
+        n = keep_last.get(rung, len(g))
+        keep.append(g.sort_values("n").tail(n))
+        said.append(f"{rung} {min(n, len(g))} of {len(g)}")
+    kept = pd.concat(keep)
+    drop = steps.drop(index=kept.index)
+    notes = [ee.trim_reference(path, drop_tables=("CUPTI_ACTIVITY_KIND_CUDA_EVENT", "PROFILER_OVERHEAD",
+                                                 "DIAGNOSTIC_EVENT", "CUDA_GRAPH_NODE_EVENTS")),
+             ee.keep_launched_in(path, list(zip(kept["start"], kept["end"])))]
+    with closing(sqlite3.connect(path)) as conn:
+        conn.executemany("DELETE FROM NVTX_EVENTS WHERE start = ? AND globalTid = ?",
+                         [(int(a), int(t)) for a, t in zip(drop["start"], drop["globalTid"])])
+        conn.commit()
+        conn.execute("VACUUM")
+    ee.scrub_environment(path)
+    return ("the last decoding steps of each rung kept (" + ", ".join(said) + "; the earlier steps' ranges "
+            "deleted); " + "; ".join(n for n in notes if n))
 
 
 def decode_steps(path: str | Path) -> pd.DataFrame:
