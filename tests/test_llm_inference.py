@@ -364,3 +364,19 @@ def test_the_committed_capture_names_the_naive_loop_cpu_bound_and_the_graphs_gpu
     assert eager["launch_calls_per_step"] == eager["kernels_per_step"] > 1000
     assert graph["graph_launches_per_step"] == fused["graph_launches_per_step"] == 1
     assert fused["kernels_per_step"] < graph["kernels_per_step"]
+
+
+def test_the_profiled_step_matches_the_traced_one_kernel_for_kernel():
+    """fused_graph's step 4 under ncu (the kernel table) and in the nsys capture: the same 502 kernels in the same
+    order, so the traced times can replace ncu's (in_situ); a step of another rung is refused."""
+    from gpuprof.studies import decode_kernels as dk
+
+    cfg = li.model_config("8b")
+    k = dk.step_kernels(_ch12("decode_ncu_fused_graph.kernels.csv").path, cfg, 2,
+                        step_range="rung_fused_graph_b1/decode_step_4")
+    t = li.step_kernel_times(_ch12("decode_b1.sqlite").path, "fused_graph", 4)
+    both = li.in_situ(k, t)
+    assert len(both) == 502 and (both["read_MB"] == k["read_MB"]).all()
+    assert both["time_us"].sum() < k["time_us"].sum()  # ncu's replays stretch the step
+    with pytest.raises(GpuprofError, match="differ"):
+        li.in_situ(k, li.step_kernel_times(_ch12("decode_b1.sqlite").path, "compile_graph", 4))

@@ -16,7 +16,9 @@ nothing else in a layer reads a block that large (8b's smallest matrix, k's, is 
 product, and the step's matrix products come in the model's order: per layer q/k/v, o, gate/up, down, then the
 output projection (:func:`weight_roles`). They are matched in that order, each role taking kernels until their
 bytes reach ``1 - tolerance`` of its matrices' (q, k and v count as one role, fused or not, and so do gate and
-up; a product split over two kernels is matched the same way). Every other kernel is ``attention`` if it runs
+up; a product split over two kernels is matched the same way). A small kernel right after a product's that finishes
+its reduction (:data:`FINISHER`: Inductor's ``triton_per_*_mm_*``, cuBLAS's ``splitKreduce``) is that product's.
+Every other kernel is ``attention`` if it runs
 after a layer's q/k/v products and before its o product (rotary embeddings, the cache write, scores, softmax,
 the weighted sum), else ``other`` (embedding, norms, residual adds, SiLU x up, the top-k and the step's copies).
 A report that does not hold every matrix of one step, or holds more, is refused with a sentence.
@@ -30,6 +32,7 @@ configuration runs; the first GPU run of ``--only ncu`` is this reader's first r
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +49,12 @@ DURATION, READ, DRAM_PCT = ("gpu__time_duration.sum", "dram__bytes_read.sum",
                             "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed")
 NCU_METRICS = [DURATION, READ, DRAM_PCT]
 ROLES = ("qkv", "o", "gate/up", "down", "attention", "lm_head", "other")
+# The second kernel of a product split over its reduction: Inductor's generated matrix-vector product at batch 1 is a
+# split reduction, a ``triton_red_*mm*`` kernel that streams the weights into partial sums, then a ``triton_per_*mm*``
+# kernel that adds the partials (it reads kilobytes); cuBLAS's split-K products end in ``splitKreduce_kernel``. Right
+# after a product's kernel, such a kernel belongs to that product (a reader found 96 of them filed as attention and
+# other in chapter 12's first tables).
+FINISHER = re.compile(r"^triton_per_\w*_mm_|splitKreduce")
 
 
 @dataclass(frozen=True)
@@ -132,7 +141,13 @@ def step_kernels(source: str | Path | pd.DataFrame, cfg: Any, dtype_bytes: int =
     smallest = min(cfg.kv_heads * cfg.head_dim, cfg.q_heads * cfg.head_dim) * cfg.d_model * dtype_bytes
     roles, layers = [], []
     at, got, last = 0, 0.0, "other"
-    for bytes_read in table[READ].to_numpy(dtype=float):
+    product = None  # the role of the kernel just before, when it was a product (or its finisher)
+    for name, bytes_read in zip(table["kernel"].astype(str), table[READ].to_numpy(dtype=float)):
+        if bytes_read < min_share * smallest and product is not None and FINISHER.search(name):
+            roles.append(product)
+            layers.append(layers[-1])
+            continue
+        product = None
         if bytes_read >= min_share * smallest:
             if at == len(blocks):
                 raise GpuprofError(f"The step read more weight-sized blocks than the model has matrices ({len(blocks)} "
@@ -141,7 +156,7 @@ def step_kernels(source: str | Path | pd.DataFrame, cfg: Any, dtype_bytes: int =
             block = blocks[at]
             roles.append(block.role)
             layers.append(block.layer)
-            last, got = block.role, got + bytes_read
+            last, got, product = block.role, got + bytes_read, block.role
             if got >= (1 - tolerance) * block.bytes:
                 at, got = at + 1, 0.0
         else:

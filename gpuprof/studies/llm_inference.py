@@ -49,7 +49,7 @@ __all__ = ["SCRIPT", "CHAPTER", "script", "model_config", "StepCost", "step_cost
            "recorded_ceilings", "ceiling_records", "session_ceilings", "roofline_ms", "crossover_batch", "prediction_table", "kv_capacity",
            "max_context", "capacity_table", "kv_capacity_table", "run_decode", "load_results", "rows_table", "KneeFit", "knee_fit", "measured_knee", "ladder_figure",
            "CAPTURE_OPTIONS", "capture_decode", "decode_steps", "capture_summary", "RUNG_RANGE", "STEP_RANGE",
-           "trim_decode_capture"]
+           "trim_decode_capture", "step_kernel_times", "in_situ"]
 
 SCRIPT = REPO_ROOT / "examples" / "nsys" / "llm_decode.py"
 CHAPTER = "ch12"
@@ -604,6 +604,49 @@ def decode_steps(path: str | Path) -> pd.DataFrame:
                          "kernels": 0 if mine is None else len(mine), "gpu_ms": busy / 1e6,
                          "range_start": int(s.start), "range_end": int(s.end), "kernel_start": k_start, "kernel_end": k_end})
     return pd.DataFrame(rows)
+
+
+def step_kernel_times(path: str | Path, rung: str, step: int, batch: int = 1) -> pd.DataFrame:
+    """The kernels of one decoding step of ``rung`` as they ran, from a :func:`capture_decode` export (a graph's kernels
+    traced one by one, ``--cuda-graph-trace=node``): ``kernel`` (its name), ``start``, ``end`` (ns) and ``time_us``, in
+    the order they started. They are the kernels launched by the CUDA calls inside the step's NVTX range, on its
+    thread, wherever they ran (a graph's run long after its launch). Why: Nsight Compute times each kernel alone
+    (replayed, caches flushed), which stretches small kernels more than large ones; these are the same kernels at the
+    pace they kept in the loop, for the time shares (:func:`in_situ`)."""
+    ranges = ns.nvtx_ranges(path)
+    outer = ranges[ranges["text"] == f"rung_{rung}_b{batch}"]
+    if outer.empty:
+        raise GpuprofError(f"{Path(path).name} has no range rung_{rung}_b{batch}.",
+                           "Capture that rung and batch with capture_decode.")
+    o = outer.iloc[0]
+    inner = ranges[(ranges["text"] == f"decode_step_{step}") & (ranges["start"] >= o.start) & (ranges["end"] <= o.end)
+                   & (ranges["globalTid"] == o.globalTid)]
+    if inner.empty:
+        raise GpuprofError(f"{Path(path).name} holds no decode_step_{step} inside rung_{rung}_b{batch} (a trimmed "
+                           "reference keeps only some steps).", "Pick a step the capture kept (decode_steps lists them).")
+    s = inner.iloc[0]
+    runtime = ns.runtime_calls(path)
+    calls = runtime[(runtime["globalTid"] == s.globalTid) & (runtime["start"] >= s.start) & (runtime["start"] <= s.end)]
+    k = ns.kernels(path, launch=False)
+    k = k[k["correlationId"].isin(calls["correlationId"])].sort_values("start")
+    return pd.DataFrame({"kernel": k["name"].to_numpy(), "start": k["start"].to_numpy(), "end": k["end"].to_numpy(),
+                         "time_us": (k["end"] - k["start"]).to_numpy() / 1e3})
+
+
+def in_situ(kernels: pd.DataFrame, times: pd.DataFrame) -> pd.DataFrame:
+    """``kernels`` (:func:`decode_kernels.step_kernels`, from Nsight Compute) with each kernel's time replaced by its
+    time as it ran (:func:`step_kernel_times`) and its read bandwidth recomputed; the bytes stay ncu's (nsys counts
+    none). The two must be the same kernels in the same order (the same code, the same step's work): refused with a
+    sentence otherwise."""
+    if len(kernels) != len(times) or list(kernels["kernel"]) != list(times["kernel"]):
+        first = next((i for i, (a, b) in enumerate(zip(kernels["kernel"], times["kernel"])) if a != b),
+                     min(len(kernels), len(times)))
+        raise GpuprofError(f"The two steps differ: {len(kernels)} kernels profiled, {len(times)} traced, first different "
+                           f"at position {first}.", "Compare one rung's step with the same rung's step.")
+    out = kernels.copy()
+    out["time_us"] = times["time_us"].to_numpy()
+    out["read_GBps"] = out["read_MB"] * 1e6 / (out["time_us"] * 1e3)
+    return out
 
 
 def capture_summary(path: str | Path, busy_threshold: float = 0.9) -> pd.DataFrame:
