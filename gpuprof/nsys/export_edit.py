@@ -145,6 +145,12 @@ def trim_reference(path: str | Path, *, drop_tables: Sequence[str] = (), keep_ke
     return "; ".join(notes) + f" ({before / 2**20:.1f} -> {after / 2**20:.1f} MiB)"
 
 
+def _windows_table(conn: sqlite3.Connection, name: str, windows: Sequence[tuple[int, int]]) -> None:
+    """A temporary table ``name`` (lo, hi) of the windows, for the deletes' ``NOT EXISTS`` tests."""
+    conn.execute(f"CREATE TEMP TABLE {name} (lo INTEGER, hi INTEGER)")
+    conn.executemany(f"INSERT INTO {name} VALUES (?, ?)", [(int(a), int(b)) for a, b in windows])
+
+
 def keep_in_windows(path: str | Path, tables: Sequence[str], windows: Sequence[tuple[int, int]], *,
                     keep_calls: str | None = None) -> str:
     """Cut whole activity tables of an export to the rows that start inside ``windows`` ((start, end), ns, the
@@ -158,8 +164,7 @@ def keep_in_windows(path: str | Path, tables: Sequence[str], windows: Sequence[t
     notes = []
     with closing(sqlite3.connect(path)) as conn:
         present = table_names(conn)
-        conn.execute("CREATE TEMP TABLE cut_windows (lo INTEGER, hi INTEGER)")
-        conn.executemany("INSERT INTO cut_windows VALUES (?, ?)", [(int(a), int(b)) for a, b in windows])
+        _windows_table(conn, "cut_windows", windows)
         rx = re.compile(keep_calls) if keep_calls is not None else None
         conn.create_function("keep_call", 1, lambda s: rx is not None and s is not None and rx.search(s) is not None)
         for t in tables:
@@ -195,8 +200,7 @@ def keep_launched_in(path: str | Path, windows: Sequence[tuple[int, int]]) -> st
         present = table_names(conn)
         if RUNTIME_TABLE not in present:
             return ""
-        conn.execute("CREATE TEMP TABLE launch_windows (lo INTEGER, hi INTEGER)")
-        conn.executemany("INSERT INTO launch_windows VALUES (?, ?)", [(int(a), int(b)) for a, b in windows])
+        _windows_table(conn, "launch_windows", windows)
         for t in (RUNTIME_TABLE, *(x for x in LAUNCHED_TABLES if x in present)):
             total = conn.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0]
             if t == RUNTIME_TABLE:
