@@ -8,7 +8,7 @@ clock, power and clock-event reasons read during its own timed runs, and --min-t
 every kernel is timed for long enough for those readings to be its own. The processes go round
 the shapes (process 1 of every shape, then process 2, ...), so the three processes of one shape
 are minutes apart, not back to back. Everything lands in one JSON file, rewritten after every
-run (a run cut short by a time limit keeps what it finished); gpuprof.studies.matmul_ladder
+run (a run cut short by a time limit keeps what it finished); gpuprof.studies.matmul_sweep
 turns it into the chapter's table and figure (share of cuBLAS's same product per rung and shape,
 the least favourable of the processes, per second and per cycle, clocks and power beside).
 
