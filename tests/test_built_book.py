@@ -303,7 +303,7 @@ def test_the_reader_check_fails_on_a_table_or_image_past_the_column(browser):
 
 
 def test_chapter_11_shows_its_formulas_as_mathematics(site, browser):
-    """Chapter 11's 24 inline formulas are typeset by the MathJax the book serves itself."""
+    """Chapter 11's 25 inline formulas are typeset by the MathJax the book serves itself."""
     ctx = browser.new_context(viewport=VIEWPORT)
     outside: list[str] = []
     ctx.route("**/*", lambda r: (outside.append(r.request.url), r.abort()) if urlparse(r.request.url).hostname
@@ -317,7 +317,7 @@ def test_chapter_11_shows_its_formulas_as_mathematics(site, browser):
     ctx.close()
     assert not outside
     assert scripts and all(s.startswith(site) for s in scripts), scripts
-    assert formulas == 24 and typeset == formulas, (formulas, typeset)
+    assert formulas == 25 and typeset == formulas, (formulas, typeset)
 
 
 def test_screenshots_are_kept_as_build_artefacts(site, browser):
