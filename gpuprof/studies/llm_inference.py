@@ -522,6 +522,24 @@ def capture_decode(name: str, args: Sequence[str]) -> Any:
     return nsys_capture(CHAPTER, name, SCRIPT, list(args), options=CAPTURE_OPTIONS)
 
 
+def _rung_steps(ranges: pd.DataFrame, source: str) -> pd.DataFrame:
+    """The decoding steps' NVTX ranges of a :func:`capture_decode` export, each with the rung and batch whose
+    ``rung_<RUNG>_b<BATCH>`` range holds it (on the same thread) and its step number, in time order; steps outside
+    every rung range are left out. One place for the containment rule the readers below share."""
+    text = ranges["text"].astype(str)
+    rungs, steps = ranges[text.str.match(RUNG_RANGE)], ranges[text.str.match(STEP_RANGE)]
+    if rungs.empty or steps.empty:
+        raise GpuprofError(f"{source} holds no rung_<RUNG>_b<BATCH> range with decode_step_N ranges inside.",
+                           "Capture llm_decode.py with --capture-range=cudaProfilerApi (its timed generations).")
+    parts = []
+    for r in rungs.sort_values("start").itertuples():
+        m = RUNG_RANGE.match(r.text)
+        inner = steps[(steps["start"] >= r.start) & (steps["end"] <= r.end) & (steps["globalTid"] == r.globalTid)]
+        parts.append(inner.sort_values("start").assign(rung=m["rung"], batch=int(m["batch"]),
+                                                       step=inner["text"].str.extract(STEP_RANGE)["step"].astype(int)))
+    return pd.concat(parts)
+
+
 def trim_decode_capture(path: str | Path, keep_last: dict[str, int] | None = None) -> str:
     """Cut an uncompressed export of :func:`capture_decode` down to a course reference: per rung, its last
     ``keep_last[rung]`` decoding steps (every step of a rung not named; their NVTX ranges, the CUDA calls made inside
@@ -538,20 +556,11 @@ def trim_decode_capture(path: str | Path, keep_last: dict[str, int] | None = Non
     keep_last = {"eager_dynamic": 8} if keep_last is None else keep_last
     path = Path(path)
     ranges = ns.nvtx_ranges(path)
-    text = ranges["text"].astype(str)
-    rungs, steps = ranges[text.str.match(RUNG_RANGE)], ranges[text.str.match(STEP_RANGE)].copy()
-    if steps.empty or rungs.empty:
-        raise GpuprofError(f"{path.name} holds no rung_<RUNG>_b<BATCH> ranges with decode_step_N inside: nothing to keep.",
-                           "Trim a capture of llm_decode.py (capture_decode).")
-    steps["n"] = steps["text"].str.extract(STEP_RANGE)["step"].astype(int)
-    steps["rung"] = None
-    for r in rungs.itertuples():
-        inside = (steps["start"] >= r.start) & (steps["end"] <= r.end) & (steps["globalTid"] == r.globalTid)
-        steps.loc[inside, "rung"] = RUNG_RANGE.match(r.text)["rung"]
+    steps = ranges[ranges["text"].astype(str).str.match(STEP_RANGE)]
     said, keep = [], []
-    for rung, g in steps.dropna(subset=["rung"]).groupby("rung", sort=False):
+    for rung, g in _rung_steps(ranges, path.name).groupby("rung", sort=False):
         n = keep_last.get(rung, len(g))
-        keep.append(g.sort_values("n").tail(n))
+        keep.append(g.sort_values("step").tail(n))
         said.append(f"{rung} {min(n, len(g))} of {len(g)}")
     kept = pd.concat(keep)
     drop = steps.drop(index=kept.index)
@@ -578,31 +587,25 @@ def decode_steps(path: str | Path) -> pd.DataFrame:
     kernels = ns.kernels(path, launch=False)
     if ranges.empty:
         raise GpuprofError(f"{Path(path).name} holds no NVTX ranges.", "Capture with --trace=cuda,nvtx.")
-    rungs = ranges[ranges["text"].str.match(RUNG_RANGE)]
-    steps = ranges[ranges["text"].str.match(STEP_RANGE)].copy()
-    if rungs.empty or steps.empty:
-        raise GpuprofError(f"{Path(path).name} holds no rung_<RUNG>_b<BATCH> range with decode_step_N ranges inside.",
-                           "Capture llm_decode.py with --capture-range=cudaProfilerApi (its timed generations).")
+    in_rungs = _rung_steps(ranges, Path(path).name)
+    steps = ranges[ranges["text"].str.match(STEP_RANGE)]
     runtime = runtime.assign(launch=runtime["name"].str.match(LAUNCH_CALLS),
                              graph=runtime["name"].str.match(GRAPH_LAUNCH))
     hits = ta.attribute_kernels(kernels, runtime, steps, rule="thread")
     by_step = {k: g for k, g in hits.groupby("range_start", sort=False)}
     rows = []
-    for r in rungs.sort_values("start").itertuples():
-        m = RUNG_RANGE.match(r.text)
-        inner = steps[(steps["start"] >= r.start) & (steps["end"] <= r.end) & (steps["globalTid"] == r.globalTid)]
-        for s in inner.sort_values("start").itertuples():
-            calls = ta.inside(runtime[runtime["globalTid"] == s.globalTid], (int(s.start), int(s.end)))
-            mine = by_step.get(s.start)
-            busy, k_start, k_end = 0.0, np.nan, np.nan
-            if mine is not None and len(mine):
-                a, b = ta.merge_intervals(mine["start"].to_numpy(), mine["end"].to_numpy())
-                busy, k_start, k_end = float((b - a).sum()), float(mine["start"].min()), float(mine["end"].max())
-            rows.append({"rung": m["rung"], "batch": int(m["batch"]), "step": int(STEP_RANGE.match(s.text)["step"]),
-                         "cpu_ms": (s.end - s.start) / 1e6, "api_ms": float((calls["end"] - calls["start"]).sum()) / 1e6,
-                         "launch_calls": int(calls["launch"].sum()), "graph_launches": int(calls["graph"].sum()),
-                         "kernels": 0 if mine is None else len(mine), "gpu_ms": busy / 1e6,
-                         "range_start": int(s.start), "range_end": int(s.end), "kernel_start": k_start, "kernel_end": k_end})
+    for s in in_rungs.itertuples():
+        calls = ta.inside(runtime[runtime["globalTid"] == s.globalTid], (int(s.start), int(s.end)))
+        mine = by_step.get(s.start)
+        busy, k_start, k_end = 0.0, np.nan, np.nan
+        if mine is not None and len(mine):
+            a, b = ta.merge_intervals(mine["start"].to_numpy(), mine["end"].to_numpy())
+            busy, k_start, k_end = float((b - a).sum()), float(mine["start"].min()), float(mine["end"].max())
+        rows.append({"rung": s.rung, "batch": s.batch, "step": s.step,
+                     "cpu_ms": (s.end - s.start) / 1e6, "api_ms": float((calls["end"] - calls["start"]).sum()) / 1e6,
+                     "launch_calls": int(calls["launch"].sum()), "graph_launches": int(calls["graph"].sum()),
+                     "kernels": 0 if mine is None else len(mine), "gpu_ms": busy / 1e6,
+                     "range_start": int(s.start), "range_end": int(s.end), "kernel_start": k_start, "kernel_end": k_end})
     return pd.DataFrame(rows)
 
 
@@ -613,17 +616,12 @@ def step_kernel_times(path: str | Path, rung: str, step: int, batch: int = 1) ->
     thread, wherever they ran (a graph's run long after its launch). Why: Nsight Compute times each kernel alone
     (replayed, caches flushed), which stretches small kernels more than large ones; these are the same kernels at the
     pace they kept in the loop, for the time shares (:func:`in_situ`)."""
-    ranges = ns.nvtx_ranges(path)
-    outer = ranges[ranges["text"] == f"rung_{rung}_b{batch}"]
-    if outer.empty:
-        raise GpuprofError(f"{Path(path).name} has no range rung_{rung}_b{batch}.",
-                           "Capture that rung and batch with capture_decode.")
-    o = outer.iloc[0]
-    inner = ranges[(ranges["text"] == f"decode_step_{step}") & (ranges["start"] >= o.start) & (ranges["end"] <= o.end)
-                   & (ranges["globalTid"] == o.globalTid)]
+    steps = _rung_steps(ns.nvtx_ranges(path), Path(path).name)
+    inner = steps[(steps["rung"] == rung) & (steps["batch"] == batch) & (steps["step"] == step)]
     if inner.empty:
         raise GpuprofError(f"{Path(path).name} holds no decode_step_{step} inside rung_{rung}_b{batch} (a trimmed "
-                           "reference keeps only some steps).", "Pick a step the capture kept (decode_steps lists them).")
+                           "reference keeps only some steps, and only the rungs captured).",
+                           "Pick a rung and step the capture kept (decode_steps lists them).")
     s = inner.iloc[0]
     runtime = ns.runtime_calls(path)
     calls = runtime[(runtime["globalTid"] == s.globalTid) & (runtime["start"] >= s.start) & (runtime["start"] <= s.end)]
