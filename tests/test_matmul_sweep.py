@@ -296,3 +296,28 @@ def test_l2_instances_refuses_a_report_without_a_sum_and_avg_pair(monkeypatch):
 
     monkeypatch.setattr(ms.nr, "metric_table", counted)
     assert ms.l2_instances("r.ncu-rep").to_dict() == {"k": 80.0}
+
+
+def test_tiles_from_names_and_the_work_a_tile_does_past_the_edge():
+    ladder = load_script(LADDER)
+    assert all(ladder.RUNGS[r].tile == ms.LADDER_TILE for r in (7, 8, 9, 10))
+    assert ms.tile_of("ladder_9_persistent") == (128, 256) and ms.tile_of("ladder_3_regtile") is None
+    assert ms.tile_of("nvjet_sm90_tss_192x192_64x4_2x1_v_bz_coopB_TNN") == (192, 192)
+    assert ms.tile_of("sm90_xmma_gemm_bf16f32_128x256x64_warpgroup") == (128, 256)
+    assert ms.tile_of("elementwise_kernel") is None
+    assert ms.padded_work(16384, 16384, (128, 256)) == 1.0
+    assert ms.padded_work(16384, 16384, (192, 192)) == (16512 / 16384) ** 2  # 86 tiles of 192 cover 16,512
+    assert ms.padded_work(100, 10, (64, 10)) == 1.28
+
+
+@pytest.mark.skipif(not ncu_report_available(), reason="ncu_report is not available here")
+def test_against_cublas_at_16384_counts_cublas_tiles_past_the_edge():
+    report = REPO_ROOT / "artifacts" / "ch11" / "rungs9_10_cublas_16384.ncu-rep.gz"
+    t = ms.against_cublas(report, 16384, 16384, 16384)
+    assert list(t["kernel"].str[:11]) == ["nvjet_sm90_", "ladder_9_pe", "ladder_10_c", "nvjet_sm90_", "nvjet_sm90_"]
+    # the counted tensor work is what the tiles predict: exactly the product for 128 x 256, 1.57% more for 192 x 192
+    assert (abs(t["tensor_over_product"] - t["padded"]) < 1e-6).all()
+    assert t.loc[1, "tensor_over_product"] == 1.0 and t.loc[3, "tensor_over_product"] > 1.015
+    assert t.loc[1, "cycles_M"] < t.loc[3, "cycles_M"] and (t["tensor_pipe_pct"] > 97).all()
+    assert 0.94 < t["product_per_cycle"].min() and t["product_per_cycle"].max() < 0.96
+    assert (t["grid"] == 132).all() and list(t["cluster"]) == [2, 1, 2, 2, 2]

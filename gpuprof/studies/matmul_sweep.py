@@ -18,12 +18,17 @@ the clocks were read). This module turns it into the chapter's table and figure:
 * :func:`l2_request_sources`, :func:`cluster_arrives`, :func:`l2_instances`: the ncu counters that showed
   rung 10's defect (L2 requests that neither the SMs' loads nor the L2 fabric made, per cluster-scope arrive
   on a stage barrier; half of those arrives are on the block's own barrier), and how many L2 slices ncu's
-  ``lts__`` counters add up over (which is not always ``device__attribute_l2s_count``).
+  ``lts__`` counters add up over (which is not always ``device__attribute_l2s_count``);
+* :func:`against_cublas`, :func:`tile_of`, :func:`padded_work`: rungs 9-10 and cuBLAS in one ncu report, per
+  cycle: how busy each kept the tensor pipe, and how much of its tensor work was the product's (a tile that
+  does not divide the matrix computes past its edge).
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 import statistics
 from pathlib import Path
 from typing import Any, Sequence
@@ -35,7 +40,8 @@ from ..ncu import report as nr
 from ..ncu.plots import PIPES, stall_metric
 
 __all__ = ["run_sweep", "SWEEP_SCRIPT", "REFERENCE", "TORCH", "TARGET", "sweep_table", "share_table", "best_rungs", "figure",
-           "from_ladder_runs", "shape_name", "l2_request_sources", "cluster_arrives", "l2_instances"]
+           "from_ladder_runs", "shape_name", "l2_request_sources", "cluster_arrives", "l2_instances",
+           "LADDER_TILE", "tile_of", "padded_work", "against_cublas"]
 
 SWEEP_SCRIPT = REPO_ROOT / "examples" / "nsight_compute" / "matmul_ladder_sweep.py"
 REFERENCE = "cublas_fp32_out"  # cuBLAS computing the same product: BF16 in, FP32 accumulate and out
@@ -262,3 +268,67 @@ def l2_request_sources(report: str | Path) -> pd.DataFrame:
                             - t["lts__t_sectors_srcunit_ltcfabric.sum"]) / 1e6,
         "tensor_pipe_pct": t[TENSOR_PIPE], "membar_stall": t[membar]})
     return out.set_index("kernel")
+
+
+LADDER_TILE = (128, 256)  # rungs 7-10's tile of C per block, rows x columns (matmul_ladder.py's RUNGS; tested equal)
+# cuBLAS's kernel names carry their tile of C: nvjet_sm90_tss_192x192_64x4_2x1_... is 192 x 192, slices of K of 64,
+# 4 stages, 2 x 1 clusters (CUTLASS's names put it the same way, e.g. ..._128x256x64_...)
+_NAMED_TILE = re.compile(r"_(\d+)x(\d+)(?:x\d+)?_")
+
+
+def tile_of(kernel: str) -> tuple[int, int] | None:
+    """The tile of C one block computes: the ladder's own (``LADDER_TILE``) for its wgmma rungs, the first
+    ``RxC`` in a library kernel's name otherwise, None where the name says nothing."""
+    if kernel.startswith("ladder_"):
+        return LADDER_TILE if int(kernel.split("_")[1]) >= 7 else None
+    found = _NAMED_TILE.search(kernel)
+    return (int(found[1]), int(found[2])) if found else None
+
+
+def padded_work(m: int, n: int, tile: tuple[int, int]) -> float:
+    """The tensor work a grid of ``tile``-sized blocks does over an M x N product's own: each block computes a
+    whole tile, so where the tile does not divide M or N, the last row or column of tiles computes past the
+    edge (16384 over 192 is 85.3: 86 tiles, 16,512 rows). 1.0 where it divides both."""
+    rows, cols = tile
+    return math.ceil(m / rows) * rows * math.ceil(n / cols) * cols / (m * n)
+
+
+HGMMA_FLOP = "sm__ops_path_tensor_op_hgmma_src_bf16_dst_fp32_sparsity_off.sum"  # counts 2 per multiply-add
+# Hopper's dense BF16 wgmma peak per SM per cycle: the counter's own peak_sustained in the chapter's 4096^3 report
+# (540,672 per cycle over 132 SMs), a report that did not collect it falls back to this
+HGMMA_FLOP_PER_SM_CYCLE = 4096
+AGAINST_CUBLAS = ["gpc__cycles_elapsed.max", "sm__cycles_active.avg", TENSOR_PIPE, HGMMA_FLOP,
+                  "device__attribute_multiprocessor_count", "gpu__time_duration.sum", "dram__bytes_read.sum", "lts__t_bytes.sum",
+                  "smsp__inst_executed.sum", "launch__grid_size", "launch__cluster_size"]
+
+
+def against_cublas(report: str | Path, m: int, n: int, k: int) -> pd.DataFrame:
+    """One row per kernel launch of ``report`` (ncu over ``matmul_ladder.py --rung 9,10`` with cuBLAS), in
+    launch order, the columns per cycle rather than per second, because the clock under ncu moves from kernel
+    to kernel and under a power cap in a timed run even more:
+
+    * ``cycles_M``: ncu's Elapsed Cycles; ``active``: the SMs' active share of them;
+    * ``tensor_pipe_pct``: the tensor pipe's busy share of the SMs' active cycles;
+    * ``tensor_over_product``: the BF16 wgmma FLOP counted over the product's 2MNK (1.000: no work wasted),
+      beside ``tile`` and ``padded``, what the tile predicts (:func:`padded_work`);
+    * ``product_per_cycle``: the product's FLOP per Elapsed Cycle over the tensor pipe's peak per cycle
+      (the counter's ``peak_sustained``, else ``HGMMA_FLOP_PER_SM_CYCLE`` per SM), the share of the chip's
+      tensor rate that went into the product;
+    * ``ms``, ``dram_read_gb``, ``l2_gb``, ``inst_M``, ``grid``, ``cluster``: what else moved.
+    """
+    t = nr.metric_table(report, AGAINST_CUBLAS)
+    peak = nr.metric_table(report, [f"{HGMMA_FLOP}.peak_sustained"], missing="nan")[f"{HGMMA_FLOP}.peak_sustained"]
+    peak = peak.fillna(t["device__attribute_multiprocessor_count"] * HGMMA_FLOP_PER_SM_CYCLE)
+    flop = 2 * m * n * k
+    tiles = [tile_of(name) for name in t["kernel"]]
+    cycles = t["gpc__cycles_elapsed.max"]
+    out = pd.DataFrame({
+        "kernel": t["kernel"], "cycles_M": cycles / 1e6, "active": t["sm__cycles_active.avg"] / cycles,
+        "tensor_pipe_pct": t[TENSOR_PIPE], "tensor_over_product": t[HGMMA_FLOP] / flop,
+        "tile": ["x".join(map(str, x)) if x else "?" for x in tiles],
+        "padded": [padded_work(m, n, x) if x else float("nan") for x in tiles],
+        "product_per_cycle": flop / cycles / peak,
+        "ms": t["gpu__time_duration.sum"] / 1e6, "dram_read_gb": t["dram__bytes_read.sum"] / 1e9,
+        "l2_gb": t["lts__t_bytes.sum"] / 1e9, "inst_M": t["smsp__inst_executed.sum"] / 1e6,
+        "grid": t["launch__grid_size"].astype(int), "cluster": t["launch__cluster_size"].astype(int).clip(lower=1)})
+    return out.reset_index(drop=True)
