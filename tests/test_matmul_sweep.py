@@ -321,3 +321,13 @@ def test_against_cublas_at_16384_counts_cublas_tiles_past_the_edge():
     assert t.loc[1, "cycles_M"] < t.loc[3, "cycles_M"] and (t["tensor_pipe_pct"] > 97).all()
     assert 0.94 < t["product_per_cycle"].min() and t["product_per_cycle"].max() < 0.96
     assert (t["grid"] == 132).all() and list(t["cluster"]) == [2, 1, 2, 2, 2]
+
+
+@pytest.mark.skipif(not ncu_report_available(), reason="ncu_report is not available here")
+def test_against_cublas_split_is_an_identity_and_the_clock_moved_under_ncu():
+    report = REPO_ROOT / "artifacts" / "ch11" / "rungs9_10_cublas_16384.ncu-rep.gz"
+    t = ms.against_cublas(report, 16384, 16384, 16384)
+    split = t["active"] * t["tensor_pipe_pct"] / 100
+    assert (abs(split - t["product_per_cycle"] * t["tensor_over_product"]) < 1e-6).all()
+    # every launch below the H100's 1.59 GHz base, and cuBLAS's two launches 3% apart in time at equal cycles
+    assert (t["ghz"] < 1.55).all() and t.loc[0, "ms"] / t.loc[3, "ms"] > 1.03

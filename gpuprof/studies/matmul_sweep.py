@@ -314,7 +314,13 @@ def against_cublas(report: str | Path, m: int, n: int, k: int) -> pd.DataFrame:
     * ``product_per_cycle``: the product's FLOP per Elapsed Cycle over the tensor pipe's peak per cycle
       (the counter's ``peak_sustained``, else ``HGMMA_FLOP_PER_SM_CYCLE`` per SM), the share of the chip's
       tensor rate that went into the product;
-    * ``ms``, ``dram_read_gb``, ``l2_gb``, ``inst_M``, ``grid``, ``cluster``: what else moved.
+    * ``ms`` and ``ghz`` (Elapsed Cycles over the duration: the clock the launch actually ran at, which power
+      management may hold below the base clock ncu asks for), ``dram_read_gb``, ``l2_gb``, ``inst_M``, ``grid``,
+      ``cluster``: what else moved.
+
+    The ``active`` and ``tensor_pipe_pct`` columns multiply out to ``product_per_cycle`` x ``tensor_over_product``
+    by construction (the busy counter is the counted wgmma work over the pipe's peak per active cycle), so a ratio
+    of two rows' cycles splits into them exactly: an accounting, not a second measurement.
     """
     t = nr.metric_table(report, AGAINST_CUBLAS)
     peak = nr.metric_table(report, [f"{HGMMA_FLOP}.peak_sustained"], missing="nan")[f"{HGMMA_FLOP}.peak_sustained"]
@@ -328,7 +334,7 @@ def against_cublas(report: str | Path, m: int, n: int, k: int) -> pd.DataFrame:
         "tile": ["x".join(map(str, x)) if x else "?" for x in tiles],
         "padded": [padded_work(m, n, x) if x else float("nan") for x in tiles],
         "product_per_cycle": flop / cycles / peak,
-        "ms": t["gpu__time_duration.sum"] / 1e6, "dram_read_gb": t["dram__bytes_read.sum"] / 1e9,
+        "ms": t["gpu__time_duration.sum"] / 1e6, "ghz": cycles / t["gpu__time_duration.sum"], "dram_read_gb": t["dram__bytes_read.sum"] / 1e9,
         "l2_gb": t["lts__t_bytes.sum"] / 1e9, "inst_M": t["smsp__inst_executed.sum"] / 1e6,
         "grid": t["launch__grid_size"].astype(int), "cluster": t["launch__cluster_size"].astype(int).clip(lower=1)})
     return out.reset_index(drop=True)
