@@ -133,7 +133,7 @@ def provenance_markdown(artifacts: Path) -> str:
     """One table row per reference file: what produced it, on which GPU, with which tools."""
     rows = ["| file | GPU | driver | CUDA | libraries | tools | captured | command |",
             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for prov_path in sorted(artifacts.glob("*/provenance.json")):
+    for prov_path in sorted([*artifacts.glob("*/provenance.json"), *artifacts.glob("*/*/provenance.json")]):
         prov = json.loads(prov_path.read_text())
         for name, e in sorted(prov.get("files", {}).items()):
             m = e.get("machine", {})
@@ -142,7 +142,7 @@ def provenance_markdown(artifacts: Path) -> str:
             cmd = e["command"] if isinstance(e["command"], str) else " ".join(e["command"])
             if e.get("stored"):  # a reference committed gzipped (gpuprof.artifacts.gzip_reference)
                 cmd += f"; stored as {e['stored']}"
-            rows.append(f"| `{prov_path.parent.name}/{name}` | {m.get('gpu_name') or 'CPU'} | {m.get('driver_version') or '-'} "
+            rows.append(f"| `{prov_path.parent.relative_to(artifacts).as_posix()}/{name}` | {m.get('gpu_name') or 'CPU'} | {m.get('driver_version') or '-'} "
                         f"| {m.get('cuda_runtime') or '-'} | {libs} | {tools} | {e.get('captured_at', '?')} "
                         f"| `{escaped_pipes(cmd)}` |")
     return "\n".join(rows) + "\n"

@@ -142,7 +142,8 @@ def test_measure_or_reference_lets_a_bug_raise(isolated_dirs):
 # --- the committed reference captures -------------------------------------------------
 
 def reference_files():
-    return sorted(p for p in REF.glob("ch*/*") if p.is_file() and p.name != "provenance.json"
+    nested = [p for p in REF.glob("ch*/*/*") if (p.parent / "provenance.json").is_file()]  # e.g. ch13/gpu4, not ch10/cpu
+    return sorted(p for p in [*REF.glob("ch*/*"), *nested] if p.is_file() and p.name != "provenance.json"
                   and p.suffix not in (".log", ".nsys-rep"))
 
 

@@ -393,3 +393,53 @@ def test_memory_probe_finds_each_phases_peak_and_what_was_resident():
         "arithmetic": {"parameters": 2**20, "gradients": 2**20, "optimizer_state": 2**21},
         **rec, "activations": rec["peak"] - 2**22}}]}]).iloc[0]
     assert rows["backward_peak_mib"] == 197 / 2**20 and rows["resident_before_mib"] == 7 / 2**20
+
+
+GPU4 = REF / "gpu4"
+
+
+def test_the_overlap_trace_recipe_equals_the_course_per_kernel_on_four_ranks():
+    """nsys recipe nccl_gpu_overlap_trace's "Compute Overlap" of every NCCL kernel in the four-GPU run's timed steps
+    equals the course's hidden share of it, to the recipe's one decimal, after undoing rank_data's clock shift."""
+    from gpuprof.nsys import recipes as rc
+
+    trace = rc.read_recipe_csv(GPU4 / "recipe_nccl_gpu_overlap_trace_nccl.csv.gz")
+    data = ranks.rank_data(sorted(GPU4.glob("modes_rank*.sqlite.gz")))
+    both = rc.overlap_trace_check(trace, data)
+    assert len(both) == 4 * 670 and both["recipe_pct"].notna().all()
+    assert both["difference"].abs().max() <= 0.05 + 1e-9
+    # without the shift back, only the earliest report's kernels would match: the check is not vacuous
+    shifted = trace.assign(Start=trace["Start"] + 1)
+    assert rc.overlap_trace_check(shifted, data)["recipe_pct"].isna().all()
+
+
+def test_nccl_sum_counts_one_api_call_per_kernel_on_four_ranks():
+    from gpuprof.nsys import recipes as rc
+
+    trace = rc.read_recipe_csv(GPU4 / "recipe_nccl_gpu_overlap_trace_nccl.csv.gz")
+    counts = rc.nccl_sum_counts(rc.read_recipe_csv(GPU4 / "recipe_nccl_sum_rank_stats.csv"), trace)
+    assert len(counts) == 16 and (counts["calls"] == counts["kernels"]).all()
+    assert set(counts["kind"]) == {"all_gather", "all_reduce", "broadcast", "reduce_scatter"}
+    fewer = rc.nccl_sum_counts(rc.read_recipe_csv(GPU4 / "recipe_nccl_sum_rank_stats.csv"), trace.iloc[1:])
+    assert (fewer["calls"] != fewer["kernels"]).sum() == 1
+
+
+def test_the_lean_trim_keeps_what_the_four_gpu_check_reads(tmp_path):
+    """scripts/trim_ch13.py --lean: only the Synchronize calls stay in the API table, CUPTI's synchronization
+    records go, and the steps' GPU windows (closed by those calls) are still found."""
+    import sqlite3
+
+    from gpuprof.runner import load_script
+
+    trim = load_script(REPO_ROOT / "scripts" / "trim_ch13.py")
+    export = tmp_path / "x.sqlite"
+    with gzip.open(REF / "pf_off_rank0.sqlite.gz") as f, export.open("wb") as g:
+        shutil.copyfileobj(f, g)
+    before = st.mode_steps(ranks.rank_data(export, runtime=True)[0])
+    said = trim.lean(export)
+    con = sqlite3.connect(export)
+    names = {r[0] for r in con.execute("SELECT s.value FROM CUPTI_ACTIVITY_KIND_RUNTIME c JOIN StringIds s ON s.id = c.nameId")}
+    con.close()
+    assert said.startswith("lean:") and names and all("Synchronize" in n for n in names)
+    after = st.mode_steps(ranks.rank_data(export, runtime=True)[0])
+    pd.testing.assert_frame_equal(before.reset_index(drop=True), after.reset_index(drop=True))

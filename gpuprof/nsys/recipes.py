@@ -18,6 +18,15 @@ two differ:
   start to last end of the work launched inside it, on the range's own thread) summed:
   :func:`gpuprof.activity.range_busy` with ``rule="thread"``, column ``gpu_span_ms``, over
   kernels, copies and memsets; and the ranges' CPU time.
+* ``nccl_gpu_overlap_trace`` (over one report per rank): per kernel, "Compute Overlap", the percent of
+  an NCCL kernel's time during which a non-NCCL kernel ran: per NCCL kernel, the ``hidden_ns`` over
+  ``duration_ns`` of :func:`gpuprof.nsys.ranks.collective_kernels`, printed to one decimal
+  (:func:`overlap_trace_check`; the recipe keeps each report on its own session clock, the course
+  puts them on the earliest's);
+* ``nccl_sum`` (idem): per NCCL **API call** (``ncclAllGather``, ..., the NVTX ranges NCCL itself
+  emits on the CPU: their duration is the call's, not the transfer's), count and statistics per
+  rank; its count per collective equals the number of NCCL kernels of that collective the
+  overlap trace lists for the rank (:func:`nccl_sum_counts`), one kernel per call here.
 * ``diff`` (over two outputs of one statistical recipe): per name of the **first** output,
   first minus second; names only in the second are left out and names only in the first
   get empty values. ``python -m gpuprof diff`` lists both kinds and subtracts the other way
@@ -34,7 +43,8 @@ import pandas as pd
 from .. import activity
 from . import sqlite as ns
 
-__all__ = ["kern_sum_check", "time_util_check", "nvtx_proj_check", "diff_check"]
+__all__ = ["kern_sum_check", "time_util_check", "nvtx_proj_check", "diff_check", "read_recipe_csv",
+           "overlap_trace_check", "nccl_sum_counts"]
 
 
 def _work(path: str | Path) -> pd.DataFrame:
@@ -97,3 +107,51 @@ def diff_check(recipe: pd.DataFrame, first: pd.DataFrame, second: pd.DataFrame) 
     j["equal"] = both_nan | close
     j["only_in"] = np.where(~j.index.isin(b.index), "first", "")
     return j.reset_index().rename(columns={"index": "Name"})
+
+
+def read_recipe_csv(path: str | Path) -> pd.DataFrame:
+    """One of a recipe's CSV tables (plain or gzipped, as the course keeps the larger ones)."""
+    return pd.read_csv(path, compression="gzip" if str(path).endswith(".gz") else None)
+
+
+def overlap_trace_check(trace: pd.DataFrame, data: dict) -> pd.DataFrame:
+    """``nccl_gpu_overlap_trace``'s rank trace (rows of NCCL kernels; ``Rank`` is the report's place in the
+    recipe's ``--input`` list, the course's scripts give them in rank order) beside the course's per-kernel
+    hidden share, for every NCCL kernel of ``data`` (:func:`gpuprof.nsys.ranks.rank_data` of the same
+    reports, trimmed or not). Matched by rank, name and start and end on the report's own clock: rank_data
+    shifted each report by its session start minus the earliest's, shifted back here.
+
+    Columns: rank, kind, name, start (the report's clock), duration_ns, course_pct (100 x hidden / duration),
+    recipe_pct ("Compute Overlap"; NaN where the recipe has no such kernel), difference. The recipe prints one
+    decimal, so equal measures differ by at most 0.05."""
+    from .ranks import collective_kernels
+
+    starts = {r: ns.session_start(d.source) for r, d in data.items()}
+    first = min(s for s in starts.values() if s is not None) if all(s is not None for s in starts.values()) else None
+    rows = []
+    for r, d in sorted(data.items()):
+        k = collective_kernels(d)
+        shift = (starts[r] - first) if first is not None else 0
+        k = k.assign(rank=r, start=k["start"] - shift, end=k["end"] - shift)
+        rows.append(k)
+    ours = pd.concat(rows, ignore_index=True)
+    theirs = trace.rename(columns={"Rank": "rank", "Name": "name", "Start": "start", "End": "end",
+                                   "Compute Overlap": "recipe_pct"})[["rank", "name", "start", "end", "recipe_pct"]]
+    m = ours.merge(theirs, on=["rank", "name", "start", "end"], how="left")
+    m["course_pct"] = 100 * m["hidden_ns"] / m["duration_ns"].where(m["duration_ns"] > 0)
+    m["difference"] = m["course_pct"] - m["recipe_pct"]
+    return m[["rank", "kind", "name", "start", "duration_ns", "course_pct", "recipe_pct", "difference"]]
+
+
+def nccl_sum_counts(rank_stats: pd.DataFrame, trace: pd.DataFrame) -> pd.DataFrame:
+    """Per rank and collective: ``nccl_sum``'s count of NCCL API calls (its ``rank_stats`` table; the
+    communicator's set-up and tear-down calls left out) beside the NCCL kernels the overlap trace lists
+    (``collective_kind`` of their names). Both recipes read the whole reports, warm-up steps included."""
+    from .ranks import collective_kind
+
+    calls = rank_stats[rank_stats["Text"].str.match(r"nccl(?!Comm)")].copy()
+    calls["kind"] = calls["Text"].str.replace("nccl", "", n=1).str.replace(r"(?<!^)(?=[A-Z])", "_", regex=True).str.lower()
+    kernels = trace.assign(kind=collective_kind(trace["Name"])).groupby(["Rank", "kind"]).size().rename("kernels")
+    out = calls.rename(columns={"Rank": "rank", "Count": "calls"})[["rank", "kind", "calls"]]
+    out = out.merge(kernels.reset_index().rename(columns={"Rank": "rank"}), on=["rank", "kind"], how="outer")
+    return out.sort_values(["rank", "kind"]).reset_index(drop=True)

@@ -298,7 +298,7 @@ HGMMA_FLOP = "sm__ops_path_tensor_op_hgmma_src_bf16_dst_fp32_sparsity_off.sum"  
 # (540,672 per cycle over 132 SMs), a report that did not collect it falls back to this
 HGMMA_FLOP_PER_SM_CYCLE = 4096
 AGAINST_CUBLAS = ["gpc__cycles_elapsed.max", "sm__cycles_active.avg", TENSOR_PIPE, HGMMA_FLOP,
-                  "device__attribute_multiprocessor_count", "gpu__time_duration.sum", "dram__bytes_read.sum", "lts__t_bytes.sum",
+                  "device__attribute_multiprocessor_count", "gpu__time_duration.sum", "sm__cycles_elapsed.avg.per_second", "dram__bytes_read.sum", "lts__t_bytes.sum",
                   "smsp__inst_executed.sum", "launch__grid_size", "launch__cluster_size"]
 
 
@@ -307,15 +307,18 @@ def against_cublas(report: str | Path, m: int, n: int, k: int) -> pd.DataFrame:
     launch order, the columns per cycle rather than per second, because the clock under ncu moves from kernel
     to kernel and under a power cap in a timed run even more:
 
-    * ``cycles_M``: ncu's Elapsed Cycles; ``active``: the SMs' active share of them;
+    * ``cycles_M``: ncu's Elapsed Cycles (``gpc__cycles_elapsed.max``); ``active``: the SMs' active cycles
+      (``sm__cycles_active.avg``) over them; ``sm_cycles_M`` and ``active_sm``: the same over the SMs' own elapsed
+      cycles (SM Frequency x Duration). The two elapsed counts differ by up to a few percent from kernel to
+      kernel (ncu's reports of this chapter: 0.15% to 3.8%), so a per-cycle comparison says which it uses;
     * ``tensor_pipe_pct``: the tensor pipe's busy share of the SMs' active cycles;
     * ``tensor_over_product``: the BF16 wgmma FLOP counted over the product's 2MNK (1.000: no work wasted),
       beside ``tile`` and ``padded``, what the tile predicts (:func:`padded_work`);
     * ``product_per_cycle``: the product's FLOP per Elapsed Cycle over the tensor pipe's peak per cycle
       (the counter's ``peak_sustained``, else ``HGMMA_FLOP_PER_SM_CYCLE`` per SM), the share of the chip's
       tensor rate that went into the product;
-    * ``ms`` and ``ghz`` (Elapsed Cycles over the duration: the clock the launch actually ran at, which power
-      management may hold below the base clock ncu asks for), ``dram_read_gb``, ``l2_gb``, ``inst_M``, ``grid``,
+    * ``ms``, ``ghz`` (Elapsed Cycles over the duration) and ``sm_ghz`` (ncu's SM Frequency): the clock the
+      launch ran at, which may sit below the base clock ncu asks for, ``dram_read_gb``, ``l2_gb``, ``inst_M``, ``grid``,
       ``cluster``: what else moved.
 
     The ``active`` and ``tensor_pipe_pct`` columns multiply out to ``product_per_cycle`` x ``tensor_over_product``
@@ -334,7 +337,10 @@ def against_cublas(report: str | Path, m: int, n: int, k: int) -> pd.DataFrame:
         "tile": ["x".join(map(str, x)) if x else "?" for x in tiles],
         "padded": [padded_work(m, n, x) if x else float("nan") for x in tiles],
         "product_per_cycle": flop / cycles / peak,
-        "ms": t["gpu__time_duration.sum"] / 1e6, "ghz": cycles / t["gpu__time_duration.sum"], "dram_read_gb": t["dram__bytes_read.sum"] / 1e9,
+        "sm_cycles_M": t["sm__cycles_elapsed.avg.per_second"] * t["gpu__time_duration.sum"] / 1e15,
+        "ms": t["gpu__time_duration.sum"] / 1e6, "ghz": cycles / t["gpu__time_duration.sum"],
+        "sm_ghz": t["sm__cycles_elapsed.avg.per_second"] / 1e9, "dram_read_gb": t["dram__bytes_read.sum"] / 1e9,
         "l2_gb": t["lts__t_bytes.sum"] / 1e9, "inst_M": t["smsp__inst_executed.sum"] / 1e6,
         "grid": t["launch__grid_size"].astype(int), "cluster": t["launch__cluster_size"].astype(int).clip(lower=1)})
+    out.insert(3, "active_sm", t["sm__cycles_active.avg"].to_numpy() / (out["sm_cycles_M"].to_numpy() * 1e6))
     return out.reset_index(drop=True)
