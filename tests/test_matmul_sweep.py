@@ -331,3 +331,13 @@ def test_against_cublas_split_is_an_identity_and_the_clock_moved_under_ncu():
     assert (abs(split - t["product_per_cycle"] * t["tensor_over_product"]) < 1e-6).all()
     # every launch below the H100's 1.59 GHz base, and cuBLAS's two launches 3% apart in time at equal cycles
     assert (t["ghz"] < 1.55).all() and t.loc[0, "ms"] / t.loc[3, "ms"] > 1.03
+
+
+@pytest.mark.skipif(not ncu_report_available(), reason="ncu_report is not available here")
+def test_against_cublas_sm_count_matches_ncus_elapsed_busy_share():
+    from gpuprof.ncu import report as nr
+    report = REPO_ROOT / "artifacts" / "ch11" / "rungs9_10_cublas_16384.ncu-rep.gz"
+    t = ms.against_cublas(report, 16384, 16384, 16384)
+    elapsed = nr.metric_table(report, ["sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed"]).iloc[:, 1]
+    assert (abs(t["active_sm"] * t["tensor_pipe_pct"] - elapsed.to_numpy()) < 1e-3).all()
+    assert abs(1 - t.loc[1, "sm_cycles_M"] / t.loc[1, "cycles_M"]) > 0.005  # rung 9's two counts disagree

@@ -310,7 +310,7 @@ def against_cublas(report: str | Path, m: int, n: int, k: int) -> pd.DataFrame:
     * ``cycles_M``: ncu's Elapsed Cycles (``gpc__cycles_elapsed.max``); ``active``: the SMs' active cycles
       (``sm__cycles_active.avg``) over them; ``sm_cycles_M`` and ``active_sm``: the same over the SMs' own elapsed
       cycles (SM Frequency x Duration). The two elapsed counts differ by up to a few percent from kernel to
-      kernel (ncu's reports of this chapter: 0.15% to 3.8%), so a per-cycle comparison says which it uses;
+      kernel (ncu's reports of this chapter: 0.01% to 3.8%, either way round), so a per-cycle comparison says which it uses;
     * ``tensor_pipe_pct``: the tensor pipe's busy share of the SMs' active cycles;
     * ``tensor_over_product``: the BF16 wgmma FLOP counted over the product's 2MNK (1.000: no work wasted),
       beside ``tile`` and ``padded``, what the tile predicts (:func:`padded_work`);
