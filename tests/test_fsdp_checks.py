@@ -443,3 +443,15 @@ def test_the_lean_trim_keeps_what_the_four_gpu_check_reads(tmp_path):
     assert said.startswith("lean:") and names and all("Synchronize" in n for n in names)
     after = st.mode_steps(ranks.rank_data(export, runtime=True)[0])
     pd.testing.assert_frame_equal(before.reset_index(drop=True), after.reset_index(drop=True))
+
+
+def test_the_overlap_recipes_grouped_table_is_duration_weighted():
+    from gpuprof.nsys import recipes as rc
+
+    trace = rc.read_recipe_csv(GPU4 / "recipe_nccl_gpu_overlap_trace_nccl.csv.gz")
+    grouped = rc.read_recipe_csv(GPU4 / "recipe_nccl_gpu_overlap_trace_grouped_trace.csv")
+    g = rc.grouped_overlap_check(trace, grouped).set_index("name")
+    assert len(g) == 5 and (g["count"] == grouped.set_index("Name").loc[g.index, "Count"]).all()
+    assert g["difference"].abs().max() <= 0.05 + 1e-9
+    ag = g.loc["ncclDevKernel_AllGather_RING_LL"]
+    assert ag["recipe_pct"] < 50 < 90 < ag["mean_pct"] and ag["longest_ms"] > 100  # the set-up all-gathers weigh it down

@@ -23,6 +23,9 @@ two differ:
   ``duration_ns`` of :func:`gpuprof.nsys.ranks.collective_kernels`, printed to one decimal
   (:func:`overlap_trace_check`; the recipe keeps each report on its own session clock, the course
   puts them on the earliest's);
+  Its grouped table is, per kernel name, those percentages weighted by the kernels' durations over the
+  whole run (:func:`grouped_overlap_check`), so a few long set-up collectives with no overlap pull it far
+  below the timed steps' share;
 * ``nccl_sum`` (idem): per NCCL **API call** (``ncclAllGather``, ..., the NVTX ranges NCCL itself
   emits on the CPU: their duration is the call's, not the transfer's), count and statistics per
   rank; its count per collective equals the number of NCCL kernels of that collective the
@@ -44,7 +47,7 @@ from .. import activity
 from . import sqlite as ns
 
 __all__ = ["kern_sum_check", "time_util_check", "nvtx_proj_check", "diff_check", "read_recipe_csv",
-           "overlap_trace_check", "nccl_sum_counts"]
+           "overlap_trace_check", "grouped_overlap_check", "nccl_sum_counts"]
 
 
 def _work(path: str | Path) -> pd.DataFrame:
@@ -155,3 +158,20 @@ def nccl_sum_counts(rank_stats: pd.DataFrame, trace: pd.DataFrame) -> pd.DataFra
     out = calls.rename(columns={"Rank": "rank", "Count": "calls"})[["rank", "kind", "calls"]]
     out = out.merge(kernels.reset_index().rename(columns={"Rank": "rank"}), on=["rank", "kind"], how="outer")
     return out.sort_values(["rank", "kind"]).reset_index(drop=True)
+
+
+def grouped_overlap_check(trace: pd.DataFrame, grouped: pd.DataFrame) -> pd.DataFrame:
+    """``nccl_gpu_overlap_trace``'s grouped table (``Name``, ``Count``, ``Compute Overlap``) for the NCCL kernels,
+    beside the duration-weighted mean of the rank trace's per-kernel "Compute Overlap" and its plain mean: the
+    recipe's figure is the weighted one. Columns: name, count, recipe_pct, weighted_pct, mean_pct, longest_ms
+    (the name's longest kernel), difference (recipe minus weighted)."""
+    t = trace.assign(dur=trace["End"] - trace["Start"])
+    by = t.groupby("Name")
+    out = pd.DataFrame({
+        "count": by.size(),
+        "weighted_pct": by.apply(lambda x: float((x["Compute Overlap"] * x["dur"]).sum() / x["dur"].sum())),
+        "mean_pct": by["Compute Overlap"].mean(), "longest_ms": by["dur"].max() / 1e6})
+    g = grouped.set_index("Name")
+    out.insert(1, "recipe_pct", g.reindex(out.index)["Compute Overlap"])
+    out["difference"] = out["recipe_pct"] - out["weighted_pct"]
+    return out.rename_axis("name").reset_index()
