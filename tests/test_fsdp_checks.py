@@ -455,3 +455,17 @@ def test_the_overlap_recipes_grouped_table_is_duration_weighted():
     assert g["difference"].abs().max() <= 0.05 + 1e-9
     ag = g.loc["ncclDevKernel_AllGather_RING_LL"]
     assert ag["recipe_pct"] < 50 < 90 < ag["mean_pct"] and ag["longest_ms"] > 100  # the set-up all-gathers weigh it down
+
+
+def test_nccl_ring_latency_follows_tuning_cc_and_the_scale_out_model_fails_where_latency_passes_compute():
+    # tuning.cc (v2.28.9): base 8.4 us, NVLink ring step 3.4 us, network step 14 us; 8 ranks a node
+    assert st.nccl_ring_latency_us("all_gather", 4) == pytest.approx(8.4 + 3 * 3.4)
+    assert st.nccl_ring_latency_us("all_gather", 64) == pytest.approx(8.4 + 56 * 3.4 + 7 * 14)
+    assert st.nccl_ring_latency_us("all_reduce", 64) == pytest.approx(8.4 + (126 - 14) * 3.4 + 14 * 14)
+    link = st.scale_out_link(1024, 400.0)
+    assert st.collective_ms("all_gather", 0, 1024, link) == pytest.approx(st.nccl_ring_latency_us("all_gather", 1024) / 1e3)
+    unit = st.UnitCost(forward_ms=8.0, backward_ms=16.0, gather_bytes=200e6, reduce_bytes=200e6)
+    t = st.predict_scale_out([unit] * 8, 30.0, 400.0, scales=(64, 4096)).set_index("gpus")
+    assert t.loc[64, "hidden_share"] > 0.85 > t.loc[4096, "hidden_share"]
+    slower = st.predict_scale_out([unit] * 8, 30.0, 400.0, scales=(1024,), latency_scale=4.0)
+    assert slower["ring_latency_ms"].iloc[0] == pytest.approx(4 * st.nccl_ring_latency_us("all_gather", 1024) / 1e3)

@@ -74,7 +74,8 @@ __all__ = ["MODES", "BUS_FACTOR", "shard_numel", "memory_arithmetic", "sharded_s
            "overlap_summary", "exposed_collectives", "arrival_skew", "hta_beside", "unit_order", "transfer_times", "link_rows",
            "predict_by_scale", "compute_stream", "idle_table", "idle_summary", "kernel_streams", "collective_timeline",
            "clock_check", "step_spread", "pattern_time", "state_shares", "slower_rank_steps",
-           "predicted_against_measured", "hidden_by_kind", "exposed_against_measured"]
+           "predicted_against_measured", "hidden_by_kind", "exposed_against_measured", "NCCL_RING_SIMPLE_US",
+           "nccl_ring_latency_us", "scale_out_link", "predict_scale_out"]
 
 MODES = ("ddp", "fsdp_reshard", "fsdp_keep")
 SCALES = (2, 4, 8, 64, 1024)
@@ -923,3 +924,49 @@ def hidden_by_kind(summary: Any) -> Any:
     out = g.agg(ranks=("rank", "size"), comm_ms=("comm_ms", "max"), exposed_ms=("exposed_ms", "max"),
                 hidden_share=("hidden_share", "min"))
     return out.reset_index()
+
+
+# --- past one node: NCCL's own cost model for the latency, a documented network for the bandwidth ---------------------
+
+# NCCL's tuning model (NVIDIA/nccl v2.28.9-1, src/graph/tuning.cc: baseLatencies and hwLatencies, Ring, protocol
+# Simple; the same values in v2.30.7-1): a ring collective's latency is the base plus, per step, the NVLink step's
+# latency inside a node and the network step's across nodes. NCCL uses these to choose an algorithm; they are its
+# estimates, not measurements (section 7 measured a 70.1 us intercept per collective on four GPUs where this gives
+# 18.6 us).
+NCCL_RING_SIMPLE_US = {"base": 8.4, "nvlink_step": 3.4, "net_step": 14.0}
+
+
+def nccl_ring_latency_us(kind: str, n: int, per_node: int = 8, constants: dict[str, float] = NCCL_RING_SIMPLE_US) -> float:
+    """NCCL's estimate of a ring ``kind``'s latency on ``n`` ranks, ``per_node`` to a node: ``base + (steps -
+    inter) x nvlink_step + inter x net_step``, with ``steps`` the ring's (``latency_steps``) and ``inter`` the steps
+    that cross nodes (``nodes - 1``, twice that for an all-reduce), as tuning.cc counts them. (NCCL also raises
+    the net step by the CPU's network overhead, 3 us for Simple on Intel, which 3.4 us already exceeds.)"""
+    steps = latency_steps(kind, n, "ring")
+    nodes = max(1, math.ceil(n / per_node))
+    inter = 0 if nodes == 1 else (2 * (nodes - 1) if kind == "all_reduce" else nodes - 1)
+    return constants["base"] + (steps - inter) * constants["nvlink_step"] + inter * constants["net_step"]
+
+
+def scale_out_link(n: int, busbw_gbps: float, per_node: int = 8, latency_scale: float = 1.0) -> Link:
+    """The model's :class:`Link` on ``n`` ranks: ``busbw_gbps`` and, per ring step, NCCL's latency estimate for
+    an all-gather (:func:`nccl_ring_latency_us`) spread over its ``n - 1`` steps, so that the model's all-gathers and
+    reduce-scatters cost what NCCL's model says (its all-reduce gets the same per-step latency: NCCL's count
+    of an all-reduce's steps differs only in the ring's two passes). ``latency_scale`` multiplies NCCL's estimate
+    (a sensitivity: the course measured more than NCCL estimates on four GPUs)."""
+    return Link(busbw_gbps, latency_scale * nccl_ring_latency_us("all_gather", n, per_node) / max(1, n - 1))
+
+
+def predict_scale_out(units: Sequence[UnitCost], optimizer_ms: float, busbw_gbps: float, *,
+                      scales: Sequence[int] = (8, 64, 1024, 2048, 4096), per_node: int = 8,
+                      modes: Sequence[str] = ("fsdp_reshard",), prefetch: int = 1, latency_scale: float = 1.0) -> Any:
+    """:func:`predict_by_scale` at each of ``scales`` over :func:`scale_out_link`: the same per-GPU computation
+    (each GPU keeps its batch), collectives at ``busbw_gbps`` with NCCL's ring latency. Adds the link's
+    per-collective latency (``ring_latency_ms``) to each row."""
+    import pandas as pd
+
+    rows = []
+    for n in scales:
+        t = predict_by_scale(units, scale_out_link(n, busbw_gbps, per_node, latency_scale), optimizer_ms, scales=(n,),
+                             modes=modes, prefetch=prefetch)
+        rows.append(t.assign(ring_latency_ms=latency_scale * nccl_ring_latency_us("all_gather", n, per_node) / 1e3))
+    return pd.concat(rows, ignore_index=True)
