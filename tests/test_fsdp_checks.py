@@ -467,5 +467,7 @@ def test_nccl_ring_latency_follows_tuning_cc_and_the_scale_out_model_fails_where
     unit = st.UnitCost(forward_ms=8.0, backward_ms=16.0, gather_bytes=200e6, reduce_bytes=200e6)
     t = st.predict_scale_out([unit] * 8, 30.0, 400.0, scales=(64, 4096)).set_index("gpus")
     assert t.loc[64, "hidden_share"] > 0.85 > t.loc[4096, "hidden_share"]
-    slower = st.predict_scale_out([unit] * 8, 30.0, 400.0, scales=(1024,), latency_scale=4.0)
-    assert slower["ring_latency_ms"].iloc[0] == pytest.approx(4 * st.nccl_ring_latency_us("all_gather", 1024) / 1e3)
+    extra = st.predict_scale_out([unit] * 8, 30.0, 400.0, scales=(1024,), extra_us=50.0)
+    assert extra["ring_latency_ms"].iloc[0] == pytest.approx((st.nccl_ring_latency_us("all_gather", 1024) + 50) / 1e3)
+    slow_net = dict(st.NCCL_RING_SIMPLE_US, net_step=28.0)
+    assert st.nccl_ring_latency_us("all_gather", 1024, constants=slow_net) == pytest.approx(8.4 + 896 * 3.4 + 127 * 28)

@@ -947,26 +947,29 @@ def nccl_ring_latency_us(kind: str, n: int, per_node: int = 8, constants: dict[s
     return constants["base"] + (steps - inter) * constants["nvlink_step"] + inter * constants["net_step"]
 
 
-def scale_out_link(n: int, busbw_gbps: float, per_node: int = 8, latency_scale: float = 1.0) -> Link:
+def scale_out_link(n: int, busbw_gbps: float, per_node: int = 8, *, constants: dict[str, float] = NCCL_RING_SIMPLE_US,
+                   extra_us: float = 0.0) -> Link:
     """The model's :class:`Link` on ``n`` ranks: ``busbw_gbps`` and, per ring step, NCCL's latency estimate for
-    an all-gather (:func:`nccl_ring_latency_us`) spread over its ``n - 1`` steps, so that the model's all-gathers and
-    reduce-scatters cost what NCCL's model says (its all-reduce gets the same per-step latency: NCCL's count
-    of an all-reduce's steps differs only in the ring's two passes). ``latency_scale`` multiplies NCCL's estimate
-    (a sensitivity: the course measured more than NCCL estimates on four GPUs)."""
-    return Link(busbw_gbps, latency_scale * nccl_ring_latency_us("all_gather", n, per_node) / max(1, n - 1))
+    an all-gather (:func:`nccl_ring_latency_us` with ``constants``) plus ``extra_us`` per collective, spread over
+    its ``n - 1`` steps, so that the model's all-gathers and reduce-scatters cost that much latency each (its
+    all-reduce gets the same per-step latency: NCCL's count of an all-reduce's steps differs only in the ring's two
+    passes). ``extra_us`` is a sensitivity: the course measured a larger intercept per collective on four GPUs
+    than NCCL estimates, and it did not grow with the ring's steps (chapter 13, section 7)."""
+    return Link(busbw_gbps, (nccl_ring_latency_us("all_gather", n, per_node, constants) + extra_us) / max(1, n - 1))
 
 
 def predict_scale_out(units: Sequence[UnitCost], optimizer_ms: float, busbw_gbps: float, *,
                       scales: Sequence[int] = (8, 64, 1024, 2048, 4096), per_node: int = 8,
-                      modes: Sequence[str] = ("fsdp_reshard",), prefetch: int = 1, latency_scale: float = 1.0) -> Any:
+                      modes: Sequence[str] = ("fsdp_reshard",), prefetch: int = 1,
+                      constants: dict[str, float] = NCCL_RING_SIMPLE_US, extra_us: float = 0.0) -> Any:
     """:func:`predict_by_scale` at each of ``scales`` over :func:`scale_out_link`: the same per-GPU computation
-    (each GPU keeps its batch), collectives at ``busbw_gbps`` with NCCL's ring latency. Adds the link's
-    per-collective latency (``ring_latency_ms``) to each row."""
+    (each GPU keeps its batch), collectives at ``busbw_gbps`` with NCCL's ring latency (``constants``) plus
+    ``extra_us`` per collective. Adds each collective's latency (``ring_latency_ms``) to each row."""
     import pandas as pd
 
     rows = []
     for n in scales:
-        t = predict_by_scale(units, scale_out_link(n, busbw_gbps, per_node, latency_scale), optimizer_ms, scales=(n,),
-                             modes=modes, prefetch=prefetch)
-        rows.append(t.assign(ring_latency_ms=latency_scale * nccl_ring_latency_us("all_gather", n, per_node) / 1e3))
+        link = scale_out_link(n, busbw_gbps, per_node, constants=constants, extra_us=extra_us)
+        t = predict_by_scale(units, link, optimizer_ms, scales=(n,), modes=modes, prefetch=prefetch)
+        rows.append(t.assign(ring_latency_ms=(nccl_ring_latency_us("all_gather", n, per_node, constants) + extra_us) / 1e3))
     return pd.concat(rows, ignore_index=True)
