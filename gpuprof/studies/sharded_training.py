@@ -43,8 +43,8 @@ each launch wait on the communicator's own stream (``ncclLaunchPrepare`` in NVID
 ``src/enqueue.cc``), so one communicator's kernels run one after another (the chapter's exports
 show no overlap between two NCCL kernels of a rank). What the model leaves out, said once: NCCL's kernels take SMs and memory
 bandwidth from the computation they overlap (here overlap is free); the memory limit on how
-many units FSDP2 keeps gathered; a ring that spans nodes has its intra-node steps cheaper than
-its network ones (here every step costs the link's latency, an upper bound). A prediction is
+many units FSDP2 keeps gathered; and, within one node, a ring's steps all cost the link's latency
+(past one node, :func:`scale_out_link` gives the NVLink and the network steps NCCL's own costs). A prediction is
 checked against a measurement at a scale the chapter can run, never trusted past it unread.
 
 **The captures** (Nsight Systems, one report per rank; :mod:`gpuprof.nsys.ranks` reads them):
@@ -75,7 +75,7 @@ __all__ = ["MODES", "BUS_FACTOR", "shard_numel", "memory_arithmetic", "sharded_s
            "predict_by_scale", "compute_stream", "idle_table", "idle_summary", "kernel_streams", "collective_timeline",
            "clock_check", "step_spread", "pattern_time", "state_shares", "slower_rank_steps",
            "predicted_against_measured", "hidden_by_kind", "exposed_against_measured", "NCCL_RING_SIMPLE_US",
-           "nccl_ring_latency_us", "scale_out_link", "predict_scale_out"]
+           "nccl_ring_latency_us", "scale_out_link", "predict_scale_out", "NCCL_RING_LL128_US", "LL128_BANDWIDTH"]
 
 MODES = ("ddp", "fsdp_reshard", "fsdp_keep")
 SCALES = (2, 4, 8, 64, 1024)
@@ -934,13 +934,19 @@ def hidden_by_kind(summary: Any) -> Any:
 # estimates, not measurements (section 7 measured a 70.1 us intercept per collective on four GPUs where this gives
 # 18.6 us).
 NCCL_RING_SIMPLE_US = {"base": 8.4, "nvlink_step": 3.4, "net_step": 14.0}
+# The same table's LL128 protocol (ring): lower latency per step, 0.92 of Simple's bandwidth (tuning.cc: "busBw * (0.92
+# /*120.0/128.0*/)"). NCCL picks, per collective, the algorithm and protocol its estimate says is fastest, and on
+# Hopper with one NIC per GPU LL128 is allowed across nodes, so for large rings its estimate favours LL128.
+NCCL_RING_LL128_US = {"base": 14.0, "nvlink_step": 1.9, "net_step": 4.0}
+LL128_BANDWIDTH = 0.92
 
 
 def nccl_ring_latency_us(kind: str, n: int, per_node: int = 8, constants: dict[str, float] = NCCL_RING_SIMPLE_US) -> float:
     """NCCL's estimate of a ring ``kind``'s latency on ``n`` ranks, ``per_node`` to a node: ``base + (steps -
     inter) x nvlink_step + inter x net_step``, with ``steps`` the ring's (``latency_steps``) and ``inter`` the steps
-    that cross nodes (``nodes - 1``, twice that for an all-reduce), as tuning.cc counts them. (NCCL also raises
-    the net step by the CPU's network overhead, 3 us for Simple on Intel, which 3.4 us already exceeds.)"""
+    that cross nodes (``nodes - 1``, twice that for an all-reduce), as tuning.cc counts them. (tuning.cc also takes the NVLink step as at least the CPU's network overhead,
+    ``max(intraLat, netOverhead)``: 1 us on Intel, 2 us on AMD, three times that for Simple; on Intel hosts, as a
+    DGX H100 has, 3.4 us already exceeds it, on AMD the Simple step would be 6 us.)"""
     steps = latency_steps(kind, n, "ring")
     nodes = max(1, math.ceil(n / per_node))
     inter = 0 if nodes == 1 else (2 * (nodes - 1) if kind == "all_reduce" else nodes - 1)
@@ -951,9 +957,9 @@ def scale_out_link(n: int, busbw_gbps: float, per_node: int = 8, *, constants: d
                    extra_us: float = 0.0) -> Link:
     """The model's :class:`Link` on ``n`` ranks: ``busbw_gbps`` and, per ring step, NCCL's latency estimate for
     an all-gather (:func:`nccl_ring_latency_us` with ``constants``) plus ``extra_us`` per collective, spread over
-    its ``n - 1`` steps, so that the model's all-gathers and reduce-scatters cost that much latency each (its
-    all-reduce gets the same per-step latency: NCCL's count of an all-reduce's steps differs only in the ring's two
-    passes). ``extra_us`` is a sensitivity: the course measured a larger intercept per collective on four GPUs
+    its ``n - 1`` steps, so that the model's all-gathers and reduce-scatters cost that much latency each. An
+    all-reduce gets the same per-step latency, so the model charges it twice the all-gather's latency (NCCL counts
+    the base once, and adds its 1.4x "plateau" factor to multi-node ring all-reduces): approximate past one node. ``extra_us`` is a sensitivity: the course measured a larger intercept per collective on four GPUs
     than NCCL estimates, and it did not grow with the ring's steps (chapter 13, section 7)."""
     return Link(busbw_gbps, (nccl_ring_latency_us("all_gather", n, per_node, constants) + extra_us) / max(1, n - 1))
 
