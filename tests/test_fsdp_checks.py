@@ -471,3 +471,12 @@ def test_nccl_ring_latency_follows_tuning_cc_and_the_scale_out_model_fails_where
     assert extra["ring_latency_ms"].iloc[0] == pytest.approx((st.nccl_ring_latency_us("all_gather", 1024) + 50) / 1e3)
     slow_net = dict(st.NCCL_RING_SIMPLE_US, net_step=28.0)
     assert st.nccl_ring_latency_us("all_gather", 1024, constants=slow_net) == pytest.approx(8.4 + 896 * 3.4 + 127 * 28)
+
+
+def test_group_units_keeps_the_root_and_sums_layers():
+    root = st.UnitCost(1.0, 2.0, 10.0, 10.0, kept=True)
+    layer = st.UnitCost(3.0, 6.0, 100.0, 100.0)
+    g = st.group_units([root] + [layer] * 5, 2)
+    assert g[0] == root and len(g) == 4
+    assert g[1] == st.UnitCost(6.0, 12.0, 200.0, 200.0) and g[3] == st.UnitCost(3.0, 6.0, 100.0, 100.0)
+    assert st.NCCL_RING_LL128_US == {"base": 14.0, "nvlink_step": 1.9, "net_step": 4.0} and st.LL128_BANDWIDTH == 0.92

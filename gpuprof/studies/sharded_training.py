@@ -34,8 +34,10 @@ reduce-scatters (FSDP), or one all-reduce per unit after its backward (DDP, its 
 as one per unit); a unit marked ``kept`` (the root) is not gathered again in backward. Prefetch depth p issues a unit's all-gather when the unit p places earlier
 starts computing; p = 0 issues it when the unit before it has finished. The link runs the
 collectives one after another in the order they were issued. What the compute waits for is
-the exposed communication, by collective. :func:`predict_scaling` runs it at 4, 8, 64 and
-1,024 GPUs.
+the exposed communication, by collective. :func:`predict_scaling` runs it at the scales of ``SCALES``
+over one link, :func:`predict_by_scale` at any; past one node :func:`predict_scale_out` gives it NCCL's own
+ring latency (``NCCL_RING_SIMPLE_US``, ``NCCL_RING_LL128_US``) over a documented bandwidth, and
+:func:`group_units` wraps several layers to a unit.
 
 Queueing on one link is what NCCL does, not a simplification: FSDP2 issues its all-gathers and
 reduce-scatters on separate streams but on one process group, so one communicator, and NCCL makes
@@ -75,7 +77,8 @@ __all__ = ["MODES", "BUS_FACTOR", "shard_numel", "memory_arithmetic", "sharded_s
            "predict_by_scale", "compute_stream", "idle_table", "idle_summary", "kernel_streams", "collective_timeline",
            "clock_check", "step_spread", "pattern_time", "state_shares", "slower_rank_steps",
            "predicted_against_measured", "hidden_by_kind", "exposed_against_measured", "NCCL_RING_SIMPLE_US",
-           "nccl_ring_latency_us", "scale_out_link", "predict_scale_out", "NCCL_RING_LL128_US", "LL128_BANDWIDTH"]
+           "nccl_ring_latency_us", "scale_out_link", "predict_scale_out", "NCCL_RING_LL128_US", "LL128_BANDWIDTH",
+           "group_units"]
 
 MODES = ("ddp", "fsdp_reshard", "fsdp_keep")
 SCALES = (2, 4, 8, 64, 1024)
@@ -936,7 +939,8 @@ def hidden_by_kind(summary: Any) -> Any:
 NCCL_RING_SIMPLE_US = {"base": 8.4, "nvlink_step": 3.4, "net_step": 14.0}
 # The same table's LL128 protocol (ring): lower latency per step, 0.92 of Simple's bandwidth (tuning.cc: "busBw * (0.92
 # /*120.0/128.0*/)"). NCCL picks, per collective, the algorithm and protocol its estimate says is fastest, and on
-# Hopper with one NIC per GPU LL128 is allowed across nodes, so for large rings its estimate favours LL128.
+# Hopper LL128 is allowed across nodes where the GPU-to-NIC path is at most PXN (a NIC per GPU, as a DGX H100 has), so for
+# large rings its estimate favours LL128. NCCL also caps LL128's bandwidth per channel, which the model leaves out.
 NCCL_RING_LL128_US = {"base": 14.0, "nvlink_step": 1.9, "net_step": 4.0}
 LL128_BANDWIDTH = 0.92
 
@@ -979,3 +983,14 @@ def predict_scale_out(units: Sequence[UnitCost], optimizer_ms: float, busbw_gbps
         t = predict_by_scale(units, link, optimizer_ms, scales=(n,), modes=modes, prefetch=prefetch)
         rows.append(t.assign(ring_latency_ms=(nccl_ring_latency_us("all_gather", n, per_node, constants) + extra_us) / 1e3))
     return pd.concat(rows, ignore_index=True)
+
+
+def group_units(units: Sequence[UnitCost], per_unit: int) -> list[UnitCost]:
+    """The same model wrapped ``per_unit`` layers to a sharding unit (``--unit block:K``): the first unit (the
+    root, kept) stays as it is, the layers after it are summed ``per_unit`` at a time (compute and bytes), so each
+    unit's collectives move that many layers' bytes and pay one latency instead of ``per_unit``."""
+    root, layers = list(units[:1]), list(units[1:])
+    grouped = [UnitCost(sum(u.forward_ms for u in chunk), sum(u.backward_ms for u in chunk),
+                        sum(u.gather_bytes for u in chunk), sum(u.reduce_bytes for u in chunk), False)
+               for chunk in (layers[i:i + per_unit] for i in range(0, len(layers), per_unit))]
+    return root + grouped
