@@ -34,8 +34,8 @@ reduce-scatters (FSDP), or one all-reduce per unit after its backward (DDP, its 
 as one per unit); a unit marked ``kept`` (the root) is not gathered again in backward. Prefetch depth p issues a unit's all-gather when the unit p places earlier
 starts computing; p = 0 issues it when the unit before it has finished. The link runs the
 collectives one after another in the order they were issued. What the compute waits for is
-the exposed communication, by collective. :func:`predict_scaling` runs it at the scales of ``SCALES``
-over one link, :func:`predict_by_scale` at any; past one node :func:`predict_scale_out` gives it NCCL's own
+the exposed communication, by collective. :func:`predict_scaling` runs it with one link per scale
+(``SCALES``), :func:`predict_by_scale` at any scales over one link; past one node :func:`predict_scale_out` gives it NCCL's own
 ring latency (``NCCL_RING_SIMPLE_US``, ``NCCL_RING_LL128_US``) over a documented bandwidth, and
 :func:`group_units` wraps several layers to a unit.
 
@@ -650,7 +650,7 @@ def link_rows(transfers: Any) -> list[dict[str, Any]]:
 
 def predict_by_scale(units: Sequence[UnitCost], link: Link, optimizer_ms: float, *, scales: Sequence[int] = (2, 4, 8),
                      modes: Sequence[str] = MODES, prefetch: int = 1) -> Any:
-    """:func:`simulate_step` at each scale over one intra-node ``link``, the optimizer's time per rank
+    """:func:`simulate_step` at each scale over one ``link`` (a node's, or :func:`scale_out_link`'s past one), the optimizer's time per rank
     ``optimizer_ms`` (one GPU's, for the whole model) divided by the ranks under FSDP2 (each steps its shard)."""
     import pandas as pd
 
