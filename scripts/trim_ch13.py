@@ -37,36 +37,9 @@ IN_WINDOWS = ("CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET", "CUPTI
               "CUPTI_ACTIVITY_KIND_RUNTIME")
 
 
-def lean(path: Path) -> str:
-    """Keep of the CUDA API calls only the ``*Synchronize*`` ones (they close each step's GPU window) and drop
-    CUPTI's synchronization records: what the four-GPU check reads (kernels, NVTX ranges, step windows) stays,
-    and a rank's export shrinks about threefold (2.0 -> 0.65 MB gzipped for four ranks' training run). The
-    compute stream's waits, which section 4 tells apart on the two-GPU references, cannot be read afterwards."""
-    import sqlite3
-
-    con = sqlite3.connect(path)
-    try:
-        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        said = []
-        if "CUPTI_ACTIVITY_KIND_RUNTIME" in tables:
-            before = con.execute("SELECT COUNT(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()[0]
-            con.execute("DELETE FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE nameId NOT IN "
-                        "(SELECT id FROM StringIds WHERE value LIKE '%Synchronize%')")
-            after = con.execute("SELECT COUNT(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()[0]
-            said.append(f"CUDA API calls: the {after} *Synchronize* calls of {before} kept")
-        if "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION" in tables:
-            con.execute("DELETE FROM CUPTI_ACTIVITY_KIND_SYNCHRONIZATION")
-            said.append("CUPTI's synchronization records dropped")
-        con.commit()
-        con.execute("VACUUM")
-    finally:
-        con.close()
-    return "lean: " + ", ".join(said) if said else ""
-
-
 def trim_one(src: Path, out_dir: Path, *, lean_export: bool = False) -> tuple[Path, str]:
     """Scrub, trim and gzip one rank's export into ``out_dir``; returns the written file and the trim's sentence.
-    ``lean_export``: also :func:`lean` (the four-GPU run's exports)."""
+    ``lean_export``: also :func:`gpuprof.nsys.export_edit.keep_only_sync_calls` (the four-GPU run's exports)."""
     from gpuprof.nsys import export_edit
     from gpuprof.nsys.ranks import rank_data
     from gpuprof.studies import sharded_training as st
@@ -86,7 +59,7 @@ def trim_one(src: Path, out_dir: Path, *, lean_export: bool = False) -> tuple[Pa
         windows = [(int(a), int(b)) for a, b in zip(steps["start"], steps["end"])]
         note = export_edit.trim_reference(work, drop_tables=DROP, keep_windows=windows)
         cut = export_edit.keep_in_windows(work, IN_WINDOWS, windows, keep_calls="Synchronize")
-        thin = lean(work) if lean_export else ""
+        thin = export_edit.keep_only_sync_calls(work) if lean_export else ""
         note = "; ".join(n for n in (note, cut, thin) if n)
         out = out_dir / (src.name + ".gz")
         with open(work, "rb") as fi, gzip.GzipFile(out, "wb", mtime=0) as fo:

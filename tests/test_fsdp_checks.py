@@ -425,18 +425,17 @@ def test_nccl_sum_counts_one_api_call_per_kernel_on_four_ranks():
 
 
 def test_the_lean_trim_keeps_what_the_four_gpu_check_reads(tmp_path):
-    """scripts/trim_ch13.py --lean: only the Synchronize calls stay in the API table, CUPTI's synchronization
-    records go, and the steps' GPU windows (closed by those calls) are still found."""
+    """scripts/trim_ch13.py --lean (export_edit.keep_only_sync_calls): only the Synchronize calls stay in the API
+    table, CUPTI's synchronization records go, and the steps' GPU windows (closed by those calls) are still found."""
     import sqlite3
 
-    from gpuprof.runner import load_script
+    from gpuprof.nsys import export_edit
 
-    trim = load_script(REPO_ROOT / "scripts" / "trim_ch13.py")
     export = tmp_path / "x.sqlite"
     with gzip.open(REF / "pf_off_rank0.sqlite.gz") as f, export.open("wb") as g:
         shutil.copyfileobj(f, g)
     before = st.mode_steps(ranks.rank_data(export, runtime=True)[0])
-    said = trim.lean(export)
+    said = export_edit.keep_only_sync_calls(export)
     con = sqlite3.connect(export)
     names = {r[0] for r in con.execute("SELECT s.value FROM CUPTI_ACTIVITY_KIND_RUNTIME c JOIN StringIds s ON s.id = c.nameId")}
     con.close()

@@ -3,8 +3,8 @@
 :mod:`gpuprof.nsys.sqlite` only reads exports; the functions here change them, so a
 reader of a module can tell which of the two it is calling. :func:`scrub_environment` runs
 on every export the course writes (the capture machine's environment variables are not
-kept); :func:`keep_callchains`, :func:`trim_reference` and :func:`keep_in_windows` shrink a course reference to what
-its chapter reads, and say what they removed.
+kept); :func:`keep_callchains`, :func:`trim_reference`, :func:`keep_in_windows` and :func:`keep_only_sync_calls` shrink a
+course reference to what its chapter reads, and say what they removed.
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ from typing import Sequence
 from .sqlite import KERNEL_TABLE, RUNTIME_TABLE, nvtx_ranges, open_export, table_names
 
 __all__ = ["ENV_REMOVED", "scrub_environment", "keep_callchains", "trim_reference", "keep_in_windows",
-           "keep_launched_in"]
+           "keep_launched_in", "SYNC_TABLE", "keep_only_sync_calls"]
+
+SYNC_TABLE = "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"
 
 LAUNCHED_TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
 
@@ -214,3 +216,25 @@ def keep_launched_in(path: str | Path, windows: Sequence[tuple[int, int]]) -> st
         conn.execute("VACUUM")
     return (f"only the CUDA API calls starting inside {len(windows)} given windows and the GPU work they launched were "
             "kept: " + ", ".join(notes) + f" ({before / 2**20:.1f} -> {path.stat().st_size / 2**20:.1f} MiB)")
+
+
+def keep_only_sync_calls(path: str | Path) -> str:
+    """Keep of the CUDA API calls only the ``*Synchronize*`` ones (they close each timed step's GPU window) and drop
+    CUPTI's synchronization records (the streams' waits on events): kernels, copies, memsets and NVTX ranges stay,
+    and a training run's export shrinks about threefold (chapter 13's four-GPU exports: 2.0 -> 0.65 MB gzipped).
+    What a stream waited for can no longer be read afterwards. Returns the sentence for the provenance."""
+    with closing(sqlite3.connect(path)) as con:
+        tables = table_names(con)
+        said = []
+        if RUNTIME_TABLE in tables:
+            before = con.execute(f'SELECT COUNT(*) FROM "{RUNTIME_TABLE}"').fetchone()[0]
+            con.execute(f'DELETE FROM "{RUNTIME_TABLE}" WHERE nameId NOT IN '
+                        "(SELECT id FROM StringIds WHERE value LIKE '%Synchronize%')")
+            after = con.execute(f'SELECT COUNT(*) FROM "{RUNTIME_TABLE}"').fetchone()[0]
+            said.append(f"CUDA API calls: the {after} *Synchronize* calls of {before} kept")
+        if SYNC_TABLE in tables:
+            con.execute(f'DELETE FROM "{SYNC_TABLE}"')
+            said.append("CUPTI's synchronization records dropped")
+        con.commit()
+        con.execute("VACUUM")
+    return "lean: " + ", ".join(said) if said else ""

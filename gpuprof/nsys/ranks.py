@@ -158,6 +158,12 @@ def overlap_by_rank(data: dict[int, RankData], window: tuple[int, int] | None = 
 _NCCL_KERNEL = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")
 
 
+def snake_case(word: str) -> str:
+    """``AllGather`` -> ``all_gather``: NCCL's collective names (in its kernels' names and its NVTX ranges) in the
+    snake case the course's tables use."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", word).lower()
+
+
 def collective_kind(names: pd.Series) -> pd.Series:
     """The collective each NCCL kernel runs, from its name, in snake case: ``ncclDevKernel_AllGather_RING_LL``
     (NCCL 2.19 and later) and ``ncclKernel_AllGather_RING_LL_Sum_int8_t`` (earlier) give ``all_gather``;
@@ -165,7 +171,7 @@ def collective_kind(names: pd.Series) -> pd.Series:
     kernel's gives ``None``; an NCCL kernel named otherwise, ``other``."""
     names = names.astype(str)
     word = names.str.extract(_NCCL_KERNEL, expand=False)
-    kind = word.map(lambda w: re.sub(r"(?<!^)(?=[A-Z])", "_", w).lower(), na_action="ignore")
+    kind = word.map(snake_case, na_action="ignore")
     out = kind.astype(object).where(word.notna(), pd.Series(np.where(is_communication(names), "other", None),
                                                             index=names.index, dtype=object))
     return out.where(out.notna(), None)

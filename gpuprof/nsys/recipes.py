@@ -150,10 +150,10 @@ def nccl_sum_counts(rank_stats: pd.DataFrame, trace: pd.DataFrame) -> pd.DataFra
     """Per rank and collective: ``nccl_sum``'s count of NCCL API calls (its ``rank_stats`` table; the
     communicator's set-up and tear-down calls left out) beside the NCCL kernels the overlap trace lists
     (``collective_kind`` of their names). Both recipes read the whole reports, warm-up steps included."""
-    from .ranks import collective_kind
+    from .ranks import collective_kind, snake_case
 
     calls = rank_stats[rank_stats["Text"].str.match(r"nccl(?!Comm)")].copy()
-    calls["kind"] = calls["Text"].str.replace("nccl", "", n=1).str.replace(r"(?<!^)(?=[A-Z])", "_", regex=True).str.lower()
+    calls["kind"] = calls["Text"].str.replace("nccl", "", n=1).map(snake_case)
     kernels = trace.assign(kind=collective_kind(trace["Name"])).groupby(["Rank", "kind"]).size().rename("kernels")
     out = calls.rename(columns={"Rank": "rank", "Count": "calls"})[["rank", "kind", "calls"]]
     out = out.merge(kernels.reset_index().rename(columns={"Rank": "rank"}), on=["rank", "kind"], how="outer")
