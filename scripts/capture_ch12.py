@@ -31,6 +31,11 @@ provenance records as run:
    71 MB for a step of 502 kernels on an H200, 2026-11-27) stays where it was made, ignored by git. It fails with one
    sentence where ncu is missing or the driver keeps the counters to administrators;
 
+9. ``own_ceilings.json`` and ``own_kernels.json`` (step ``own``): the device copy and the BF16 product measured
+   again, then ``triton_graph`` (our own Triton kernels, ``examples/nsys/decode_triton.py``) beside
+   ``compile_graph`` and ``fused_graph`` at batch 1 and 8 (prompt 512, 64 steps), with the check, in one process;
+   about 2 minutes on an H200 (2026-11-28), most of it loading the weights and compiling;
+
 then ``scripts/capture_all.py --notebooks notebooks/12__llm_inference.ipynb`` (executes the notebook in
 place and runs strict nbval over it). Each run's printed output goes to ``artifacts/ch12/run_output.txt``.
 
@@ -76,6 +81,9 @@ RUNS = {  # name: (arguments, the exit status expected)
                           "--new-tokens", "2", "--no-check"], 0),
     "noclone.json": ([*DECODE, "--rung", "graph", "--batch", "1", "--prompt-len", "512", "--new-tokens", "16",
                       "--no-clone"], 2),
+    # our own kernels (triton_graph) beside the compiled rungs they are measured against, in one process
+    "own_kernels.json": ([*DECODE, "--rung", "eager_static,compile_graph,fused_graph,triton_graph", "--batch", "1,8",
+                          "--prompt-len", "512", "--new-tokens", "64"], 0),
 }
 NSYS_ARGS = [*DECODE, "--rung", "eager_dynamic,compile_graph,fused_graph", "--batch", "1", "--prompt-len", "512",
              "--new-tokens", "32", "--no-check"]
@@ -92,7 +100,7 @@ NCU_NEW_TOKENS = 64
 NCU_LIMIT = 2000
 KV_SCRIPT = "examples/nsys/kv_capacity.py"
 KV_ARGS = ["--model", "8b", "--context", "1024,4096,32768,131072"]
-STEPS = ("ceilings", "ladder", "sweep", "nsys", "prefill", "noclone", "kv", "ncu", "notebook")
+STEPS = ("ceilings", "ladder", "sweep", "nsys", "prefill", "noclone", "kv", "ncu", "own", "notebook")
 NOTEBOOK = "notebooks/12__llm_inference.ipynb"
 
 
@@ -141,8 +149,9 @@ def run_decode(name: str, args: list[str], expected: int, log, script: str = SCR
     return code
 
 
-def ceilings() -> None:
-    """The device copy and the BF16 product, measured now: the shares of the chapter are of these."""
+def ceilings(name: str = "ceilings.json") -> None:
+    """The device copy and the BF16 product, measured now: the shares of the chapter are of these (``name``: the
+    record; the own step keeps its own, so that its shares are of a copy measured minutes before its run)."""
     from gpuprof.artifacts import save_json
     from gpuprof.backend import choose_backend
     from gpuprof.studies import speed_of_light as s
@@ -153,8 +162,9 @@ def ceilings() -> None:
     data = {"gpu": describe_machine().gpu_name, "d2d_gbps": copy.value, "d2d_how": copy.how,
             "matmul_bf16_tflops": matmul.value, "matmul_how": matmul.how}
     print(f"ceilings: device copy {copy.value:,.1f} GB/s, BF16 product {matmul.value:,.1f} TFLOP/s", flush=True)
-    save_json("ch12", "ceilings.json", data, overwrite=True,
-              command="python3 scripts/capture_ch12.py --only ceilings (gpuprof.studies.speed_of_light.device_copy "
+    step = "own" if name != "ceilings.json" else "ceilings"
+    save_json("ch12", name, data, overwrite=True,
+              command=f"python3 scripts/capture_ch12.py --only {step} (gpuprof.studies.speed_of_light.device_copy "
                       "and matmul_bf16)")
 
 
@@ -294,6 +304,11 @@ def main(argv: list[str] | None = None) -> int:
                 nsys_capture()
             elif step == "ncu":
                 failed += ncu_capture_step(args.ncu_rungs)
+            elif step == "own":
+                ceilings("own_ceilings.json")
+                run_args, expected = RUNS["own_kernels.json"]
+                if run_decode("own_kernels.json", run_args, expected, log) != expected:
+                    failed.append("own_kernels.json")
             elif step == "notebook":
                 continue  # after the log is closed and recorded
             elif step == "kv":

@@ -56,6 +56,11 @@ to produce one token per sequence. The same generation is run by each rung of a 
                  on the int8 weights too, eagerly (the cast then writes a BF16 copy per matrix: prefill is
                  bound by arithmetic, not by these bytes). Quantizing fused wqkv and w_gate_up whole gives the
                  same int8 values and scales as quantizing q, k, v, gate and up apart (each column its own)
+  triton_graph   the step as kernels of our own, written in Triton (decode_triton.py; a GPU with Triton only): six per
+                 layer, the four matrix-vector products (split over K where that is faster, their sums added
+                 atomically, so the residual add is free), split attention in two, and every norm, rotary embedding,
+                 cache write and SiLU inside one of those; tile sizes timed at setup over the model's own matrices.
+                 The same BF16 weights and static cache as the other rungs; checked like them
 
 Why a hand-made graph rather than torch.compile(mode="reduce-overhead"): that mode captures CUDA graphs
 of its own, so the ladder could not tell the fusion's gain from the launches' (compile and graph
@@ -163,10 +168,12 @@ RUNGS = {
     "compile_graph": "compiled fixed-shape step in a CUDA graph",
     "fused_graph": "fused q/k/v and gate/up products, compiled with coordinate-descent tuning, in a CUDA graph",
     "int8_graph": "fused_graph with int8 weights (a BF16 scale per output column), the cast compiled in, in a CUDA graph",
+    "triton_graph": "six kernels of our own per layer (Triton: norms, residual adds, rotary embedding, SiLU fused in), in a CUDA graph",
 }
 REFERENCE = "eager_static"
-FIXED = ("eager_fixed", "compile", "graph", "compile_graph", "fused_graph", "int8_graph")  # run the fixed-shape step
-NEEDS_GPU = ("graph", "compile_graph", "fused_graph", "int8_graph")
+FIXED = ("eager_fixed", "compile", "graph", "compile_graph", "fused_graph", "int8_graph", "triton_graph")  # fixed-shape step
+NEEDS_GPU = ("graph", "compile_graph", "fused_graph", "int8_graph", "triton_graph")
+OWN_KERNELS = ("triton_graph",)  # the rungs whose step is decode_triton.py's kernels (it reads positions 0..pos only)
 COMPILED = ("compile", "compile_graph", "fused_graph", "int8_graph")  # the rungs whose setup compiles a layer
 INT8 = ("int8_graph",)  # the rungs whose matrices are int8 (their bytes, their memory and their check's bound differ)
 SCALE_BYTES = 2  # an int8 matrix's per-column scales are bfloat16, whatever the arithmetic's dtype
@@ -593,21 +600,53 @@ class FixedStep:
         self.columns = kept_columns(torch, model.cfg.vocab, dev)
         self.kept = torch.zeros((batch, len(self.columns)), dtype=model.dtype, device=dev)
 
-    def __call__(self) -> None:
-        torch, m, cfg = self.model.torch, self.model, self.model.cfg
+    def logits(self) -> Any:
+        """The step's logits [batch, vocab] for the ids in ``tokens`` at position ``pos``; writes the new key and value."""
+        m, cfg = self.model, self.model.cfg
         x = m.F.embedding(self.tokens, m.embed)
         mask = self.positions <= self.pos
         cos, sin = m.cos.index_select(0, self.pos), m.sin.index_select(0, self.pos)
         for i, w in enumerate(m.layers):
             x = self.layer(x, w, self.cache.k[i], self.cache.v[i], self.pos, mask, cos, sin,
                            cfg.q_heads, cfg.kv_heads, cfg.head_dim, cfg.norm_eps)
-        logits = self.head(x[:, -1])
+        return self.head(x[:, -1])
+
+    def __call__(self) -> None:
+        torch = self.model.torch
+        logits = self.logits()
         values, ids = logits.topk(TOPK, dim=-1)
         self.top_values.copy_(values)
         self.top_ids.copy_(ids)
         torch.index_select(logits, 1, self.columns, out=self.kept)
         self.tokens.copy_(ids[:, :1])
         self.pos.add_(1)
+
+
+class TritonStep(FixedStep):
+    """The triton_graph rung's step: :class:`FixedStep`'s buffers and outputs, its logits from ``decode_triton.py``'s
+    kernels (five per layer) over the same BF16 weights and static cache, with tiles tuned at setup (:meth:`tune`)."""
+
+    def __init__(self, model: Decoder, cache: StaticCache, batch: int) -> None:
+        if model.dtype != model.torch.bfloat16:
+            raise GpuprofError(f"triton_graph's kernels are written for bfloat16 weights, not {model.dtype}.",
+                               "Run it on a GPU with bfloat16 (the default there).")
+        super().__init__(model, cache, batch)
+        here = str(Path(__file__).resolve().parent)
+        if here not in sys.path:
+            sys.path.insert(0, here)
+        try:
+            import decode_triton
+        except ImportError as e:
+            raise GpuprofError(f"triton_graph needs Triton ({e}).", "Install the triton package that matches torch, "
+                               "or leave triton_graph out of --rung.") from e
+        self.kernels = decode_triton.TritonLayers(model, cache, batch)
+
+    def tune(self) -> dict[str, Any]:
+        """Each role's tile, timed over the model's own matrices (decode_triton.tune); printed by the caller."""
+        return self.kernels.tune_all()
+
+    def logits(self) -> Any:
+        return self.kernels.forward(self.tokens, self.pos)
 
 
 class EagerRung:
@@ -734,7 +773,13 @@ def make_fixed_rungs(names: list[str], model: Decoder, batch: int, positions: in
             continue
         t0 = time.perf_counter()
         with annotate(f"setup_{name}_b{batch}"):
-            if name in COMPILED:
+            if name in OWN_KERNELS:
+                step = shared_buffers(TritonStep(model, cache, batch), eager_step)
+                tiles = step.tune()
+                print(f"  {name} batch {batch}: tiles " + "; ".join(
+                    f"{role} {t.block_n}x{t.block_k} split {t.split}, {t.warps} warps, {t.stages} stages"
+                    for role, t in tiles.items()), flush=True)
+            elif name in COMPILED:
                 kind = {"fused_graph": "tuned", "int8_graph": "int8"}.get(name, "compiled")
                 if kind not in compiled_steps:
                     compiled_steps[kind] = shared_buffers(compiled_step(kind, model, cache, batch), eager_step)
@@ -1056,7 +1101,7 @@ def run_batch(model: Decoder, rungs: list[str], batch: int, prompt_len: int, new
             torch.cuda.synchronize()
         int8 = 1 if name in INT8 else None  # the matrices' element size, where it is not dtype_bytes
         rows.append({"rung": name, "batch": batch, "setup_s": built[name].setup_s,
-                     "kv_positions_read": positions if name in FIXED else "context",
+                     "kv_positions_read": positions if name in FIXED and name not in OWN_KERNELS else "context",
                      "matrix_bytes": int8 or dtype_bytes,  # the element size bytes_per_step counts
                      **summarise(cfg, clock.intervals_ms(), batch, prompt_len, new, dtype_bytes, int8)})
     if gpu:
