@@ -34,7 +34,7 @@ provenance records as run:
 9. ``own_ceilings.json`` and ``own_kernels.json`` (step ``own``): the device copy and the BF16 product measured
    again, then ``triton_graph`` (our own Triton kernels, ``examples/nsys/decode_triton.py``) beside
    ``compile_graph`` and ``fused_graph`` at batch 1 and 8 (prompt 512, 64 steps), with the check, in one process;
-   about 2 minutes on an H200 (2026-11-28), most of it loading the weights and compiling;
+   about 2 minutes on an H200 (2026-11-27), most of it loading the weights and compiling;
 
 then ``scripts/capture_all.py --notebooks notebooks/12__llm_inference.ipynb`` (executes the notebook in
 place and runs strict nbval over it). Each run's printed output goes to ``artifacts/ch12/run_output.txt``.

@@ -413,7 +413,7 @@ def test_the_command_line_lists():
     assert llm.resolve_rungs(llm.parse_args(["--cache", "both"]), gpu=False) == ["eager_dynamic", "eager_static"]
     assert llm.resolve_rungs(llm.parse_args([]), gpu=False) == list(llm.CPU_DEFAULT)
     assert llm.resolve_rungs(llm.parse_args([]), gpu=True) == list(llm.RUNGS)
-    with pytest.raises(GpuprofError, match=r"--rung graph,compile_graph,fused_graph,int8_graph needs a GPU"):
+    with pytest.raises(GpuprofError, match=r"--rung graph,compile_graph,fused_graph,int8_graph,triton_graph needs a GPU"):
         llm.resolve_rungs(llm.parse_args(["--rung", "all"]), gpu=False)
     for bad in ("1,1", "0", ","):
         with pytest.raises(SystemExit):

@@ -128,83 +128,91 @@ def attend_part(qkv_ptr, qkv_stride, x_ptr, x_stride, k_cache, v_cache, cache_b,
     applies the RMSNorm's 1 / rms (read from the residual stream x: the qkv kernel need not wait for it), rounds them
     to bfloat16 as the reference's product does, and rotates q and k (rotary embedding). The chunk holding ``pos``
     writes the new k and v into the cache and uses them directly (another chunk's programs never read that row).
-    Writes, per query head, the chunk's largest score, its sum of exponentials and its weighted sum of values;
-    :func:`attend_combine` merges the chunks. A chunk past ``pos`` writes an empty part (-inf, 0, 0)."""
+    Writes, per query head, the chunk's largest score, its sum of exponentials and its weighted sum of values; a
+    chunk past ``pos`` writes an empty part (-inf, 0, 0); :func:`attend_combine` merges them.
+
+    Every load comes before the first store: a load after a store to memory the compiler cannot prove apart must
+    wait for it, and each wait is a trip to memory in a kernel whose time is such trips, not bytes."""
     g = tl.program_id(0)
     c = tl.program_id(1)
     b = tl.program_id(2)
     GROUP: tl.constexpr = Q_HEADS // KV_HEADS
-    pos = tl.load(pos_ptr)
-    dm = tl.arange(0, D_MODEL)
-    xv = tl.load(x_ptr + b * x_stride + dm)
-    inv = 1.0 / tl.sqrt(tl.sum(xv * xv, axis=0) / D_MODEL + eps)
-    d = tl.arange(0, HEAD_DIM)
     half: tl.constexpr = HEAD_DIM // 2
+    d = tl.arange(0, HEAD_DIM)
+    jj = tl.arange(0, GROUP)
     partner = (d + half) % HEAD_DIM
     sign = tl.where(d < half, -1.0, 1.0)
-    cos = tl.load(cos_ptr + pos * HEAD_DIM + d).to(tl.float32)
-    sin = tl.load(sin_ptr + pos * HEAD_DIM + d).to(tl.float32)
     row = qkv_ptr + b * qkv_stride
     k_off = Q_HEADS * HEAD_DIM + g * HEAD_DIM
     v_off = (Q_HEADS + KV_HEADS) * HEAD_DIM + g * HEAD_DIM
-    k_new = (tl.load(row + k_off + d) * inv).to(tl.bfloat16).to(tl.float32)
-    k_p = (tl.load(row + k_off + partner) * inv).to(tl.bfloat16).to(tl.float32)
-    k_new = (k_new * cos + sign * k_p * sin).to(tl.bfloat16)
-    v_new = (tl.load(row + v_off + d) * inv).to(tl.bfloat16)
+    q_rows = (g * GROUP + jj)[:, None] * HEAD_DIM
     base = b * cache_b + g * cache_h
+    # loads: the step's inputs, then (their addresses need pos) the rotary tables and the chunk of the cache
+    xv = tl.load(x_ptr + b * x_stride + tl.arange(0, D_MODEL))
+    qa = tl.load(row + q_rows + d[None, :])
+    qb = tl.load(row + q_rows + partner[None, :])
+    ka = tl.load(row + k_off + d)
+    kb = tl.load(row + k_off + partner)
+    va = tl.load(row + v_off + d)
+    pos = tl.load(pos_ptr)
+    cos = tl.load(cos_ptr + pos * HEAD_DIM + d).to(tl.float32)
+    sin = tl.load(sin_ptr + pos * HEAD_DIM + d).to(tl.float32)
     p = c * CHUNK + tl.arange(0, CHUNK)
-    if c == pos // CHUNK:
-        tl.store(k_cache + base + pos * HEAD_DIM + d, k_new)
-        tl.store(v_cache + base + pos * HEAD_DIM + d, v_new)
-    old = p < pos
-    kt = tl.load(k_cache + base + p[:, None] * HEAD_DIM + d[None, :], mask=old[:, None] & (d[None, :] < HEAD_DIM),
-                 other=0.0).to(tl.float32)
-    vt = tl.load(v_cache + base + p[:, None] * HEAD_DIM + d[None, :], mask=old[:, None] & (d[None, :] < HEAD_DIM),
-                 other=0.0).to(tl.float32)
+    old = (p < pos)[:, None] & (d[None, :] < HEAD_DIM)
+    kt = tl.load(k_cache + base + p[:, None] * HEAD_DIM + d[None, :], mask=old, other=0.0).to(tl.float32)
+    vt = tl.load(v_cache + base + p[:, None] * HEAD_DIM + d[None, :], mask=old, other=0.0).to(tl.float32)
+    # the norm's 1 / rms, the products' rounding, the rotation
+    inv = 1.0 / tl.sqrt(tl.sum(xv * xv, axis=0) / D_MODEL + eps)
+    q2 = (qa * inv).to(tl.bfloat16).to(tl.float32) * cos[None, :] + \
+        sign[None, :] * (qb * inv).to(tl.bfloat16).to(tl.float32) * sin[None, :]
+    q2 = q2.to(tl.bfloat16).to(tl.float32)
+    k_new = ((ka * inv).to(tl.bfloat16).to(tl.float32) * cos
+             + sign * (kb * inv).to(tl.bfloat16).to(tl.float32) * sin).to(tl.bfloat16)
+    v_new = (va * inv).to(tl.bfloat16)
     is_new = (p == pos)[:, None] & (d[None, :] < HEAD_DIM)
     kt = tl.where(is_new, k_new.to(tl.float32)[None, :], kt)
     vt = tl.where(is_new, v_new.to(tl.float32)[None, :], vt)
+    live = p <= pos
     for j in tl.static_range(GROUP):
-        h = g * GROUP + j
-        q = (tl.load(row + h * HEAD_DIM + d) * inv).to(tl.bfloat16).to(tl.float32)
-        q_p = (tl.load(row + h * HEAD_DIM + partner) * inv).to(tl.bfloat16).to(tl.float32)
-        q = (q * cos + sign * q_p * sin).to(tl.bfloat16).to(tl.float32)
-        sc = tl.sum(kt * q[None, :], axis=1) * scale
-        sc = tl.where(p <= pos, sc, -float("inf"))
+        q = tl.sum(tl.where(jj[:, None] == j, q2, 0.0), axis=0)  # query head g * GROUP + j
+        sc = tl.where(live, tl.sum(kt * q[None, :], axis=1) * scale, -float("inf"))
         m = tl.max(sc, axis=0)
-        m_safe = tl.where(m == -float("inf"), 0.0, m)
-        e = tl.exp(sc - m_safe)
-        at = ((b * Q_HEADS + h) * splits + c)
+        e = tl.exp(sc - tl.where(m == -float("inf"), 0.0, m))
+        at = (b * Q_HEADS + g * GROUP + j) * splits + c
         tl.store(part_ml + 2 * at, m)
         tl.store(part_ml + 2 * at + 1, tl.sum(e, axis=0))
         tl.store(part_acc + at * HEAD_DIM + d, tl.sum(e[:, None] * vt, axis=0))
+    if c == pos // CHUNK:
+        tl.store(k_cache + base + pos * HEAD_DIM + d, k_new)
+        tl.store(v_cache + base + pos * HEAD_DIM + d, v_new)
 
 
 @triton.jit
 def attend_combine(part_ml, part_acc, splits, att_ptr, att_stride, Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
                    BLOCK_S: tl.constexpr):
-    """The second half of split attention (grid: (q_heads, batch)): the chunks' parts of one query head merged (each
-    part's sums rescaled by exp(its max - the overall max)), divided, stored as bfloat16 into att [batch, q_heads x
-    head_dim]."""
+    """The second half of split attention (grid: (q_heads, batch)): one query head's chunks merged, BLOCK_S at a time
+    (a running maximum rescales what came before, as online softmax does; one pass, so one trip to memory when the
+    chunks fit in one block), divided, stored as bfloat16 into att [batch, q_heads x head_dim]."""
     h = tl.program_id(0)
     b = tl.program_id(1)
     d = tl.arange(0, HEAD_DIM)
     first = (b * Q_HEADS + h) * splits
-    m_all = tl.max(tl.full([BLOCK_S], -float("inf"), tl.float32), axis=0)
-    for s0 in range(0, splits, BLOCK_S):
-        sp = s0 + tl.arange(0, BLOCK_S)
-        m_all = tl.maximum(m_all, tl.max(tl.load(part_ml + 2 * (first + sp), mask=sp < splits, other=-float("inf")),
-                                         axis=0))
+    m_run = tl.max(tl.full([BLOCK_S], -float("inf"), tl.float32), axis=0)
     num = tl.zeros([HEAD_DIM], dtype=tl.float32)
     den = tl.sum(tl.zeros([BLOCK_S], dtype=tl.float32), axis=0)
     for s0 in range(0, splits, BLOCK_S):
         sp = s0 + tl.arange(0, BLOCK_S)
         ok = sp < splits
-        w = tl.exp(tl.load(part_ml + 2 * (first + sp), mask=ok, other=-float("inf")) - m_all)
-        den += tl.sum(w * tl.load(part_ml + 2 * (first + sp) + 1, mask=ok, other=0.0), axis=0)
+        mv = tl.load(part_ml + 2 * (first + sp), mask=ok, other=-float("inf"))
+        lv = tl.load(part_ml + 2 * (first + sp) + 1, mask=ok, other=0.0)
         acc = tl.load(part_acc + (first + sp)[:, None] * HEAD_DIM + d[None, :], mask=ok[:, None] & (d[None, :] < HEAD_DIM),
                       other=0.0)
-        num += tl.sum(w[:, None] * acc, axis=0)
+        m_new = tl.maximum(m_run, tl.max(mv, axis=0))  # finite: the first block holds chunk 0, never empty
+        old_w = tl.exp(m_run - m_new)
+        w = tl.exp(mv - m_new)
+        den = den * old_w + tl.sum(w * lv, axis=0)
+        num = num * old_w + tl.sum(w[:, None] * acc, axis=0)
+        m_run = m_new
     tl.store(att_ptr + b * att_stride + h * HEAD_DIM + d, (num / den).to(tl.bfloat16))
 
 
@@ -306,8 +314,8 @@ class TritonLayers:
     ``batch`` sequences. ``tiles`` holds the tuned tile per role (:meth:`tune_all`, at setup)."""
 
     ROLES = ("qkv", "o", "gate_up", "down", "head")
-    CHUNK = 64  # positions per program of split attention
-    ATTENTION_WARPS = 4
+    CHUNK = 32  # positions per program of split attention (32 with 2 warps: the fastest of 16-64 and 2-8 on an H200)
+    ATTENTION_WARPS = 2
 
     def __init__(self, model: Any, cache: Any, batch: int) -> None:
         cfg = model.cfg
@@ -367,7 +375,7 @@ class TritonLayers:
             CHUNK=self.CHUNK, num_warps=self.ATTENTION_WARPS)
         attend_combine[(cfg.q_heads, self.batch)](
             self.part_ml, self.part_acc, self.splits, self.att, self.att.stride(0), Q_HEADS=cfg.q_heads,
-            HEAD_DIM=cfg.head_dim, BLOCK_S=min(16, triton.next_power_of_2(self.splits)), num_warps=4)
+            HEAD_DIM=cfg.head_dim, BLOCK_S=min(32, triton.next_power_of_2(self.splits)), num_warps=4)
 
     def forward(self, tokens: Any, pos: Any) -> Any:
         """The step's logits [batch, vocab] (bfloat16) for ``tokens`` [batch, 1] at position ``pos`` (a device
