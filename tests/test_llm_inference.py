@@ -289,7 +289,11 @@ def test_the_ladder_figure_draws_every_rung_and_the_sweep():
     fig = li.ladder_figure(lad, ceil, sw, {"predicted crossover": 290.0}, roofline=roof, fit=li.knee_fit(sw, "graph"))
     bars, curve = fig.axes
     assert len(bars.patches) == len(lad)  # one bar per (rung, batch)
-    assert [tick.get_text() for tick in bars.get_xticklabels()] == list(dict.fromkeys(lad.index.get_level_values(0)))
+    rungs = list(dict.fromkeys(lad.index.get_level_values(0)))
+    assert [tick.get_text() for tick in bars.get_xticklabels()] == [
+        f"{r}\n(its own bytes)" if r == "int8_graph" else r for r in rungs]  # int8's share is of its own bytes
+    hatched = {round(p.get_x() + p.get_width() / 2) for p in bars.patches if p.get_hatch()}
+    assert hatched == {rungs.index("int8_graph")}  # its bars, and only its, are hatched
     labels = [t.get_text() for t in curve.get_legend().get_texts()]
     assert "predicted crossover (290)" in labels and "two lines fitted" in labels
     assert not any("share" in label for label in labels)  # step times, not the two shares that cross by construction

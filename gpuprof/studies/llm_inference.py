@@ -377,7 +377,8 @@ def rows_table(source: FoundCapture | str | Path | dict[str, Any], ceilings: Cei
                "mean_ms": r["batch"] / r["decode_tokens_per_s"] * 1e3,
                "tokens_per_s": r["batch"] / median_s, "GB_per_step": r["bytes_per_step"] / 1e9,
                "GFLOP_per_step": r["flops_per_step"] / 1e9, "GB_per_s": r["bytes_per_step"] / median_s / 1e9,
-               "TFLOP_per_s": r["flops_per_step"] / median_s / 1e12, "check": r["check"]["status"], "setup_s": r["setup_s"]}
+               "TFLOP_per_s": r["flops_per_step"] / median_s / 1e12, "check": r["check"]["status"], "setup_s": r["setup_s"],
+               "matrix_bytes": r.get("matrix_bytes", 2)}  # the element size bytes_per_step counts (int8: 1)
         if ceilings is not None:
             row["share_of_copy"] = row["GB_per_s"] / ceilings.copy_gbps
             row["share_of_matmul"] = row["TFLOP_per_s"] / ceilings.matmul_tflops
@@ -450,7 +451,8 @@ def measured_knee(table: pd.DataFrame, rung: str, cfg: Any, context: int, dtype_
 
 def ladder_figure(table: pd.DataFrame, ceilings: Ceilings, sweep: pd.DataFrame | None = None,  # type: ignore[no-untyped-def]
                   marks: dict[str, float] | None = None, roofline: pd.DataFrame | None = None, fit: KneeFit | None = None):
-    """Each rung's decode bandwidth as a share of the measured device copy, per batch (bars), and, with ``sweep``
+    """Each rung's decode bandwidth as a share of the measured device copy, per batch (bars; hatched, and so labelled,
+    for a rung whose matrices are not BF16: its share is of its own bytes, not the BF16 rungs'), and, with ``sweep``
     (:func:`rows_table` of a one-rung batch sweep), that rung's measured step time (median, quartiles as error bars)
     against the batch, with the roofline's step (``roofline``: :func:`prediction_table`'s ``step_ms``) and the two
     lines of ``fit`` (:func:`knee_fit`) over it. ``marks``: batches drawn as vertical lines, by label.
@@ -467,12 +469,19 @@ def ladder_figure(table: pd.DataFrame, ceilings: Ceilings, sweep: pd.DataFrame |
     rungs = list(dict.fromkeys(table.index.get_level_values("rung")))
     batches = sorted(set(table.index.get_level_values("batch")))
     width = 0.8 / len(batches)
+    # a rung whose matrices are not BF16 (int8_graph) is a share of ITS bytes (half as many): hatched and labelled,
+    # so that its bar is not read against the BF16 rungs' as the same quantity
+    own_bytes = {r: int(table.xs(r, level="rung")["matrix_bytes"].iloc[0]) != 2 if "matrix_bytes" in table else False
+                 for r in rungs}
     for j, b in enumerate(batches):
         shares = [float(table.loc[(r, b), "share_of_copy"]) for r in rungs]
-        ax.bar(np.arange(len(rungs)) + (j - (len(batches) - 1) / 2) * width, shares, width, label=f"batch {b}")
+        bars = ax.bar(np.arange(len(rungs)) + (j - (len(batches) - 1) / 2) * width, shares, width, label=f"batch {b}")
+        for bar, r in zip(bars, rungs):
+            if own_bytes[r]:
+                bar.set_hatch("//")
     ax.axhline(1.0, color="k", lw=1)
     ax.axhline(0.85, color="grey", ls="--", lw=1, label="issue 40's target (85%)")
-    ax.set_xticks(np.arange(len(rungs)), rungs, rotation=20)
+    ax.set_xticks(np.arange(len(rungs)), [f"{r}\n(its own bytes)" if own_bytes[r] else r for r in rungs], rotation=20)
     ax.set_ylabel(f"decode GB/s (median step) / device copy ({ceilings.copy_gbps:,.0f} GB/s)")
     ax.set_title(f"the decode ladder on {ceilings.gpu}")
     ax.legend(fontsize=8)
