@@ -32,9 +32,13 @@ provenance records as run:
    sentence where ncu is missing or the driver keeps the counters to administrators;
 
 9. ``own_ceilings.json`` and ``own_kernels.json`` (step ``own``): the device copy and the BF16 product measured
-   again, then ``triton_graph`` (our own Triton kernels, ``examples/nsys/decode_triton.py``) beside
+   again, then ``triton_graph`` (our own Triton kernels, ``gpuprof/studies/decode_triton.py``) beside
    ``compile_graph`` and ``fused_graph`` at batch 1 and 8 (prompt 512, 64 steps), with the check, in one process;
    about 2 minutes on an H200 (2026-11-27), most of it loading the weights and compiling;
+
+10. ``decode_own_b1.sqlite.gz`` (step ``own_nsys``): Nsight Systems over ``fused_graph`` and ``triton_graph`` at
+    batch 1, as step 4 (``--ncu-rungs triton_graph`` profiles our kernels' step with Nsight Compute the same way).
+    Neither has run on a GPU yet;
 
 then ``scripts/capture_all.py --notebooks notebooks/12__llm_inference.ipynb`` (executes the notebook in
 place and runs strict nbval over it). Each run's printed output goes to ``artifacts/ch12/run_output.txt``.
@@ -87,7 +91,11 @@ RUNS = {  # name: (arguments, the exit status expected)
 }
 NSYS_ARGS = [*DECODE, "--rung", "eager_dynamic,compile_graph,fused_graph", "--batch", "1", "--prompt-len", "512",
              "--new-tokens", "32", "--no-check"]
-NCU_RUNGS = ("compile_graph", "fused_graph", "int8_graph")
+# nsys over our own kernels beside the rung they replace (step own_nsys; not yet run on a GPU)
+OWN_NSYS_ARGS = [*DECODE, "--rung", "fused_graph,triton_graph", "--batch", "1", "--prompt-len", "512",
+                 "--new-tokens", "32", "--no-check"]
+NCU_RUNGS = ("compile_graph", "fused_graph", "int8_graph")  # the ncu step's default
+NCU_CHOICES = (*NCU_RUNGS, "triton_graph")  # what --ncu-rungs accepts (triton_graph: not yet profiled)
 # The element size of each rung's matrices, as the per-kernel reader assigns roles by bytes read (int8: one byte).
 MATRIX_BYTES = {"int8_graph": 1}
 NCU_STEP = 4  # the decoding step ncu profiles: one of the timed generation's (not the warm-up's, not the first)
@@ -100,7 +108,7 @@ NCU_NEW_TOKENS = 64
 NCU_LIMIT = 2000
 KV_SCRIPT = "examples/nsys/kv_capacity.py"
 KV_ARGS = ["--model", "8b", "--context", "1024,4096,32768,131072"]
-STEPS = ("ceilings", "ladder", "sweep", "nsys", "prefill", "noclone", "kv", "ncu", "own", "notebook")
+STEPS = ("ceilings", "ladder", "sweep", "nsys", "prefill", "noclone", "kv", "ncu", "own", "own_nsys", "notebook")
 NOTEBOOK = "notebooks/12__llm_inference.ipynb"
 
 
@@ -114,8 +122,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "loads the weights and compiles its rung under ncu: one per command keeps a command short)")
     args = p.parse_args(argv)
     args.ncu_rungs = [r.strip() for r in args.ncu_rungs.split(",") if r.strip()]
-    if not args.ncu_rungs or any(r not in NCU_RUNGS for r in args.ncu_rungs):
-        p.error(f"--ncu-rungs {args.ncu_rungs!r}: choose among {', '.join(NCU_RUNGS)}")
+    if not args.ncu_rungs or any(r not in NCU_CHOICES for r in args.ncu_rungs):
+        p.error(f"--ncu-rungs {args.ncu_rungs!r}: choose among {', '.join(NCU_CHOICES)}")
     steps = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = [s for s in steps if s not in STEPS]
     if unknown or not steps:
@@ -168,24 +176,25 @@ def ceilings(name: str = "ceilings.json") -> None:
                       "and matmul_bf16)")
 
 
-def nsys_capture() -> None:
-    """nsys over the naive loop and the best rung at batch 1; the export cut to the last 16 steps of each rung
-    (``llm_inference.trim_decode_capture``) and gzipped, as the course commits it."""
+def nsys_capture(name: str = "decode_b1", args: list[str] | None = None) -> None:
+    """nsys over the naive loop and the best rungs at batch 1 (``args``, default :data:`NSYS_ARGS`; the own_nsys
+    step: :data:`OWN_NSYS_ARGS` as ``decode_own_b1``); the export cut (``llm_inference.trim_decode_capture``: the
+    naive loop's last 8 steps, every step of the graph rungs) and gzipped, as the course commits it."""
     import json
 
     from gpuprof.artifacts import chapter_output, gzip_reference, record_file
     from gpuprof.studies import llm_inference as li
 
-    cap = li.capture_decode("decode_b1", NSYS_ARGS)
+    cap = li.capture_decode(name, NSYS_ARGS if args is None else args)
     if cap.sqlite.source != "this machine":
         raise GpuprofError("The nsys capture was not made here (its message is above).")
     folder = chapter_output("ch12")
-    note = li.trim_decode_capture(folder / "decode_b1.sqlite")
-    gzip_reference(folder / "decode_b1.sqlite")
-    entry = json.loads((folder / "provenance.json").read_text())["files"]["decode_b1.sqlite.gz"]
-    record_file("ch12", "decode_b1.sqlite.gz", entry["command"], entry.get("tools"), note=note)
-    (folder / "decode_b1.nsys-rep").unlink(missing_ok=True)  # raw reports stay out of the course (.gitignore)
-    print(li.capture_summary(folder / "decode_b1.sqlite.gz").round(3).to_string(), flush=True)
+    note = li.trim_decode_capture(folder / f"{name}.sqlite")
+    gzip_reference(folder / f"{name}.sqlite")
+    entry = json.loads((folder / "provenance.json").read_text())["files"][f"{name}.sqlite.gz"]
+    record_file("ch12", f"{name}.sqlite.gz", entry["command"], entry.get("tools"), note=note)
+    (folder / f"{name}.nsys-rep").unlink(missing_ok=True)  # raw reports stay out of the course (.gitignore)
+    print(li.capture_summary(folder / f"{name}.sqlite.gz").round(3).to_string(), flush=True)
 
 
 def ncu_filters(rung: str) -> list[str]:
@@ -302,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
                 ceilings()
             elif step == "nsys":
                 nsys_capture()
+            elif step == "own_nsys":
+                nsys_capture("decode_own_b1", OWN_NSYS_ARGS)
             elif step == "ncu":
                 failed += ncu_capture_step(args.ncu_rungs)
             elif step == "own":

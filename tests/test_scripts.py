@@ -311,11 +311,15 @@ def test_chapter_12s_capture_refuses_without_a_gpu_and_its_runs_parse(capsys):
     from gpuprof.runner import load_script
 
     decode = load_script(REPO_ROOT / "examples" / "nsys" / "llm_decode.py")
-    for args, expected in [*capture_ch12.RUNS.values(), (capture_ch12.NSYS_ARGS, 0)]:
+    for args, expected in [*capture_ch12.RUNS.values(), (capture_ch12.NSYS_ARGS, 0), (capture_ch12.OWN_NSYS_ARGS, 0)]:
         parsed = decode.parse_args([*args, "--json", "/tmp/x.json"])
         assert parsed.model == "8b" and parsed.no_clone == (expected == 2)
     assert decode.parse_args(capture_ch12.NSYS_ARGS).batch == [1]  # nsys records the first batch only
     assert "fused_graph" in decode.parse_args(capture_ch12.NSYS_ARGS).rung
+    own = decode.parse_args(capture_ch12.OWN_NSYS_ARGS)
+    assert own.batch == [1] and own.rung == ["fused_graph", "triton_graph"]
+    assert decode.parse_args(capture_ch12.RUNS["own_kernels.json"][0]).rung == [
+        "eager_static", "compile_graph", "fused_graph", "triton_graph"]  # the reference and the rungs it is measured against
     ladder = decode.parse_args(capture_ch12.RUNS["ladder.json"][0])
     assert ladder.rung is None and "int8_graph" in decode.resolve_rungs(ladder, gpu=True)  # every rung, int8 included
 
@@ -334,7 +338,8 @@ def test_chapter_12s_ncu_step_names_one_timed_step_and_refuses_without_ncu_or_co
     decode = load_script(REPO_ROOT / "examples" / "nsys" / "llm_decode.py")
     assert capture_ch12.NCU_RUNGS == ("compile_graph", "fused_graph", "int8_graph")
     assert set(capture_ch12.MATRIX_BYTES) <= set(decode.INT8) and capture_ch12.MATRIX_BYTES["int8_graph"] == 1
-    for rung in capture_ch12.NCU_RUNGS:
+    assert capture_ch12.NCU_CHOICES == (*capture_ch12.NCU_RUNGS, "triton_graph")
+    for rung in capture_ch12.NCU_CHOICES:
         options, args = capture_ch12.ncu_args(rung)
         parsed = decode.parse_args(args)
         assert parsed.rung == [rung] and parsed.batch == [1] and parsed.new_tokens > capture_ch12.NCU_STEP
@@ -355,6 +360,7 @@ def test_chapter_12s_ncu_step_names_one_timed_step_and_refuses_without_ncu_or_co
         capture_ch12.ncu_capture_step()
     # the steps parse --ncu-rungs; clocks are left as the ladder ran them
     assert capture_ch12.parse_args(["--only", "ncu", "--ncu-rungs", "int8_graph"]).ncu_rungs == ["int8_graph"]
+    assert capture_ch12.parse_args(["--only", "ncu", "--ncu-rungs", "triton_graph"]).ncu_rungs == ["triton_graph"]
     with pytest.raises(SystemExit):
         capture_ch12.parse_args(["--ncu-rungs", "graph"])
     options = capture_ch12.ncu_args("fused_graph")[0]

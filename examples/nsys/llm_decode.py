@@ -56,9 +56,9 @@ to produce one token per sequence. The same generation is run by each rung of a 
                  on the int8 weights too, eagerly (the cast then writes a BF16 copy per matrix: prefill is
                  bound by arithmetic, not by these bytes). Quantizing fused wqkv and w_gate_up whole gives the
                  same int8 values and scales as quantizing q, k, v, gate and up apart (each column its own)
-  triton_graph   the step as kernels of our own, written in Triton (decode_triton.py; a GPU with Triton only): six per
-                 layer, the four matrix-vector products (split over K where that is faster, their sums added
-                 atomically, so the residual add is free), split attention in two, and every norm, rotary embedding,
+  triton_graph   the step as kernels of our own, written in Triton (gpuprof/studies/decode_triton.py; a GPU with Triton only): six per
+                 layer, the four matrix-vector products (qkv, o and down split over K where that is faster, their
+                 sums added atomically, so the residual add is free), split attention in two, and every norm, rotary embedding,
                  cache write and SiLU inside one of those; tile sizes timed at setup over the model's own matrices.
                  The same BF16 weights and static cache as the other rungs; checked like them
 
@@ -173,7 +173,7 @@ RUNGS = {
 REFERENCE = "eager_static"
 FIXED = ("eager_fixed", "compile", "graph", "compile_graph", "fused_graph", "int8_graph", "triton_graph")  # fixed-shape step
 NEEDS_GPU = ("graph", "compile_graph", "fused_graph", "int8_graph", "triton_graph")
-OWN_KERNELS = ("triton_graph",)  # the rungs whose step is decode_triton.py's kernels (it reads positions 0..pos only)
+OWN_KERNELS = ("triton_graph",)  # the rungs whose step is gpuprof.studies.decode_triton's kernels (it reads positions 0..pos only)
 COMPILED = ("compile", "compile_graph", "fused_graph", "int8_graph")  # the rungs whose setup compiles a layer
 INT8 = ("int8_graph",)  # the rungs whose matrices are int8 (their bytes, their memory and their check's bound differ)
 SCALE_BYTES = 2  # an int8 matrix's per-column scales are bfloat16, whatever the arithmetic's dtype
@@ -623,19 +623,16 @@ class FixedStep:
 
 
 class TritonStep(FixedStep):
-    """The triton_graph rung's step: :class:`FixedStep`'s buffers and outputs, its logits from ``decode_triton.py``'s
-    kernels (five per layer) over the same BF16 weights and static cache, with tiles tuned at setup (:meth:`tune`)."""
+    """The triton_graph rung's step: :class:`FixedStep`'s buffers and outputs, its logits from ``gpuprof.studies.decode_triton``'s
+    kernels (six per layer) over the same BF16 weights and static cache, with tiles tuned at setup (:meth:`tune`)."""
 
     def __init__(self, model: Decoder, cache: StaticCache, batch: int) -> None:
         if model.dtype != model.torch.bfloat16:
             raise GpuprofError(f"triton_graph's kernels are written for bfloat16 weights, not {model.dtype}.",
                                "Run it on a GPU with bfloat16 (the default there).")
         super().__init__(model, cache, batch)
-        here = str(Path(__file__).resolve().parent)
-        if here not in sys.path:
-            sys.path.insert(0, here)
         try:
-            import decode_triton
+            from gpuprof.studies import decode_triton
         except ImportError as e:
             raise GpuprofError(f"triton_graph needs Triton ({e}).", "Install the triton package that matches torch, "
                                "or leave triton_graph out of --rung.") from e

@@ -1,6 +1,8 @@
 """The triton_graph rung's kernels: a decoding step of six kernels of our own per layer, written in Triton.
 
-Used by ``llm_decode.py --rung triton_graph`` (a GPU with Triton only; imported there when that rung is asked for).
+Used by ``examples/nsys/llm_decode.py --rung triton_graph`` (a GPU with Triton only). It imports Triton, which
+torch's CPU build does not bring: import it only where Triton is installed (llm_decode.py's TritonStep does so when
+that rung is asked for, and says so plainly where it is missing).
 Why our own: at batch 1 a decoding step reads every weight once, so its time is the weights' bytes over the rate at
 which the step streams them. The compiled rungs lose time twice (chapter 12, section 8, measured it for fused_graph
 on an H200): the products by the two small matrices (q/k/v's 50.3 MB, o's 33.6 MB) run far below the copy's rate,
@@ -20,11 +22,14 @@ what is not a product or attention rides inside one:
    the residual stream.
 
 The arithmetic follows the reference's (``gpuprof.models.rms_norm``: normalised in float32, cast to bfloat16,
-scaled by the norm's weight; products in float32 accumulators over bfloat16 inputs; SiLU's output and the products
-rounded to bfloat16 where the reference rounds them), except where it is more precise: the residual stream stays in
-float32 instead of being rounded to bfloat16 after every add, and attention runs in float32; and for q, k and v the
-norm's 1 / rms multiplies the product's sum instead of its input (the same up to rounding). The rung is checked
-against ``eager_static`` like every other. Tested on the CPU with Triton's interpreter where Triton is installed
+scaled by the norm's weight; products in float32 accumulators over bfloat16 inputs; q, k, v, gate, up and SiLU's
+output rounded to bfloat16 as the reference rounds them), with three differences. More precise: the o and down
+products' sums are added into the residual stream unrounded, and that stream stays in float32 instead of being
+rounded to bfloat16 after every add; attention's scores, softmax and weighted sum run in float32. Different, not more
+precise: for q, k and v the norm's 1 / rms multiplies the product's sum instead of its input (the same up to
+rounding). And not deterministic: the split products' partial sums are added atomically, in whatever order the
+programs finish, so two runs of the same step can differ in the last bits of float32. The rung is checked against
+``eager_static`` like every other. Tested on the CPU with Triton's interpreter where Triton is installed
 (``tests/test_decode_triton.py``; TRITON_INTERPRET=1).
 
 Tile sizes (:class:`Tile`) are chosen at setup by timing a few candidates over the model's own matrices
@@ -131,8 +136,10 @@ def attend_part(qkv_ptr, qkv_stride, x_ptr, x_stride, k_cache, v_cache, cache_b,
     Writes, per query head, the chunk's largest score, its sum of exponentials and its weighted sum of values; a
     chunk past ``pos`` writes an empty part (-inf, 0, 0); :func:`attend_combine` merges them.
 
-    Every load comes before the first store: a load after a store to memory the compiler cannot prove apart must
-    wait for it, and each wait is a trip to memory in a kernel whose time is such trips, not bytes."""
+    Every load comes before the first store: the compiler cannot move a load above a store to memory it cannot prove
+    apart, so such a load is issued late and its latency does not overlap the others', in a kernel whose time is such
+    latencies, not bytes. The gain was measured only together with two other changes (one-pass merging, chunks of 32
+    positions with 2 warps; artifacts/capture_run.md), not alone."""
     g = tl.program_id(0)
     c = tl.program_id(1)
     b = tl.program_id(2)
@@ -227,8 +234,10 @@ class Tile:
     stages: int
 
 
-# Candidates timed at setup (batch 1), from a sweep of 336 per shape on an H200 (2026-11-27): the best of each of the
-# five shapes is among them; at more rows the tensor-core path takes the first that divides the shape.
+# Candidates timed at setup (batch 1), picked from a development sweep of 336 tiles per shape on an H200 (2026-11-27;
+# unrecorded: artifacts/capture_run.md describes it): each shape's best there is among them. At more rows (MANY_ROWS)
+# one tile shape at four splits is timed, the fastest that fits kept; the store-mode products (gate/up, the output
+# projection) cannot split, so they have that one candidate. Nothing of the many-rows path came from a sweep.
 CANDIDATES = [Tile(64, 128, s, w, st) for s in (1, 4, 8) for w in (4, 8) for st in (3, 5)] + [
     Tile(32, 128, 1, 4, 3), Tile(32, 128, 1, 8, 3), Tile(32, 256, 1, 8, 3), Tile(16, 256, 1, 4, 3), Tile(128, 32, 1, 4, 5)]
 MANY_ROWS = [Tile(64, 64, s, 4, 3) for s in (1, 2, 4, 8)]
@@ -314,7 +323,8 @@ class TritonLayers:
     ``batch`` sequences. ``tiles`` holds the tuned tile per role (:meth:`tune_all`, at setup)."""
 
     ROLES = ("qkv", "o", "gate_up", "down", "head")
-    CHUNK = 32  # positions per program of split attention (32 with 2 warps: the fastest of 16-64 and 2-8 on an H200)
+    CHUNK = 32  # positions per program of split attention (32 with 2 warps: the fastest of five pairs of 16-64
+    # positions and 2-8 warps timed on an H200 in development, unrecorded: artifacts/capture_run.md)
     ATTENTION_WARPS = 2
 
     def __init__(self, model: Any, cache: Any, batch: int) -> None:
