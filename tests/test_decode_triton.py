@@ -120,3 +120,22 @@ def test_attention_finds_the_one_position_each_head_is_aimed_at(monkeypatch, chu
     # toward zero, seen here as steps of 1-2 units below the reference's round-to-nearest; a GPU rounds to nearest)
     for written, want in ((cache.k[0][0, :, pos], k_new), (cache.v[0][0, :, pos], v_new)):
         assert torch.allclose(written.double(), want, rtol=2 ** -6, atol=2 ** -8)
+
+
+def test_the_breakdown_times_every_part_and_counts_every_matrix_once(monkeypatch):
+    """TritonLayers.breakdown on the CPU (interpreter; wall times there measure nothing, the bytes do): one row per part,
+    each product's bytes its matrices' over every layer, the whole step's matrices counted once across the roles."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    pytest.importorskip("triton")
+    from gpuprof.studies import decode_triton as dt
+
+    cfg = llm.PRESETS["tiny"]
+    model = llm.Decoder(cfg, torch, "cpu", torch.bfloat16, 64)
+    cache = llm.StaticCache(cfg, torch, 1, 64, "cpu", torch.bfloat16)
+    kernels = dt.TritonLayers(model, cache, 1)
+    split, whole = dt.Tile(32, 32, 2, 4, 3), dt.Tile(16, 16, 1, 4, 3)
+    kernels.tiles = {"qkv": split, "o": split, "gate_up": whole, "down": whole, "head": dt.Tile(32, 32, 1, 4, 3)}
+    rows = kernels.breakdown(torch.zeros((1, 1), dtype=torch.long), torch.tensor([8]), repeats=1)
+    assert [r["part"] for r in rows] == ["forward", "attention", "qkv", "o", "gate_up", "down", "head"]
+    assert sum(r["bytes"] for r in rows) == cfg.matmul_params * 2  # every matrix once, in bfloat16
+    assert all(r["ms"] > 0 for r in rows)

@@ -298,6 +298,17 @@ def tune(role: str, weights: list[Any], x: Any, y: Any, mode: int, norm_w: Any |
 
 
 def _graph_ms(fn: Callable[[], None], repeats: int) -> float:
+    """Median ms of ``fn`` replayed as one CUDA graph (its kernels' time, not Python's), over ``repeats`` replays. On a
+    CPU (Triton's interpreter: tests only) the wall time of plain calls, which measures the interpreter, nothing else."""
+    if not torch.cuda.is_available():
+        import time
+
+        walls = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            walls.append((time.perf_counter() - t0) * 1e3)
+        return sorted(walls)[len(walls) // 2]
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -386,6 +397,29 @@ class TritonLayers:
         attend_combine[(cfg.q_heads, self.batch)](
             self.part_ml, self.part_acc, self.splits, self.att, self.att.stride(0), Q_HEADS=cfg.q_heads,
             HEAD_DIM=cfg.head_dim, BLOCK_S=min(32, triton.next_power_of_2(self.splits)), num_warps=4)
+
+    def breakdown(self, tokens: Any, pos: Any, repeats: int = 9) -> list[dict[str, Any]]:
+        """Each part of the step timed alone, over every layer, as a graph of its kernels (:func:`_graph_ms`): the whole
+        forward, attention (two kernels a layer), each product's role, with the bytes of its matrices and the rate
+        they imply. Parts timed alone start with idle memory and caches as the step does not leave them, so their sum
+        need not equal the forward; it says which part is furthest from the copy's rate, not the step's exact split.
+        The products' inputs are whatever the buffers hold (their values do not change the time)."""
+        layers = range(len(self.model.layers))
+        parts: list[tuple[str, Callable[[], Any], int]] = [
+            ("forward", lambda: self.forward(tokens, pos), 0),
+            ("attention", lambda: [self.attention(i, pos) for i in layers], 0)]
+        for role in self.ROLES:
+            weights = self._role(role)["weights"]
+            run = (lambda role=role: self.matvec(role, 0)) if role == "head" else (
+                lambda role=role: [self.matvec(role, i) for i in layers])
+            parts.append((role, run, sum(w.numel() * w.element_size() for w in weights)))
+        rows = []
+        for name, run, nbytes in parts:
+            ms = _graph_ms(run, repeats)
+            rows.append({"part": name, "ms": ms, "us_per_layer": ms * 1e3 / (1 if name in ("forward", "head") else
+                                                                                 len(layers)),
+                         "bytes": nbytes, "GB_per_s": nbytes / ms / 1e6 if nbytes else None})
+        return rows
 
     def forward(self, tokens: Any, pos: Any) -> Any:
         """The step's logits [batch, vocab] (bfloat16) for ``tokens`` [batch, 1] at position ``pos`` (a device
