@@ -10,8 +10,8 @@ and some 280 small kernels between the products (norms, rotary embedding, the ca
 adds) each cost a launch slot and a ramp of the memory pipeline down and up again. Here a layer is six kernels, and
 what is not a product or attention rides inside one:
 
-1. :func:`matvec` over ``wqkv``, its input times the attention norm's weight (``NORM`` 2), split over K (several
-   programs per column block, their partial sums added atomically into a float32 buffer zeroed once per step);
+1. :func:`matvec` over ``wqkv``, its input times the attention norm's weight (``NORM`` 2), split over K where the
+   tuned tile says so (several programs per column block, their partial sums added atomically into a float32 buffer zeroed once per step);
 2. :func:`attend_part`: the norm's 1 / rms applied to q, k and v, rotary embedding of q and k, the new key and value
    written into the cache at ``pos``, and each query head's attention over one chunk of positions;
 3. :func:`attend_combine`: the chunks merged (split attention, "flash decoding");
@@ -23,11 +23,12 @@ what is not a product or attention rides inside one:
 
 The arithmetic follows the reference's (``gpuprof.models.rms_norm``: normalised in float32, cast to bfloat16,
 scaled by the norm's weight; products in float32 accumulators over bfloat16 inputs; q, k, v, gate, up and SiLU's
-output rounded to bfloat16 as the reference rounds them), with three differences. More precise: the o and down
+output rounded to bfloat16 as the reference rounds them), with these differences. More precise: the o and down
 products' sums are added into the residual stream unrounded, and that stream stays in float32 instead of being
 rounded to bfloat16 after every add; attention's scores, softmax and weighted sum run in float32. Different, not more
 precise: for q, k and v the norm's 1 / rms multiplies the product's sum instead of its input (the same up to
-rounding). And not deterministic: the split products' partial sums are added atomically, in whatever order the
+rounding). The rotary embedding is computed in float32 and rounded once, where the reference's bfloat16
+``rotate`` rounds x cos, its partner's sin term and their sum apart. And not deterministic: the split products' partial sums are added atomically, in whatever order the
 programs finish, so two runs of the same step can differ in the last bits of float32. The rung is checked against
 ``eager_static`` like every other. Tested on the CPU with Triton's interpreter where Triton is installed
 (``tests/test_decode_triton.py``; TRITON_INTERPRET=1).
@@ -136,10 +137,11 @@ def attend_part(qkv_ptr, qkv_stride, x_ptr, x_stride, k_cache, v_cache, cache_b,
     Writes, per query head, the chunk's largest score, its sum of exponentials and its weighted sum of values; a
     chunk past ``pos`` writes an empty part (-inf, 0, 0); :func:`attend_combine` merges them.
 
-    Every load comes before the first store: the compiler cannot move a load above a store to memory it cannot prove
-    apart, so such a load is issued late and its latency does not overlap the others', in a kernel whose time is such
-    latencies, not bytes. The gain was measured only together with two other changes (one-pass merging, chunks of 32
-    positions with 2 warps; artifacts/capture_run.md), not alone."""
+    Every load comes before the first store: likely, the compiler does not move a load above a store to memory it
+    cannot prove apart, so such a load would be issued late and its latency not overlap the others', in a kernel whose
+    time is such latencies, not bytes (not checked in the generated code). The gain was measured only with the whole
+    bundle of that change (q loaded once for the group as one tile, one-pass merging with blocks of up to 32 chunks,
+    chunks of 32 positions with 2 warps; artifacts/capture_run.md), not alone."""
     g = tl.program_id(0)
     c = tl.program_id(1)
     b = tl.program_id(2)
