@@ -356,36 +356,32 @@ class TritonLayers:
         self.tiles: dict[str, Tile] = {}
         self.timings: dict[str, list[tuple[Tile, float]]] = {}
 
-    def _role(self, role: str) -> dict[str, Any]:
-        """One role's matrices and :func:`launch`'s other arguments, as the step launches it."""
-        m, L = self.model, self.model.layers
+    def _role(self, role: str, layer: int = 0) -> dict[str, Any]:
+        """One role's matrices (every layer's; the output projection's one) and :func:`launch`'s other arguments for
+        layer ``layer``, as the step launches it (tuning uses layer 0's: the targets' contents do not matter there)."""
+        m, w = self.model, self.model.layers[layer]
+        L = m.layers
         if role == "qkv":  # the norm's weight here, its 1 / rms in attend_part
-            return dict(weights=[w["wqkv"] for w in L], x=self.x, y=self.qkv[0], mode=ADD, norm_w=L[0]["attn_norm"],
+            return dict(weights=[u["wqkv"] for u in L], x=self.x, y=self.qkv[layer], mode=ADD, norm_w=w["attn_norm"],
                         norm=2)
         if role == "o":
-            return dict(weights=[w["wo"] for w in L], x=self.att, y=self.x, mode=ADD, norm_w=None)
+            return dict(weights=[u["wo"] for u in L], x=self.att, y=self.x, mode=ADD, norm_w=None)
         if role == "gate_up":
-            return dict(weights=[w["w_gate_up"] for w in L], x=self.x, y=self.h, mode=STORE, norm_w=L[0]["mlp_norm"])
+            return dict(weights=[u["w_gate_up"] for u in L], x=self.x, y=self.h, mode=STORE, norm_w=w["mlp_norm"])
         if role == "down":
-            return dict(weights=[w["w_down"] for w in L], x=self.h, y=self.x, mode=ADD, norm_w=None, x_from=GATED)
+            return dict(weights=[u["w_down"] for u in L], x=self.h, y=self.x, mode=ADD, norm_w=None, x_from=GATED)
         return dict(weights=[m.lm_head], x=self.x, y=self.logits, mode=STORE, norm_w=m.final_norm)
 
     def tune_all(self) -> dict[str, Tile]:
         for role in self.ROLES:
-            args = self._role(role)
-            self.tiles[role], self.timings[role] = tune(role, eps=self.cfg.norm_eps, **args)
+            self.tiles[role], self.timings[role] = tune(role, eps=self.cfg.norm_eps, **self._role(role))
         self.x.zero_()
         return self.tiles
 
     def matvec(self, role: str, layer: int) -> None:
         """Layer ``layer``'s product of ``role`` (the output projection: ``head``, any layer)."""
-        args = self._role(role)
+        args = self._role(role, 0 if role == "head" else layer)
         w = args.pop("weights")[0 if role == "head" else layer]
-        if role == "qkv":
-            args["y"] = self.qkv[layer]
-            args["norm_w"] = self.model.layers[layer]["attn_norm"]
-        elif role == "gate_up":
-            args["norm_w"] = self.model.layers[layer]["mlp_norm"]
         launch(args.pop("x"), w, args.pop("y"), self.tiles[role], args.pop("mode"), eps=self.cfg.norm_eps, **args)
 
     def attention(self, i: int, pos: Any) -> None:
