@@ -40,6 +40,11 @@ provenance records as run:
     batch 1, as step 4 (``--ncu-rungs triton_graph`` profiles our kernels' step with Nsight Compute the same way).
     Neither has run on a GPU yet;
 
+11. ``own_breakdown.json`` (step ``own_breakdown``): ``triton_graph``'s step at batch 1 taken apart
+    (``decode_triton.TritonLayers.breakdown``: the whole forward, attention, each product's role, each timed alone as a
+    graph over every layer, with its matrices' bytes and rate) at position 575 of a 576-position cache (the ladder's
+    last step), beside a device copy measured in the same process;
+
 then ``scripts/capture_all.py --notebooks notebooks/12__llm_inference.ipynb`` (executes the notebook in
 place and runs strict nbval over it). Each run's printed output goes to ``artifacts/ch12/run_output.txt``.
 
@@ -108,7 +113,9 @@ NCU_NEW_TOKENS = 64
 NCU_LIMIT = 2000
 KV_SCRIPT = "examples/nsys/kv_capacity.py"
 KV_ARGS = ["--model", "8b", "--context", "1024,4096,32768,131072"]
-STEPS = ("ceilings", "ladder", "sweep", "nsys", "prefill", "noclone", "kv", "ncu", "own", "own_nsys", "notebook")
+STEPS = ("ceilings", "ladder", "sweep", "nsys", "prefill", "noclone", "kv", "ncu", "own", "own_nsys", "own_breakdown",
+         "notebook")
+BREAKDOWN_POSITIONS = 576  # the ladder's prompt (512) and steps (64): the breakdown's step is the last one, at 575
 NOTEBOOK = "notebooks/12__llm_inference.ipynb"
 
 
@@ -174,6 +181,49 @@ def ceilings(name: str = "ceilings.json") -> None:
     save_json("ch12", name, data, overwrite=True,
               command=f"python3 scripts/capture_ch12.py --only {step} (gpuprof.studies.speed_of_light.device_copy "
                       "and matmul_bf16)")
+
+
+def own_breakdown(name: str = "own_breakdown.json", preset: str = "8b", device: str = "cuda") -> None:
+    """``triton_graph``'s step at batch 1 taken apart (:meth:`decode_triton.TritonLayers.breakdown`), with a device copy
+    measured in the same process, so each part's rate reads against it. The cache is filled by a prefill of a random
+    prompt first (attention's time does not depend on the values; the prefill only makes them a model's)."""
+    import torch
+
+    from gpuprof.artifacts import save_json
+    from gpuprof.backend import choose_backend
+    from gpuprof.runner import load_script
+    from gpuprof.studies import decode_triton as dt
+    from gpuprof.studies import speed_of_light as s
+
+    llm = load_script(ROOT / SCRIPT)
+    cfg = llm.PRESETS[preset]
+    model = llm.Decoder(cfg, torch, device, torch.bfloat16, BREAKDOWN_POSITIONS)
+    cache = llm.StaticCache(cfg, torch, 1, BREAKDOWN_POSITIONS, device, torch.bfloat16)
+    prompt = torch.randint(0, cfg.vocab, (1, BREAKDOWN_POSITIONS - 1), device=device,
+                           generator=torch.Generator(device=device).manual_seed(0))
+    with torch.no_grad():
+        model.forward(prompt, cache, 0)
+        kernels = dt.TritonLayers(model, cache, 1)
+        t0 = time.perf_counter()
+        tiles = kernels.tune_all()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        tune_s = time.perf_counter() - t0
+        pos = torch.tensor([BREAKDOWN_POSITIONS - 1], device=device)
+        rows = kernels.breakdown(prompt[:, -1:].contiguous(), pos)
+    copy = s.device_copy(choose_backend())
+    for r in rows:
+        r["share_of_copy"] = r["GB_per_s"] / copy.value if r["GB_per_s"] else None
+    data = {"gpu": describe_machine().gpu_name, "d2d_gbps": copy.value, "d2d_how": copy.how, "batch": 1,
+            "pos": BREAKDOWN_POSITIONS - 1, "tiles": {k: dataclasses.asdict(v) for k, v in tiles.items()},
+            "tune_s": tune_s, "parts": rows}
+    for r in rows:
+        rate = f"{r['GB_per_s']:,.1f} GB/s ({r['share_of_copy']:.1%} of the copy)" if r["GB_per_s"] else ""
+        print(f"own_breakdown: {r['part']:<9} {r['ms']:8.4f} ms  {r['us_per_layer']:8.2f} us/layer  {rate}", flush=True)
+    print(f"own_breakdown: device copy {copy.value:,.1f} GB/s; tiles tuned in {tune_s:.1f} s", flush=True)
+    save_json("ch12", name, data, overwrite=True,
+              command="python3 scripts/capture_ch12.py --only own_breakdown (gpuprof.studies.decode_triton."
+                      "TritonLayers.breakdown, then speed_of_light.device_copy)")
 
 
 def nsys_capture(name: str = "decode_b1", args: list[str] | None = None) -> None:
@@ -311,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
                 ceilings()
             elif step == "nsys":
                 nsys_capture()
+            elif step == "own_breakdown":
+                own_breakdown()
             elif step == "own_nsys":
                 nsys_capture("decode_own_b1", OWN_NSYS_ARGS)
             elif step == "ncu":
