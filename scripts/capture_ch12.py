@@ -187,6 +187,8 @@ def own_breakdown(name: str = "own_breakdown.json", preset: str = "8b", device: 
     """``triton_graph``'s step at batch 1 taken apart (:meth:`decode_triton.TritonLayers.breakdown`), with a device copy
     measured in the same process, so each part's rate reads against it. The cache is filled by a prefill of a random
     prompt first (attention's time does not depend on the values; the prefill only makes them a model's)."""
+    import dataclasses
+
     import torch
 
     from gpuprof.artifacts import save_json
