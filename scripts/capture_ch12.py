@@ -37,13 +37,13 @@ provenance records as run:
    about 2 minutes on an H200 (2026-11-27), most of it loading the weights and compiling;
 
 10. ``decode_own_b1.sqlite.gz`` (step ``own_nsys``): Nsight Systems over ``fused_graph`` and ``triton_graph`` at
-    batch 1, as step 4 (``--ncu-rungs triton_graph`` profiles our kernels' step with Nsight Compute the same way).
-    Neither has run on a GPU yet;
+    batch 1, as step 4 (``--ncu-rungs triton_graph`` profiles our kernels' step with Nsight Compute the same way):
+    42 s and 147 s on an H100 (2026-11-28);
 
 11. ``own_breakdown.json`` (step ``own_breakdown``): ``triton_graph``'s step at batch 1 taken apart
     (``decode_triton.TritonLayers.breakdown``: the whole forward, attention, each product's role, each timed alone as a
     graph over every layer, with its matrices' bytes and rate) at position 575 of a 576-position cache (the ladder's
-    last step), beside a device copy measured in the same process;
+    last step), beside a device copy measured in the same process: 3 s on a warm H100, 18 s on a fresh one (2026-11-28);
 
 then ``scripts/capture_all.py --notebooks notebooks/12__llm_inference.ipynb`` (executes the notebook in
 place and runs strict nbval over it). Each run's printed output goes to ``artifacts/ch12/run_output.txt``.
@@ -96,11 +96,11 @@ RUNS = {  # name: (arguments, the exit status expected)
 }
 NSYS_ARGS = [*DECODE, "--rung", "eager_dynamic,compile_graph,fused_graph", "--batch", "1", "--prompt-len", "512",
              "--new-tokens", "32", "--no-check"]
-# nsys over our own kernels beside the rung they replace (step own_nsys; not yet run on a GPU)
+# nsys over our own kernels beside the rung they replace (step own_nsys)
 OWN_NSYS_ARGS = [*DECODE, "--rung", "fused_graph,triton_graph", "--batch", "1", "--prompt-len", "512",
                  "--new-tokens", "32", "--no-check"]
 NCU_RUNGS = ("compile_graph", "fused_graph", "int8_graph")  # the ncu step's default
-NCU_CHOICES = (*NCU_RUNGS, "triton_graph")  # what --ncu-rungs accepts (triton_graph: not yet profiled)
+NCU_CHOICES = (*NCU_RUNGS, "triton_graph")  # what --ncu-rungs accepts
 # The element size of each rung's matrices, as the per-kernel reader assigns roles by bytes read (int8: one byte).
 MATRIX_BYTES = {"int8_graph": 1}
 NCU_STEP = 4  # the decoding step ncu profiles: one of the timed generation's (not the warm-up's, not the first)
