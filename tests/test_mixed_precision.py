@@ -564,3 +564,17 @@ def test_the_cures_record_from_an_h100():
     for batch, mode in {(b, m) for b, m, _ in t.index}:
         assert t.loc[(batch, mode, fused), "optimizer_ms"] < 0.7 * t.loc[(batch, mode, chapter), "optimizer_ms"]
         assert t.loc[(batch, mode, both), "speedup_low"] > 1.3
+
+
+def test_cures_loss_agreement_pairs_runs_of_one_round():
+    """Each cure's loss, step by step, against the chapter's step of the same round: on the H100 record every cure stays
+    within the chapter's 1% tolerance at every step; a run whose last loss is moved 5% is caught."""
+    data = json.loads((REPO_ROOT / "artifacts" / "ch10" / "cures.json").read_text())
+    agree = mp.cures_loss_agreement(data)
+    assert len(agree) == 12 and (agree["rel_diff_max"] < 0.01).all()
+    assert (agree.loc[agree["cure"] == next(iter(mp.CURES)), "rel_diff_max"] == 0).all()
+    moved = copy.deepcopy(data)
+    run = next(r for r in moved["runs"] if r["kind"] == "time" and r["cure"] == "fused AdamW" and r["round"] == 1)
+    run["steps"][-1]["loss"] *= 1.05
+    worst = mp.cures_loss_agreement(moved).set_index(["batch", "mode", "cure"]).loc[(run["batch"], run["mode"], "fused AdamW")]
+    assert 0.049 < worst["rel_diff_max"] < 0.051

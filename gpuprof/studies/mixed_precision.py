@@ -37,7 +37,7 @@ from ..nsys import sqlite as ns
 from ..runner import portable_command, python_target
 
 __all__ = ["SCRIPT", "MODES", "FAILURE", "SMALL_BATCH", "LARGE_BATCH", "ROUNDS", "BUDGET_GIB", "run_plan", "run_study",
-           "timing_table", "clock_table", "clock_processes", "clock_speedups", "CURES", "cures_plan", "cures_table", "speedup_floor", "fit_table", "loss_curves", "loss_agreement", "underflow_table",
+           "timing_table", "clock_table", "clock_processes", "clock_speedups", "CURES", "cures_plan", "cures_table", "cures_loss_agreement", "speedup_floor", "fit_table", "loss_curves", "loss_agreement", "underflow_table",
            "scale_history", "underflow_top", "CPU_CENSUS", "GPU_CENSUS", "census_against_cpu", "census_by_group", "fp16_loss_split", "memory_per_sequence", "capture_mode", "capture_summary", "gemm_kernels",
            "matmul_work", "PHASES", "OPTIMIZER", "phase_work", "scaler_work", "CAST", "SCALER", "figure"]
 
@@ -274,15 +274,29 @@ def clock_speedups(data: dict[str, Any], batch: int = LARGE_BATCH) -> pd.DataFra
 
 def cures_table(data: dict[str, Any]) -> pd.DataFrame:
     """Per batch, mode and :data:`CURES` variant of a :func:`cures_plan` record: the step (median over processes of
-    each one's median, with the processes' range), AdamW's phase (``optimizer_ms``, CUDA events, median), and the
-    speed-up over the chapter's own step for the same mode and batch (its median over the variant's; ``low``: the
-    chapter's fastest process over the variant's slowest, the least favourable pairing)."""
+    each one's median, with the processes' range), forward + backward and AdamW's phase (``fwd_bwd_ms``,
+    ``optimizer_ms``: CUDA events, medians), the speed-up over the chapter's own step for the same mode and batch (its
+    median over the variant's; ``low``: the chapter's fastest process over the variant's slowest, the least favourable
+    pairing), and, where the record has them, the step's own peak memory (``step_peak_GiB``, the largest of the
+    processes') and the SM clock (``sm_mhz``: the lowest of the processes' median clocks, ``sm_mhz_low`` the lowest
+    reading of any, ``reasons``: NVML's
+    clock-event reasons other than none), so that a capped run reads as one."""
     rows = []
     for (batch, mode, cure), runs in pd.DataFrame(_timed(data)).groupby(["batch", "mode", "cure"], sort=False):
-        steps = [_measured(r, "step_ms") for r in runs.to_dict("records")]
+        recs = runs.to_dict("records")
+        steps = [_measured(r, "step_ms") for r in recs]
+        fwd_bwd = [float(np.median([s["forward_ms"] + s["backward_ms"] for s in r["steps"] if s["measured"]])) for r in recs]
+        peaks = [r["step_peak_memory_bytes"] for r in recs if r.get("step_peak_memory_bytes")]
+        nvml = [r["nvml"] for r in recs if isinstance(r.get("nvml"), dict) and r["nvml"].get("sm_mhz_median")]
+        words = sorted({w for n in nvml for w in str(n.get("event_reasons_words", "")).split(", ") if w and w != "none"})
         rows.append({"batch": int(batch), "mode": mode, "cure": cure, "step_ms": float(np.median(steps)),
                      "step_low": min(steps), "step_high": max(steps), "processes": len(steps),
-                     "optimizer_ms": float(np.median([_measured(r, "optimizer_ms") for r in runs.to_dict("records")]))})
+                     "fwd_bwd_ms": float(np.median(fwd_bwd)),
+                     "optimizer_ms": float(np.median([_measured(r, "optimizer_ms") for r in recs])),
+                     "step_peak_GiB": max(peaks) / 2**30 if peaks else float("nan"),
+                     "sm_mhz": min(n["sm_mhz_median"] for n in nvml) if nvml else float("nan"),
+                     "sm_mhz_low": min(n.get("sm_mhz_min", n["sm_mhz_median"]) for n in nvml) if nvml else float("nan"),
+                     "reasons": ", ".join(words) if nvml else "not recorded"})
     out = pd.DataFrame(rows)
     base = out[out["cure"] == next(iter(CURES))].set_index(["batch", "mode"])
     key = list(zip(out["batch"], out["mode"]))
@@ -290,6 +304,27 @@ def cures_table(data: dict[str, Any]) -> pd.DataFrame:
     out["speedup_low"] = [base.loc[k, "step_low"] for k in key] / out["step_high"]
     out["cure"] = pd.Categorical(out["cure"], list(CURES), ordered=True)
     return out.sort_values(["batch", "mode", "cure"], ignore_index=True).assign(cure=lambda d: d["cure"].astype(str))
+
+
+def cures_loss_agreement(data: dict[str, Any]) -> pd.DataFrame:
+    """Per batch, mode and :data:`CURES` variant of a :func:`cures_plan` record: the last step's loss, and the largest
+    relative difference of any step's loss (warm-up included: each is one update) from the chapter's own step's at the
+    same step of the same round. Every run of the plan uses the script's default seed, so each starts from the same
+    weights and batches: what differs is the cure's arithmetic (a fused update, Inductor's kernels). Pairing by round
+    keeps that true should a plan ever vary the seed by round."""
+    rows = []
+    timed = _timed(data)
+    base = {(r["batch"], r["mode"], r["round"]): [s["loss"] for s in r["steps"]] for r in timed
+            if r["cure"] == next(iter(CURES))}
+    for r in timed:
+        ref = base[(r["batch"], r["mode"], r["round"])]
+        losses = [s["loss"] for s in r["steps"]]
+        rows.append({"batch": r["batch"], "mode": r["mode"], "cure": r["cure"], "loss": float(losses[-1]),
+                     "rel_diff": max(abs(a / b - 1) for a, b in zip(losses, ref))})
+    runs = pd.DataFrame(rows)
+    out = runs.groupby(["batch", "mode", "cure"], sort=False).agg(last_loss=("loss", "median"),
+                                                                  rel_diff_max=("rel_diff", "max"))
+    return out.reset_index()
 
 
 def speedup_floor(table: pd.DataFrame, batch: int, mode: str) -> float:
