@@ -45,6 +45,11 @@ provenance records as run:
     graph over every layer, with its matrices' bytes and rate) at position 575 of a 576-position cache (the ladder's
     last step), beside a device copy measured in the same process: 3 s on a warm H100, 18 s on a fresh one (2026-11-28);
 
+12. ``own_attention.json`` (step ``own_attention``): attention alone at contexts of 576 to 131,072 positions, our two
+    kernels beside PyTorch's ``scaled_dot_product_attention`` over the same caches, per layer, with a device copy;
+    ``attention_ncu.ncu-rep`` (step ``ncu_attention``): Nsight Compute over layer 0's calls of both at each context
+    (``--only attention_target`` is its target: the calls alone, nothing written);
+
 then ``scripts/capture_all.py --notebooks notebooks/12__llm_inference.ipynb`` (executes the notebook in
 place and runs strict nbval over it). Each run's printed output goes to ``artifacts/ch12/run_output.txt``.
 
@@ -73,6 +78,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -114,7 +120,12 @@ NCU_LIMIT = 2000
 KV_SCRIPT = "examples/nsys/kv_capacity.py"
 KV_ARGS = ["--model", "8b", "--context", "1024,4096,32768,131072"]
 STEPS = ("ceilings", "ladder", "sweep", "nsys", "prefill", "noclone", "kv", "ncu", "own", "own_nsys", "own_breakdown",
-         "notebook")
+         "own_attention", "ncu_attention", "notebook")
+# own_attention: attention alone at these contexts (the ladder's 576 first), the cache sized to each; ncu_attention
+# profiles one call of each kernel at each context (ATTENTION_TARGET: the eager calls only, nothing timed or written)
+ATTENTION_CONTEXTS = (576, 2048, 8192, 32768, 131072)
+ATTENTION_SECTIONS = ("SpeedOfLight", "LaunchStats", "Occupancy", "SchedulerStats", "WarpStateStats",
+                      "MemoryWorkloadAnalysis")
 BREAKDOWN_POSITIONS = 576  # the ladder's prompt (512) and steps (64): the breakdown's step is the last one, at 575
 NOTEBOOK = "notebooks/12__llm_inference.ipynb"
 
@@ -132,7 +143,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not args.ncu_rungs or any(r not in NCU_CHOICES for r in args.ncu_rungs):
         p.error(f"--ncu-rungs {args.ncu_rungs!r}: choose among {', '.join(NCU_CHOICES)}")
     steps = [s.strip() for s in args.only.split(",") if s.strip()]
-    unknown = [s for s in steps if s not in STEPS]
+    unknown = [s for s in steps if s not in (*STEPS, "attention_target")]  # attention_target: ncu_attention's own
     if unknown or not steps:
         p.error(f"unknown step(s) {', '.join(unknown) or repr(args.only)}; the steps are {', '.join(STEPS)}")
     args.steps = steps
@@ -226,6 +237,142 @@ def own_breakdown(name: str = "own_breakdown.json", preset: str = "8b", device: 
     save_json("ch12", name, data, overwrite=True,
               command="python3 scripts/capture_ch12.py --only own_breakdown (gpuprof.studies.decode_triton."
                       "TritonLayers.breakdown, then speed_of_light.device_copy)")
+
+
+def _attention_setup(preset: str, device: str) -> tuple[Any, Any, Any]:
+    """(torch, the decoder script, the model) for :func:`own_attention`: the 8b model whole, so that each context's
+    cache has 32 layers, as in a step (a smaller cache would sit in L2 between a graph's replays)."""
+    import torch
+
+    from gpuprof.runner import load_script
+
+    llm = load_script(ROOT / SCRIPT)
+    model = llm.Decoder(llm.PRESETS[preset], torch, device, torch.bfloat16, max(ATTENTION_CONTEXTS))
+    return torch, llm, model
+
+
+def _attention_calls(torch: Any, llm: Any, model: Any, context: int, device: str) -> tuple[Any, Any]:
+    """For one context: (triton_graph's attention, PyTorch's scaled_dot_product_attention over the same caches), each a
+    function of the layers to run (default: every layer). The caches, the new token's q, k and v and the residual stream are
+    drawn (attention's time does not depend on the values); the query attends to every position, 0 to context - 1."""
+    import torch.nn.functional as F
+
+    from gpuprof.studies import decode_triton as dt
+
+    cfg = model.cfg
+    cache = llm.StaticCache(cfg, torch, 1, context, device, torch.bfloat16)
+    gen = torch.Generator(device=device).manual_seed(context)
+    for t in [*cache.k, *cache.v]:
+        t.normal_(generator=gen)
+    kernels = dt.TritonLayers(model, cache, 1)
+    kernels.qkv.normal_(generator=gen)
+    kernels.x.normal_(generator=gen)
+    pos = torch.tensor([context - 1], device=device)
+    q = torch.randn((1, cfg.q_heads, 1, cfg.head_dim), generator=gen, device=device, dtype=torch.bfloat16)
+    every = range(cfg.layers)
+
+    def ours(layers: range = every) -> None:
+        for i in layers:
+            kernels.attention(i, pos)
+
+    def sdpa(layers: range = every) -> None:
+        for i in layers:
+            F.scaled_dot_product_attention(q, cache.k[i], cache.v[i], enable_gqa=True)
+
+    return ours, sdpa
+
+
+def own_attention(name: str = "own_attention.json", preset: str = "8b", device: str = "cuda") -> None:
+    """Attention alone at each of :data:`ATTENTION_CONTEXTS`: ``triton_graph``'s two kernels (``attend_part`` over
+    chunks of 32 positions, ``attend_combine``) and PyTorch's ``scaled_dot_product_attention`` (its default choice of
+    backend) over the same 32 layers' caches, each timed as a CUDA graph of all 32 layers
+    (``decode_triton._graph_ms``), per layer, with the KV bytes a layer reads and their rate; then a device copy in the
+    same process. Why: at 576 positions attention reads 2.4 MB a layer in ~10 us (section 10: latency); how it
+    scales with the context says when it turns into a stream of bytes, and where the kernels' design stops keeping
+    up (``ncu_attention`` profiles the same calls)."""
+    from gpuprof.artifacts import save_json
+    from gpuprof.backend import choose_backend
+    from gpuprof.studies import decode_triton as dt
+    from gpuprof.studies import speed_of_light as s
+
+    torch, llm, model = _attention_setup(preset, device)
+    cfg = model.cfg
+    rows = []
+    with torch.no_grad():
+        for context in ATTENTION_CONTEXTS:
+            ours, sdpa = _attention_calls(torch, llm, model, context, device)
+            kv_bytes = 2 * cfg.kv_heads * context * cfg.head_dim * 2  # one layer's keys and values, bfloat16
+            row = {"context": context, "kv_bytes_per_layer": kv_bytes,
+                   "splits": -(-context // dt.TritonLayers.CHUNK)}
+            for label, fn in (("triton", ours), ("sdpa", sdpa)):
+                ms = dt._graph_ms(fn, 9)
+                row[f"{label}_us_per_layer"] = ms * 1e3 / cfg.layers
+                row[f"{label}_GB_per_s"] = kv_bytes * cfg.layers / ms / 1e6
+            rows.append(row)
+            print(f"own_attention: context {context:>7,}: KV {kv_bytes / 1e6:8.2f} MB a layer; triton "
+                  f"{row['triton_us_per_layer']:8.2f} us ({row['triton_GB_per_s']:8,.1f} GB/s), sdpa "
+                  f"{row['sdpa_us_per_layer']:8.2f} us ({row['sdpa_GB_per_s']:8,.1f} GB/s)", flush=True)
+            del ours, sdpa
+            torch.cuda.empty_cache() if device == "cuda" else None
+    copy = s.device_copy(choose_backend())
+    for r in rows:
+        for label in ("triton", "sdpa"):
+            r[f"{label}_share_of_copy"] = r[f"{label}_GB_per_s"] / copy.value
+    print(f"own_attention: device copy {copy.value:,.1f} GB/s", flush=True)
+    save_json("ch12", name, {"gpu": describe_machine().gpu_name, "d2d_gbps": copy.value, "d2d_how": copy.how,
+                             "layers": cfg.layers, "chunk": dt.TritonLayers.CHUNK, "rows": rows}, overwrite=True,
+              command="python3 scripts/capture_ch12.py --only own_attention (triton_graph's attention and PyTorch's "
+                      "scaled_dot_product_attention alone, CUDA graphs of 32 layers, then speed_of_light.device_copy)")
+
+
+def attention_target(device: str = "cuda") -> None:
+    """What ``ncu_attention`` profiles: layer 0's attention, ours and PyTorch's, once per context (the caches of every
+    layer allocated, as in :func:`own_attention`), inside NVTX ranges ``ncu_attention/context_<C>/<triton|sdpa>``;
+    nothing is timed or written."""
+    torch, llm, model = _attention_setup("8b", device)
+    nvtx = torch.cuda.nvtx
+    with torch.no_grad():
+        nvtx.range_push("ncu_attention")
+        for context in ATTENTION_CONTEXTS:
+            ours, sdpa = _attention_calls(torch, llm, model, context, device)
+            first = range(1)
+            ours(first)  # once outside the ranges: Triton compiles here, not under the profiler's range
+            sdpa(first)
+            torch.cuda.synchronize()
+            nvtx.range_push(f"context_{context}")
+            for label, fn in (("triton", ours), ("sdpa", sdpa)):
+                nvtx.range_push(label)
+                fn(first)
+                nvtx.range_pop()
+            nvtx.range_pop()
+            torch.cuda.synchronize()
+            del ours, sdpa
+            torch.cuda.empty_cache()
+        nvtx.range_pop()
+
+
+def ncu_attention_step() -> None:
+    """Nsight Compute over :func:`attention_target`'s calls (layer 0's kernels of each attention at each context), with
+    the sections a latency question needs (:data:`ATTENTION_SECTIONS`); the report kept gzipped where it is large."""
+    from gpuprof.artifacts import gzip_reference
+    from gpuprof.ncu.capture import MAX_REPORT_BYTES, ncu_capture
+    from gpuprof.tools import COUNTER_PERMISSION_HINT, profiling_restricted, require_tool
+
+    require_tool("ncu", "the ncu_attention step needs Nsight Compute (ncu)")
+    if profiling_restricted():
+        raise GpuprofError("The ncu_attention step cannot read GPU performance counters here (RmProfilingAdminOnly: 1).",
+                           COUNTER_PERMISSION_HINT)
+    options = ["--nvtx", "--nvtx-include", "ncu_attention/", "--clock-control", "none"]
+    for section in ATTENTION_SECTIONS:
+        options += ["--section", section]
+    options += ["-c", str(len(ATTENTION_CONTEXTS) * 8)]  # a guard: 2 kernels of ours and a few of SDPA's per context
+    cap = ncu_capture("ch12", "attention_ncu", "scripts/capture_ch12.py", ["--only", "attention_target"],
+                      options=options, details=True)
+    if cap.report.source != "this machine":
+        raise GpuprofError("The ncu_attention capture was not made here (ncu's message is above).",
+                           COUNTER_PERMISSION_HINT)
+    if cap.path.stat().st_size > MAX_REPORT_BYTES:
+        gzip_reference(cap.path)
 
 
 def nsys_capture(name: str = "decode_b1", args: list[str] | None = None) -> None:
@@ -343,6 +490,9 @@ def ncu_capture_step(rungs: tuple[str, ...] | list[str] = NCU_RUNGS) -> list[str
 @exit_on_error
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.steps == ["attention_target"]:  # ncu_attention's target: no log, no record
+        attention_target()
+        return 0
     machine = describe_machine()
     if machine.device != "cuda":
         raise GpuprofError(f"capture_ch12.py needs a GPU: this machine is {machine.summary()}.",
@@ -365,6 +515,10 @@ def main(argv: list[str] | None = None) -> int:
                 nsys_capture()
             elif step == "own_breakdown":
                 own_breakdown()
+            elif step == "own_attention":
+                own_attention()
+            elif step == "ncu_attention":
+                ncu_attention_step()
             elif step == "own_nsys":
                 nsys_capture("decode_own_b1", OWN_NSYS_ARGS)
             elif step == "ncu":
