@@ -794,6 +794,8 @@ def make_fixed_rungs(names: list[str], model: Decoder, batch: int, positions: in
         # long as the rung, which the graph's replays read); the others hold the eager step (the BF16 model's prefill)
         owner = compiled_steps["int8"] if name in INT8 else eager_step
         rungs[name] = FixedRung(name, owner, run, time.perf_counter() - t0, captured=step if name in NEEDS_GPU else None)
+        if name in OWN_KERNELS:  # each process tunes its own tiles: the record keeps them, as two runs may differ
+            rungs[name].tiles = {role: asdict(t) for role, t in tiles.items()}
     return rungs
 
 
@@ -1100,6 +1102,7 @@ def run_batch(model: Decoder, rungs: list[str], batch: int, prompt_len: int, new
         rows.append({"rung": name, "batch": batch, "setup_s": built[name].setup_s,
                      "kv_positions_read": positions if name in FIXED and name not in OWN_KERNELS else "context",
                      "matrix_bytes": int8 or dtype_bytes,  # the element size bytes_per_step counts
+                     **({"tiles": built[name].tiles} if getattr(built[name], "tiles", None) else {}),
                      **summarise(cfg, clock.intervals_ms(), batch, prompt_len, new, dtype_bytes, int8)})
     if gpu:
         torch.cuda.profiler.stop()  # ... to here
