@@ -124,7 +124,7 @@ KV_ARGS = ["--model", "8b", "--context", "1024,4096,32768,131072"]
 STEPS = ("ceilings", "ladder", "sweep", "nsys", "prefill", "noclone", "kv", "ncu", "own", "own_nsys", "own_breakdown",
          "own_attention", "ncu_attention", "notebook")
 # own_attention: attention alone at these contexts (the ladder's 576 first), the cache sized to each; ncu_attention
-# profiles one call of each kernel at each context (ATTENTION_TARGET: the eager calls only, nothing timed or written)
+# profiles one call of each kernel at each context (its target, --only attention_target: the calls only, nothing written)
 ATTENTION_CONTEXTS = (576, 2048, 8192, 32768, 131072)
 ATTENTION_SECTIONS = ("SpeedOfLight", "LaunchStats", "Occupancy", "SchedulerStats", "WarpStateStats",
                       "MemoryWorkloadAnalysis")
@@ -315,7 +315,8 @@ def own_attention(name: str = "own_attention.json", preset: str = "8b", device: 
                   f"{row['triton_us_per_layer']:8.2f} us ({row['triton_GB_per_s']:8,.1f} GB/s), sdpa "
                   f"{row['sdpa_us_per_layer']:8.2f} us ({row['sdpa_GB_per_s']:8,.1f} GB/s)", flush=True)
             del ours, sdpa
-            torch.cuda.empty_cache() if device == "cuda" else None
+            if device == "cuda":
+                torch.cuda.empty_cache()
     copy = s.device_copy(choose_backend())
     for r in rows:
         for label in ("triton", "sdpa"):
