@@ -35,6 +35,10 @@ provenance records as run:
    again, then ``triton_graph`` (our own Triton kernels, ``gpuprof/studies/decode_triton.py``) beside
    ``compile_graph`` and ``fused_graph`` at batch 1 and 8 (prompt 512, 64 steps), with the check, in one process;
    about 2 minutes on an H200 (2026-11-27), most of it loading the weights and compiling;
+   ``own_ceilings_repN.json`` and ``own_kernels_repN.json`` (step ``own_repeats``): step ``own`` again in
+   :data:`OWN_REPEATS` more processes, each with its own copy, so that the share's spread between processes is
+   measured, not assumed (38 to 87 s a process on a warm H200, 2026-11-28; the H100's are renamed ``*_h100.json``,
+   as its other records);
 
 10. ``decode_own_b1.sqlite.gz`` (step ``own_nsys``): Nsight Systems over ``fused_graph`` and ``triton_graph`` at
     batch 1, as step 4 (``--ncu-rungs triton_graph`` profiles our kernels' step with Nsight Compute the same way):
@@ -121,8 +125,9 @@ NCU_NEW_TOKENS = 64
 NCU_LIMIT = 2000
 KV_SCRIPT = "examples/nsys/kv_capacity.py"
 KV_ARGS = ["--model", "8b", "--context", "1024,4096,32768,131072"]
-STEPS = ("ceilings", "ladder", "sweep", "nsys", "prefill", "noclone", "kv", "ncu", "own", "own_nsys", "own_breakdown",
-         "own_attention", "ncu_attention", "notebook")
+STEPS = ("ceilings", "ladder", "sweep", "nsys", "prefill", "noclone", "kv", "ncu", "own", "own_repeats", "own_nsys",
+         "own_breakdown", "own_attention", "ncu_attention", "notebook")
+OWN_REPEATS = 3  # step own_repeats: processes after own's, each one more share of its own session's copy
 # own_attention: attention alone at these contexts (the ladder's 576 first), the cache sized to each; ncu_attention
 # profiles one call of each kernel at each context (its target, --only attention_target: the calls only, nothing written)
 ATTENTION_CONTEXTS = (576, 2048, 8192, 32768, 131072)
@@ -177,7 +182,7 @@ def run_decode(name: str, args: list[str], expected: int, log, script: str = SCR
     return code
 
 
-def ceilings(name: str = "ceilings.json") -> None:
+def ceilings(name: str = "ceilings.json", step: str = "") -> None:
     """The device copy and the BF16 product, measured now: the shares of the chapter are of these (``name``: the
     record; the own step keeps its own, so that its shares are of a copy measured minutes before its run)."""
     from gpuprof.artifacts import save_json
@@ -190,7 +195,7 @@ def ceilings(name: str = "ceilings.json") -> None:
     data = {"gpu": describe_machine().gpu_name, "d2d_gbps": copy.value, "d2d_how": copy.how,
             "matmul_bf16_tflops": matmul.value, "matmul_how": matmul.how}
     print(f"ceilings: device copy {copy.value:,.1f} GB/s, BF16 product {matmul.value:,.1f} TFLOP/s", flush=True)
-    step = "own" if name != "ceilings.json" else "ceilings"
+    step = step or ("own" if name != "ceilings.json" else "ceilings")
     save_json("ch12", name, data, overwrite=True,
               command=f"python3 scripts/capture_ch12.py --only {step} (gpuprof.studies.speed_of_light.device_copy "
                       "and matmul_bf16)")
@@ -527,11 +532,12 @@ def main(argv: list[str] | None = None) -> int:
                 nsys_capture("decode_own_b1", OWN_NSYS_ARGS)
             elif step == "ncu":
                 failed += ncu_capture_step(args.ncu_rungs)
-            elif step == "own":
-                ceilings("own_ceilings.json")
+            elif step in ("own", "own_repeats"):
                 run_args, expected = RUNS["own_kernels.json"]
-                if run_decode("own_kernels.json", run_args, expected, log) != expected:
-                    failed.append("own_kernels.json")
+                for suffix in ([""] if step == "own" else [f"_rep{i}" for i in range(1, OWN_REPEATS + 1)]):
+                    ceilings(f"own_ceilings{suffix}.json", step)
+                    if run_decode(f"own_kernels{suffix}.json", run_args, expected, log) != expected:
+                        failed.append(f"own_kernels{suffix}.json")
             elif step == "notebook":
                 continue  # after the log is closed and recorded
             elif step == "kv":

@@ -384,3 +384,31 @@ def test_the_profiled_step_matches_the_traced_one_kernel_for_kernel():
     assert both["time_us"].sum() < k["time_us"].sum()  # ncu's replays stretch the step
     with pytest.raises(GpuprofError, match="differ"):
         li.in_situ(k, li.step_kernel_times(_ch12("decode_b1.sqlite").path, "compile_graph", 4))
+
+
+def test_processes_table_puts_each_process_beside_its_own_copy():
+    fast = {"rows": [{**_results()["rows"][0], "rung": "triton_graph"},
+                     {**_results()["rows"][0], "rung": "fused_graph", "decode_ms_per_step": 7.5}]}
+    slow = {"rows": [{**r, "decode_ms_per_step": r["decode_ms_per_step"] * 2} for r in fast["rows"]]}
+    t = li.processes_table({"a": (fast, _ceilings(3000.0, 800.0)), "b": (slow, _ceilings(2000.0, 800.0))})
+    assert list(t.index) == ["a", "b"] and list(t["copy_gbps"]) == [3000.0, 2000.0]
+    # 15e9 bytes in 6 ms: 2,500 GB/s; in 12 ms: 1,250 GB/s
+    assert t.loc["a", "share_of_copy"] == pytest.approx(2500 / 3000) and t.loc["b", "share_of_copy"] == pytest.approx(1250 / 2000)
+    assert t.loc["a", "fused_graph_x"] == pytest.approx(1.25) and t.loc["b", "fused_graph_x"] == pytest.approx(1.25)
+    assert "compile_graph_x" not in t.columns  # a rival the process did not run is left out, not invented
+    with pytest.raises(ValueError, match="at least one"):
+        li.processes_table({})
+
+
+def test_the_repeated_processes_shares_are_their_steps_over_their_own_copies():
+    """Chapter 12's repeats: every process's triton_graph share is its bytes over its median step, over the copy its
+    own session measured (recomputed from the raw JSON), and each copy file is that process's GPU's."""
+    for suffixes, gpu in ((["", "_rep1", "_rep2", "_rep3"], "NVIDIA H200"), (["_h100", "_rep1_h100", "_rep2_h100"], "H100")):
+        runs = {s: (_ch12(f"own_kernels{s}.json"), li.session_ceilings(_ch12(f"own_ceilings{s}.json"))) for s in suffixes}
+        t = li.processes_table(runs)
+        for s in suffixes:
+            raw, ceil = _json(f"ch12/own_kernels{s}.json"), _json(f"ch12/own_ceilings{s}.json")
+            assert gpu in ceil["gpu"] and gpu in raw["machine"]["gpu_name"]
+            r = next(r for r in raw["rows"] if r["rung"] == "triton_graph" and r["batch"] == 1)
+            median = statistics.median(r["decode_step_ms"])
+            assert t.loc[s, "share_of_copy"] == pytest.approx(r["bytes_per_step"] / (median / 1e3) / 1e9 / ceil["d2d_gbps"], rel=1e-9)

@@ -387,6 +387,29 @@ def rows_table(source: FoundCapture | str | Path | dict[str, Any], ceilings: Cei
     return pd.DataFrame(rows).set_index(["rung", "batch"])
 
 
+def processes_table(runs: dict[str, tuple[FoundCapture | str | Path | dict[str, Any], Ceilings]], rung: str = "triton_graph",
+                    rivals: Sequence[str] = ("compile_graph", "fused_graph"), batch: int = 1) -> pd.DataFrame:
+    """One row per process that ran ``rung`` (``runs``: a label -> its results and the copy measured in its own
+    session): its copy, its median step at ``batch``, the GB/s and share of that copy the step streams, and each
+    rival's step over ``rung``'s in the same process.
+
+    Why a table of processes: one process's share is a ratio of two measurements, each of which moves between
+    processes by its own amount. Put side by side, the rows show which of the two moves (for our kernels' step, the
+    copy far more than the step), and so what a target's margin must be measured against."""
+    rows = []
+    for label, (source, ceilings) in runs.items():
+        t = rows_table(source, ceilings)
+        row = {"process": label, "copy_gbps": ceilings.copy_gbps, "ms_per_step": t.loc[(rung, batch), "ms_per_step"],
+               "GB_per_s": t.loc[(rung, batch), "GB_per_s"], "share_of_copy": t.loc[(rung, batch), "share_of_copy"]}
+        for rival in rivals:
+            if (rival, batch) in t.index:
+                row[f"{rival}_x"] = t.loc[(rival, batch), "ms_per_step"] / row["ms_per_step"]
+        rows.append(row)
+    if not rows:
+        raise ValueError("processes_table needs at least one process's results")
+    return pd.DataFrame(rows).set_index("process")
+
+
 @dataclass(frozen=True)
 class KneeFit:
     """Two straight lines fitted to a sweep's step times against the batch (least squares, each side of a split),
