@@ -39,6 +39,10 @@ provenance records as run:
    :data:`OWN_REPEATS` more processes, each with its own copy, so that the share's spread between processes is
    measured, not assumed (38 to 87 s a process on a warm H200, 2026-11-28; the H100's are renamed ``*_h100.json``,
    as its other records);
+   ``copy_repeats.json`` (step ``copy_repeats``): the device copy alone, measured :data:`COPY_SERIES` times in each of
+   several processes in turn, with seconds of back-to-back copies between measurements and the SM clock, temperature
+   and power beside each (``speed_of_light.copy_series``; its target, ``--only copy_series_target``, is one process):
+   whether the ceiling the shares divide by is noise or drifts as the GPU stays busy;
 
 10. ``decode_own_b1.sqlite.gz`` (step ``own_nsys``): Nsight Systems over ``fused_graph`` and ``triton_graph`` at
     batch 1, as step 4 (``--ncu-rungs triton_graph`` profiles our kernels' step with Nsight Compute the same way):
@@ -125,9 +129,12 @@ NCU_NEW_TOKENS = 64
 NCU_LIMIT = 2000
 KV_SCRIPT = "examples/nsys/kv_capacity.py"
 KV_ARGS = ["--model", "8b", "--context", "1024,4096,32768,131072"]
-STEPS = ("ceilings", "ladder", "sweep", "nsys", "prefill", "noclone", "kv", "ncu", "own", "own_repeats", "own_nsys",
+STEPS = ("ceilings", "ladder", "sweep", "nsys", "prefill", "noclone", "kv", "ncu", "own", "own_repeats", "copy_repeats",
+         "own_nsys",
          "own_breakdown", "own_attention", "ncu_attention", "notebook")
 OWN_REPEATS = 3  # step own_repeats: processes after own's, each one more share of its own session's copy
+# step copy_repeats: processes in turn, measurements in each, seconds of back-to-back copies between two measurements
+COPY_PROCESSES, COPY_SERIES, COPY_BUSY_S = 3, 6, 4.0
 # own_attention: attention alone at these contexts (the ladder's 576 first), the cache sized to each; ncu_attention
 # profiles one call of each kernel at each context (its target, --only attention_target: the calls only, nothing written)
 ATTENTION_CONTEXTS = (576, 2048, 8192, 32768, 131072)
@@ -150,7 +157,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not args.ncu_rungs or any(r not in NCU_CHOICES for r in args.ncu_rungs):
         p.error(f"--ncu-rungs {args.ncu_rungs!r}: choose among {', '.join(NCU_CHOICES)}")
     steps = [s.strip() for s in args.only.split(",") if s.strip()]
-    unknown = [s for s in steps if s not in (*STEPS, "attention_target")]  # attention_target: ncu_attention's own
+    # attention_target: ncu_attention's own; copy_series_target: one process of copy_repeats
+    unknown = [s for s in steps if s not in (*STEPS, "attention_target", "copy_series_target")]
     if unknown or not steps:
         p.error(f"unknown step(s) {', '.join(unknown) or repr(args.only)}; the steps are {', '.join(STEPS)}")
     args.steps = steps
@@ -333,6 +341,54 @@ def own_attention(name: str = "own_attention.json", preset: str = "8b", device: 
                       "scaled_dot_product_attention alone, CUDA graphs of 32 layers, then speed_of_light.device_copy)")
 
 
+def copy_series_target() -> None:
+    """One process of step ``copy_repeats``: :func:`speed_of_light.copy_series` with NVML's readings, printed as one
+    JSON line after ``COPY_SERIES`` (what :func:`copy_repeats` reads); nothing written."""
+    import json
+
+    import torch
+
+    from gpuprof.backend import choose_backend
+    from gpuprof.nvml import Nvml, torch_pci_bus_id
+    from gpuprof.studies import speed_of_light as s
+
+    if not torch.cuda.is_available():
+        raise GpuprofError(f"copy_series_target measures a GPU's copy: this machine is {describe_machine().summary()}.")
+    nvml, why = Nvml.open(torch_pci_bus_id(torch))
+    if nvml is None:
+        print(f"copy_series_target: no clock, temperature or power readings ({why})", flush=True)
+    rows = s.copy_series(choose_backend(), COPY_SERIES, COPY_BUSY_S, nvml.read if nvml is not None else None)
+    print("COPY_SERIES " + json.dumps(rows), flush=True)
+
+
+def copy_repeats(log) -> None:  # type: ignore[no-untyped-def]
+    """Step ``copy_repeats``: :data:`COPY_PROCESSES` processes of :func:`copy_series_target` in turn, each's rows
+    printed and kept in ``copy_repeats.json``."""
+    import json
+
+    from gpuprof.artifacts import save_json
+
+    processes = []
+    for i in range(COPY_PROCESSES):
+        proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "capture_ch12.py"), "--only", "copy_series_target"],
+                              cwd=ROOT, capture_output=True, text=True)
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("COPY_SERIES ")]
+        if proc.returncode != 0 or not lines:
+            raise GpuprofError(f"copy_series_target (process {i + 1}) exited {proc.returncode} without its series.",
+                               (proc.stdout + proc.stderr)[-2000:])
+        rows = json.loads(lines[-1].split(" ", 1)[1])
+        processes.append(rows)
+        for r in rows:
+            line = (f"copy process {i + 1}, t {r['t_s']:6.1f} s: {r['gbps']:,.1f} GB/s (spread {r['relative_spread']:.2%}); "
+                    f"SM {r.get('sm_mhz')} MHz, {r.get('temp_c')} C, {r.get('power_w')} W")
+            print(line, flush=True)
+            log.write(line + "\n")
+    save_json("ch12", "copy_repeats.json", {"processes": processes, "series": COPY_SERIES, "busy_s": COPY_BUSY_S,
+                                            "gpu": describe_machine().gpu_name},
+              overwrite=True, command="python3 scripts/capture_ch12.py --only copy_repeats (gpuprof.studies."
+                                      "speed_of_light.copy_series in each process, NVML's readings beside)")
+
+
 def attention_target(device: str = "cuda") -> None:
     """What ``ncu_attention`` profiles: layer 0's attention, ours and PyTorch's, once per context (the caches of every
     layer allocated, as in :func:`own_attention`), inside NVTX ranges ``ncu_attention/context_<C>/<triton|sdpa>``;
@@ -502,6 +558,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps == ["attention_target"]:  # ncu_attention's target: no log, no record
         attention_target()
         return 0
+    if args.steps == ["copy_series_target"]:  # one process of copy_repeats: no log, no record
+        copy_series_target()
+        return 0
     machine = describe_machine()
     if machine.device != "cuda":
         raise GpuprofError(f"capture_ch12.py needs a GPU: this machine is {machine.summary()}.",
@@ -528,6 +587,8 @@ def main(argv: list[str] | None = None) -> int:
                 own_attention()
             elif step == "ncu_attention":
                 ncu_attention_step()
+            elif step == "copy_repeats":
+                copy_repeats(log)
             elif step == "own_nsys":
                 nsys_capture("decode_own_b1", OWN_NSYS_ARGS)
             elif step == "ncu":

@@ -175,3 +175,47 @@ esac""")
     assert len(products) > 50, "products must keep running while nvidia-smi is asked"
     assert record["clocks_how"].startswith("nvidia-smi, read while bf16 16^3 products ran")
     assert record["memory_bandwidth_gbps"] == pytest.approx(3352.32)
+
+
+def test_copy_series_measures_the_copy_count_times_with_readings_beside(monkeypatch):
+    """copy_series: one row per measurement, in order, each with what sample() read; the busy copies between them."""
+    from gpuprof.studies import speed_of_light as s
+
+    calls = {"copies": 0, "measures": 0}
+
+    class FakeXp:
+        uint8 = "u8"
+
+        @staticmethod
+        def empty(n, dtype=None):
+            return [0] * 4
+
+        @staticmethod
+        def empty_like(a):
+            return list(a)
+
+        @staticmethod
+        def copyto(dst, src):
+            calls["copies"] += 1
+
+    class FakeBackend:
+        name, xp, is_gpu = "cupy", FakeXp, True
+
+        def synchronize(self):
+            pass
+
+    def fake_copy(backend, copy_bytes=None, repeats=None):
+        calls["measures"] += 1
+        return s.Figure("d2d", "copy", 1000.0 + calls["measures"], "GB/s", "test", 0.01)
+
+    class Reading:
+        sm_mhz, temp_c, power_w = 1980, 40, 300.0
+
+    monkeypatch.setattr(s, "device_copy", fake_copy)
+    rows = s.copy_series(FakeBackend(), 3, 0.01, sample=lambda: Reading, copy_bytes=4)
+    assert [r["gbps"] for r in rows] == [1001.0, 1002.0, 1003.0] and calls["measures"] == 3
+    assert rows[0]["t_s"] <= rows[1]["t_s"] <= rows[2]["t_s"] and calls["copies"] >= 40  # two busy spells, 20 a batch
+    assert rows[1]["sm_mhz"] == 1980 and rows[2]["temp_c"] == 40 and rows[0]["relative_spread"] == 0.01
+    assert "sm_mhz" not in s.copy_series(FakeBackend(), 1, 0.0, copy_bytes=4)[0]  # no sampler: no readings invented
+    with pytest.raises(s.GpuprofError, match="at least 1"):
+        s.copy_series(FakeBackend(), 0, 1.0)

@@ -132,6 +132,41 @@ def device_copy(backend: Backend, copy_bytes: int | None = None, repeats: int | 
                   f"{copy_bytes / 2**20:.0f} MiB, median of {repeats}, {t.method}", t.relative_spread)
 
 
+def copy_series(backend: Backend, count: int, busy_s: float, sample: Callable[[], Any] | None = None,
+                copy_bytes: int | None = None) -> list[dict[str, Any]]:
+    """The device copy (:func:`device_copy`, unchanged) measured ``count`` times in this process, with ``busy_s``
+    seconds of back-to-back copies of the same size between two measurements; each row has the time since the first
+    measurement began, the GB/s, the measurement's own relative spread and, where ``sample()`` gives one (an
+    :class:`gpuprof.nvml.Nvml`'s ``read``), the SM clock, the temperature and the power read right after it.
+
+    Why: every share of "the copy" in the course divides by one such measurement, taken once per process. Whether
+    that figure is noise around a fixed ceiling or drifts as the GPU stays busy (clocks, temperature) decides what a
+    margin of a fraction of a percent over a target means; one measurement per process cannot tell the two apart."""
+    if count < 1 or busy_s < 0:
+        raise GpuprofError(f"copy_series needs a count of at least 1 and a busy time of at least 0 s (got {count}, {busy_s}).")
+    copy_bytes = int(copy_bytes or GPU_DEFAULTS["copy_bytes"])
+    rows: list[dict[str, Any]] = []
+    t0 = time.monotonic()
+    for i in range(count):
+        start = time.monotonic() - t0
+        fig = device_copy(backend, copy_bytes)
+        row: dict[str, Any] = {"t_s": round(start, 3), "gbps": fig.value, "relative_spread": fig.spread}
+        s = sample() if sample is not None else None
+        if s is not None:
+            row.update({"sm_mhz": s.sm_mhz, "temp_c": s.temp_c, "power_w": s.power_w})
+        rows.append(row)
+        if i + 1 < count and busy_s > 0:
+            src = backend.xp.empty(copy_bytes, dtype=backend.xp.uint8, **({"device": "cuda"} if backend.name == "torch" else {}))
+            dst = backend.xp.empty_like(src)
+            copy, end = _d2d_copy(backend, src, dst), time.monotonic() + busy_s
+            while time.monotonic() < end:
+                for _ in range(20):
+                    copy()
+                backend.synchronize()
+            del src, dst
+    return rows
+
+
 def _torch_plan(backend: Backend, copy_bytes: int, n: int) -> list[tuple[str, str, str, Callable[[], object], float]]:
     torch = backend.xp
     pinned = torch.ones(copy_bytes, dtype=torch.uint8, pin_memory=True)
