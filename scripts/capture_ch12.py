@@ -37,8 +37,9 @@ provenance records as run:
    about 2 minutes on an H200 (2026-11-27), most of it loading the weights and compiling;
    ``own_ceilings_repN.json`` and ``own_kernels_repN.json`` (step ``own_repeats``): step ``own`` again in
    :data:`OWN_REPEATS` more processes, each with its own copy, so that the share's spread between processes is
-   measured, not assumed (38 to 87 s a process on a warm H200, 2026-11-28; the H100's are renamed ``*_h100.json``,
-   as its other records);
+   measured, not assumed (87 s for the first process on a fresh H200, 43 and 38 s for the next two, run as three
+   ``--only own`` commands, 2026-11-28; this step runs the same decode command, but measures every copy in its own
+   parent process; the H100's are renamed ``*_h100.json``, as its other records);
    ``copy_repeats.json`` (step ``copy_repeats``): the device copy alone, measured :data:`COPY_SERIES` times in each of
    several processes in turn, with seconds of back-to-back copies between measurements and the SM clock, temperature
    and power beside each (``speed_of_light.copy_series``; its target, ``--only copy_series_target``, is one process):

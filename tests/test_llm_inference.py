@@ -398,6 +398,21 @@ def test_processes_table_puts_each_process_beside_its_own_copy():
     assert "compile_graph_x" not in t.columns  # a rival the process did not run is left out, not invented
     with pytest.raises(ValueError, match="at least one"):
         li.processes_table({})
+    with pytest.raises(GpuprofError, match="b: no compile_graph row at batch 1"):
+        li.processes_table({"b": (slow, _ceilings(2000.0, 800.0))}, rung="compile_graph")
+
+
+def test_copy_series_table_reads_each_measurement_in_its_process_and_order():
+    data = {"processes": [[{"t_s": 0.0, "gbps": 4000.0, "relative_spread": 0.01, "sm_mhz": 1980},
+                           {"t_s": 4.1, "gbps": 4100.0, "relative_spread": 0.02, "sm_mhz": 1980}],
+                          [{"t_s": 0.0, "gbps": 4050.0, "relative_spread": 0.01, "sm_mhz": None}]]}
+    t = li.copy_series_table(data)
+    assert list(t.index) == [(1, 0), (1, 1), (2, 0)] and list(t["gbps"]) == [4000.0, 4100.0, 4050.0]
+    assert t.loc[(1, 1), "t_s"] == 4.1
+    raw = _json("ch12/copy_repeats.json")  # the committed record: every measurement, none dropped
+    assert len(li.copy_series_table(_ch12("copy_repeats.json"))) == sum(len(s) for s in raw["processes"])
+    with pytest.raises(GpuprofError, match="no measurement"):
+        li.copy_series_table({"processes": [[]]})
 
 
 def test_the_repeated_processes_shares_are_their_steps_over_their_own_copies():

@@ -394,11 +394,14 @@ def processes_table(runs: dict[str, tuple[FoundCapture | str | Path | dict[str, 
     rival's step over ``rung``'s in the same process.
 
     Why a table of processes: one process's share is a ratio of two measurements, each of which moves between
-    processes by its own amount. Put side by side, the rows show which of the two moves (for our kernels' step, the
-    copy far more than the step), and so what a target's margin must be measured against."""
+    processes by its own amount. Put side by side, the rows show which of the two moves, and so what a target's margin
+    must be measured against."""
     rows = []
     for label, (source, ceilings) in runs.items():
         t = rows_table(source, ceilings)
+        if (rung, batch) not in t.index:
+            raise GpuprofError(f"{label}: no {rung} row at batch {batch} in its results "
+                               f"(it has {', '.join(f'{r} at {b}' for r, b in t.index)}).")
         row = {"process": label, "copy_gbps": ceilings.copy_gbps, "ms_per_step": t.loc[(rung, batch), "ms_per_step"],
                "GB_per_s": t.loc[(rung, batch), "GB_per_s"], "share_of_copy": t.loc[(rung, batch), "share_of_copy"]}
         for rival in rivals:
@@ -408,6 +411,18 @@ def processes_table(runs: dict[str, tuple[FoundCapture | str | Path | dict[str, 
     if not rows:
         raise ValueError("processes_table needs at least one process's results")
     return pd.DataFrame(rows).set_index("process")
+
+
+def copy_series_table(source: FoundCapture | str | Path | dict[str, Any]) -> pd.DataFrame:
+    """``copy_repeats.json`` (``scripts/capture_ch12.py --only copy_repeats``) as a table: one row per measurement of
+    the device copy, with its process (1, 2, ...), its place in that process's series (0 first), the seconds since the
+    series began, the GB/s, the measurement's own relative spread, and NVML's SM clock, temperature and power read
+    right after it (None where the driver gave none)."""
+    data = load_results(source)
+    rows = [{"process": i + 1, "order": j, **r} for i, series in enumerate(data["processes"]) for j, r in enumerate(series)]
+    if not rows:
+        raise GpuprofError("copy_repeats.json holds no measurement.")
+    return pd.DataFrame(rows).set_index(["process", "order"])
 
 
 @dataclass(frozen=True)
