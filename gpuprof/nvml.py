@@ -32,7 +32,7 @@ from .device_state import describe_event_reasons
 
 __all__ = ["Sample", "Nvml", "Sampler", "summarise", "window_power_w", "describe_window", "torch_pci_bus_id", "open_sampler", "torch_sampler"]
 
-NVML_CLOCK_SM = 1  # nvmlClockType_t
+NVML_CLOCK_SM, NVML_CLOCK_MEM = 1, 2  # nvmlClockType_t
 NVML_TEMPERATURE_GPU = 0  # nvmlTemperatureSensors_t
 
 
@@ -90,6 +90,11 @@ class Nvml:
         fn = getattr(self.lib, "nvmlDeviceGetEnforcedPowerLimit", None)
         limit = self._uint(fn) if fn is not None else None
         return None if limit is None else limit / 1e3
+
+    def mem_mhz(self) -> int | None:
+        """The memory clock now, in MHz (what bounds a copy through DRAM, where the SM clock does not); None where the
+        driver will not say."""
+        return self._uint(self.lib.nvmlDeviceGetClockInfo, ctypes.c_int(NVML_CLOCK_MEM))
 
     def read(self) -> Sample:
         lib = self.lib

@@ -38,8 +38,9 @@ provenance records as run:
    ``own_ceilings_repN.json`` and ``own_kernels_repN.json`` (step ``own_repeats``): step ``own`` again in
    :data:`OWN_REPEATS` more processes, each with its own copy, so that the share's spread between processes is
    measured, not assumed (87 s for the first process on a fresh H200, 43 and 38 s for the next two, run as three
-   ``--only own`` commands, 2026-11-28; this step runs the same decode command, but measures every copy in its own
-   parent process; the H100's are renamed ``*_h100.json``, as its other records);
+   ``--only own`` commands, 2026-11-28; this step runs the same decode command, but measures all its copies in one
+   parent process, each after the previous repeat's decode child has run, where those records' copies were each the
+   first measurement of a fresh process; the H100's are renamed ``*_h100.json``, as its other records);
    ``copy_repeats.json`` (step ``copy_repeats``): the device copy alone, measured :data:`COPY_SERIES` times in each of
    several processes in turn, with seconds of back-to-back copies between measurements and the SM clock, temperature
    and power beside each (``speed_of_light.copy_series``; its target, ``--only copy_series_target``, is one process):
@@ -358,7 +359,13 @@ def copy_series_target() -> None:
     nvml, why = Nvml.open(torch_pci_bus_id(torch))
     if nvml is None:
         print(f"copy_series_target: no clock, temperature or power readings ({why})", flush=True)
-    rows = s.copy_series(choose_backend(), COPY_SERIES, COPY_BUSY_S, nvml.read if nvml is not None else None)
+    def sample() -> dict[str, Any]:  # NVML's readings right after a measurement
+        assert nvml is not None
+        r = nvml.read()
+        return {"sm_mhz": r.sm_mhz, "mem_mhz": nvml.mem_mhz(), "temp_c": r.temp_c, "power_w": r.power_w,
+                "reasons": None if r.reasons is None else f"{r.reasons:#x}"}
+
+    rows = s.copy_series(choose_backend(), COPY_SERIES, COPY_BUSY_S, sample if nvml is not None else None)
     print("COPY_SERIES " + json.dumps(rows), flush=True)
 
 
@@ -381,7 +388,8 @@ def copy_repeats(log) -> None:  # type: ignore[no-untyped-def]
         processes.append(rows)
         for r in rows:
             line = (f"copy process {i + 1}, t {r['t_s']:6.1f} s: {r['gbps']:,.1f} GB/s (spread {r['relative_spread']:.2%}); "
-                    f"SM {r.get('sm_mhz')} MHz, {r.get('temp_c')} C, {r.get('power_w')} W")
+                    f"SM {r.get('sm_mhz')} MHz, memory {r.get('mem_mhz')} MHz, {r.get('temp_c')} C, {r.get('power_w')} W, "
+                    f"reasons {r.get('reasons')}")
             print(line, flush=True)
             log.write(line + "\n")
     save_json("ch12", "copy_repeats.json", {"processes": processes, "series": COPY_SERIES, "busy_s": COPY_BUSY_S,
@@ -553,6 +561,28 @@ def ncu_capture_step(rungs: tuple[str, ...] | list[str] = NCU_RUNGS) -> list[str
     return unread
 
 
+def record_log(steps: list[str], machine: Any) -> None:
+    """``run_output.txt``'s provenance. A run that starts with the ceilings starts the log, and its entry; a later part
+    appends to the log, so its entry keeps the first part's command, machine and commit and adds a line to the note
+    naming the part, its machine and commit (the log is a concatenation: one entry must not describe only its tail)."""
+    import json
+
+    from gpuprof.artifacts import PROVENANCE_FILE, atomic_write_bytes, chapter_output, git_commit, record_file
+
+    command = "python3 scripts/capture_ch12.py --only " + ",".join(steps) + " (the decode runs' printed output)"
+    prov_path = chapter_output("ch12") / PROVENANCE_FILE
+    prov = json.loads(prov_path.read_text()) if prov_path.exists() else {"chapter": "ch12", "files": {}}
+    previous = prov["files"].get("run_output.txt")
+    if steps[0] == "ceilings" or previous is None:
+        record_file("ch12", "run_output.txt", command)
+        return
+    part = (f"then {command} appended on {machine.summary()}, commit {git_commit()}, "
+            f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}")
+    previous["note"] = f"{previous['note']}; {part}" if previous.get("note") else part
+    previous["bytes"] = (chapter_output("ch12") / "run_output.txt").stat().st_size
+    atomic_write_bytes(prov_path, (json.dumps(prov, indent=2, sort_keys=True) + "\n").encode(), overwrite=True)
+
+
 @exit_on_error
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
@@ -612,8 +642,7 @@ def main(argv: list[str] | None = None) -> int:
                 if run_decode(name, run_args, expected, log) != expected:
                     failed.append(name)
             print(f"== step {step}: {time.perf_counter() - t0:.0f} s", flush=True)
-    record_file("ch12", "run_output.txt", "python3 scripts/capture_ch12.py --only " + ",".join(args.steps)
-                + " (the decode runs' printed output)")
+    record_log(args.steps, machine)
     if "notebook" in args.steps:
         code = subprocess.call([sys.executable, str(ROOT / "scripts" / "capture_all.py"), "--notebooks", NOTEBOOK],
                                cwd=ROOT)

@@ -186,7 +186,7 @@ def write(tmp_path, events, name="t.json", gz=False, **meta):  # type: ignore[no
 
 class FakeNvml:
     """NVML's C functions as the ctypes library presents them (out-parameters passed by reference), for
-    ``gpuprof.nvml.Nvml.open(lib=...)``: GPU ``0000:05:00.0`` at 1755 MHz, 612.5 W of a 700 W limit, reason 0x4
+    ``gpuprof.nvml.Nvml.open(lib=...)``: GPU ``0000:05:00.0`` at 1755 MHz (memory 2619 MHz), 612.5 W of a 700 W limit, reason 0x4
     (software power cap), its energy counter rising 7 mJ a reading, no temperature."""
 
     def __init__(self):
@@ -204,7 +204,7 @@ class FakeNvml:
         return 0 if bus == b"0000:05:00.0" else 999
 
     def nvmlDeviceGetClockInfo(self, handle, kind, ref):
-        return self._set(ref, 1755) if kind.value == 1 else 3
+        return self._set(ref, {1: 1755, 2: 2619}[kind.value]) if kind.value in (1, 2) else 3  # SM, memory
 
     def nvmlDeviceGetPowerUsage(self, handle, ref):
         return self._set(ref, 612_500)

@@ -158,6 +158,7 @@ def test_nvml_reads_through_the_c_calls_and_says_why_when_it_cannot():
     assert nvml is not None and why == "NVML, GPU 0000:05:00.0"
     s = nvml.read()
     assert (s.sm_mhz, s.power_w, s.reasons, s.temp_c) == (1755, 612.5, 4, None) and s.energy_j == pytest.approx(1.007)
+    assert nvml.mem_mhz() == 2619  # the memory clock, asked as its own clock type (2), not the SM's (1)
     missing, why = Nvml.open(pci_bus_id="0000:99:00.0", lib=FakeNvml())
     assert missing is None and "no GPU 0000:99:00.0" in why
     with Sampler(nvml, period_s=0.001) as sampler:

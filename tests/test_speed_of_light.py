@@ -208,11 +208,8 @@ def test_copy_series_measures_the_copy_count_times_with_readings_beside(monkeypa
         calls["measures"] += 1
         return s.Figure("d2d", "copy", 1000.0 + calls["measures"], "GB/s", "test", 0.01)
 
-    class Reading:
-        sm_mhz, temp_c, power_w = 1980, 40, 300.0
-
     monkeypatch.setattr(s, "device_copy", fake_copy)
-    rows = s.copy_series(FakeBackend(), 3, 0.01, sample=lambda: Reading, copy_bytes=4)
+    rows = s.copy_series(FakeBackend(), 3, 0.01, sample=lambda: {"sm_mhz": 1980, "temp_c": 40}, copy_bytes=4)
     assert [r["gbps"] for r in rows] == [1001.0, 1002.0, 1003.0] and calls["measures"] == 3
     assert rows[0]["t_s"] <= rows[1]["t_s"] <= rows[2]["t_s"] and calls["copies"] >= 40  # two busy spells, 20 a batch
     assert rows[1]["sm_mhz"] == 1980 and rows[2]["temp_c"] == 40 and rows[0]["relative_spread"] == 0.01

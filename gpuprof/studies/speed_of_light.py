@@ -132,12 +132,12 @@ def device_copy(backend: Backend, copy_bytes: int | None = None, repeats: int | 
                   f"{copy_bytes / 2**20:.0f} MiB, median of {repeats}, {t.method}", t.relative_spread)
 
 
-def copy_series(backend: Backend, count: int, busy_s: float, sample: Callable[[], Any] | None = None,
+def copy_series(backend: Backend, count: int, busy_s: float, sample: Callable[[], dict[str, Any]] | None = None,
                 copy_bytes: int | None = None) -> list[dict[str, Any]]:
     """The device copy (:func:`device_copy`, unchanged) measured ``count`` times in this process, with ``busy_s``
     seconds of back-to-back copies of the same size between two measurements; each row has the time since the first
-    measurement began, the GB/s, the measurement's own relative spread and, where ``sample()`` gives one (an
-    :class:`gpuprof.nvml.Nvml`'s ``read``), the SM clock, the temperature and the power read right after it.
+    measurement began, the GB/s, the measurement's own relative spread and whatever ``sample()`` read right after it
+    (a dict: clocks, temperature, power, clock-event reasons; see ``scripts/capture_ch12.py``'s copy_series_target).
 
     Why: every share of "the copy" in the course divides by one such measurement, taken once per process. Whether
     that figure is noise around a fixed ceiling or drifts as the GPU stays busy (clocks, temperature) decides what a
@@ -151,9 +151,8 @@ def copy_series(backend: Backend, count: int, busy_s: float, sample: Callable[[]
         start = time.monotonic() - t0
         fig = device_copy(backend, copy_bytes)
         row: dict[str, Any] = {"t_s": round(start, 3), "gbps": fig.value, "relative_spread": fig.spread}
-        s = sample() if sample is not None else None
-        if s is not None:
-            row.update({"sm_mhz": s.sm_mhz, "temp_c": s.temp_c, "power_w": s.power_w})
+        if sample is not None:
+            row.update(sample())
         rows.append(row)
         if i + 1 < count and busy_s > 0:
             src = backend.xp.empty(copy_bytes, dtype=backend.xp.uint8, **({"device": "cuda"} if backend.name == "torch" else {}))
