@@ -39,8 +39,8 @@ provenance records as run:
    :data:`OWN_REPEATS` more processes, each with its own copy, so that the share's spread between processes is
    measured, not assumed (87 s for the first process on a fresh H200, 43 and 38 s for the next two, run as three
    ``--only own`` commands, 2026-11-28; this step runs the same decode command, but measures all its copies in one
-   parent process, each after the previous repeat's decode child has run, where those records' copies were each the
-   first measurement of a fresh process; the H100's are renamed ``*_h100.json``, as its other records);
+   parent process, each before its repeat's decode child: the first on an idle GPU, as each of those records' copies
+   was, the later ones seconds after the previous child; the H100's are renamed ``*_h100.json``, as its other records);
    ``copy_repeats.json`` (step ``copy_repeats``): the device copy alone, measured :data:`COPY_SERIES` times in each of
    several processes in turn, with seconds of back-to-back copies between measurements and the SM clock, temperature
    and power beside each (``speed_of_light.copy_series``; its target, ``--only copy_series_target``, is one process):
