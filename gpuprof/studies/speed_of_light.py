@@ -110,6 +110,13 @@ def _d2d_copy(backend: Backend, src: Any, dst: Any) -> Callable[[], object]:
     return lambda: backend.xp.copyto(dst, src)
 
 
+def _copy_buffers(backend: Backend, copy_bytes: int) -> tuple[Any, Any]:
+    """Two uninitialised device buffers of ``copy_bytes`` bytes: a copy's source and destination."""
+    xp = backend.xp
+    src = xp.empty(copy_bytes, dtype=xp.uint8, device="cuda") if backend.name == "torch" else xp.empty(copy_bytes, dtype=xp.uint8)
+    return src, xp.empty_like(src)
+
+
 def device_copy(backend: Backend, copy_bytes: int | None = None, repeats: int | None = None) -> Figure:
     """Only the device-to-device copy figure, measured exactly as :func:`measure` does.
 
@@ -120,12 +127,7 @@ def device_copy(backend: Backend, copy_bytes: int | None = None, repeats: int | 
         raise GpuprofError("A device-to-device copy needs a GPU.", "On a CPU, compare with the reference figures.")
     copy_bytes = int(copy_bytes or GPU_DEFAULTS["copy_bytes"])
     repeats = int(repeats or GPU_DEFAULTS["repeats"])
-    xp = backend.xp
-    if backend.name == "torch":
-        src = xp.empty(copy_bytes, dtype=xp.uint8, device="cuda")
-    else:
-        src = xp.empty(copy_bytes, dtype=xp.uint8)
-    dst = xp.empty_like(src)
+    src, dst = _copy_buffers(backend, copy_bytes)
     t = time_call(_d2d_copy(backend, src, dst), backend=backend, warmup=3, repeats=repeats)
     del src, dst
     return Figure("d2d", D2D_LABEL, _gbps(2 * copy_bytes, t), "GB/s",
@@ -155,8 +157,7 @@ def copy_series(backend: Backend, count: int, busy_s: float, sample: Callable[[]
             row.update(sample())
         rows.append(row)
         if i + 1 < count and busy_s > 0:
-            src = backend.xp.empty(copy_bytes, dtype=backend.xp.uint8, **({"device": "cuda"} if backend.name == "torch" else {}))
-            dst = backend.xp.empty_like(src)
+            src, dst = _copy_buffers(backend, copy_bytes)
             copy, end = _d2d_copy(backend, src, dst), time.monotonic() + busy_s
             while time.monotonic() < end:
                 for _ in range(20):
