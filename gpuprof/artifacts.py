@@ -32,7 +32,7 @@ from .errors import CaptureExists, GpuprofError, ReferenceMissing
 
 __all__ = [
     "REPO_ROOT", "reference_dir", "output_dir", "chapter_output", "overwrite_allowed", "atomic_write_bytes",
-    "save_json", "record_file", "load_provenance", "find_capture", "FoundCapture", "git_commit",
+    "save_json", "record_file", "append_to_record", "load_provenance", "find_capture", "FoundCapture", "git_commit",
     "measure_or_reference", "stored_file", "gzip_reference", "gunzipped_copy",
 ]
 
@@ -124,7 +124,7 @@ def record_file(chapter: str, filename: str, command: Sequence[str] | str,
     folder = chapter_output(chapter)
     prov_path = folder / PROVENANCE_FILE
     prov: dict[str, Any] = json.loads(prov_path.read_text()) if prov_path.exists() else {"chapter": chapter, "files": {}}
-    entry = {
+    entry: dict[str, Any] = {
         "captured_at": _now(),
         "command": list(command) if not isinstance(command, str) else command,
         "machine": describe_machine().as_dict(),
@@ -137,8 +137,32 @@ def record_file(chapter: str, filename: str, command: Sequence[str] | str,
     if target.exists():
         entry["bytes"] = target.stat().st_size
     prov["files"][filename] = entry
-    atomic_write_bytes(prov_path, (json.dumps(prov, indent=2, sort_keys=True) + "\n").encode(), overwrite=True)
+    _write_provenance(prov_path, prov)
     return entry
+
+
+def append_to_record(chapter: str, filename: str, command: Sequence[str] | str) -> dict[str, Any]:
+    """A file that a later command appended to (a log written in parts): its entry keeps the first command, machine
+    and commit, and gains a line in its note naming the later command, this machine and commit; the byte count is
+    refreshed. Without an entry yet, the file is recorded as :func:`record_file` records it. Why not replace the
+    entry: the file is a concatenation, and an entry for its last part alone would misdescribe the rest."""
+    folder = chapter_output(chapter)
+    prov_path = folder / PROVENANCE_FILE
+    prov: dict[str, Any] = json.loads(prov_path.read_text()) if prov_path.exists() else {"chapter": chapter, "files": {}}
+    entry = prov["files"].get(filename)
+    if entry is None:
+        return record_file(chapter, filename, command)
+    shown = command if isinstance(command, str) else " ".join(command)
+    part = f"then {shown} appended on {describe_machine().summary()}, commit {git_commit()}, {_now()}"
+    entry["note"] = f"{entry['note']}; {part}" if entry.get("note") else part
+    if (folder / filename).exists():
+        entry["bytes"] = (folder / filename).stat().st_size
+    _write_provenance(prov_path, prov)
+    return entry
+
+
+def _write_provenance(path: Path, prov: dict[str, Any]) -> None:
+    atomic_write_bytes(path, (json.dumps(prov, indent=2, sort_keys=True) + "\n").encode(), overwrite=True)
 
 
 def save_json(chapter: str, filename: str, data: Any, *, command: Sequence[str] | str,

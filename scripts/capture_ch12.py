@@ -132,8 +132,7 @@ NCU_LIMIT = 2000
 KV_SCRIPT = "examples/nsys/kv_capacity.py"
 KV_ARGS = ["--model", "8b", "--context", "1024,4096,32768,131072"]
 STEPS = ("ceilings", "ladder", "sweep", "nsys", "prefill", "noclone", "kv", "ncu", "own", "own_repeats", "copy_repeats",
-         "own_nsys",
-         "own_breakdown", "own_attention", "ncu_attention", "notebook")
+         "own_nsys", "own_breakdown", "own_attention", "ncu_attention", "notebook")
 OWN_REPEATS = 3  # step own_repeats: processes after own's, each one more share of its own session's copy
 # step copy_repeats: processes in turn, measurements in each, seconds of back-to-back copies between two measurements
 COPY_PROCESSES, COPY_SERIES, COPY_BUSY_S = 3, 6, 4.0
@@ -561,26 +560,13 @@ def ncu_capture_step(rungs: tuple[str, ...] | list[str] = NCU_RUNGS) -> list[str
     return unread
 
 
-def record_log(steps: list[str], machine: Any) -> None:
+def record_log(steps: list[str]) -> None:
     """``run_output.txt``'s provenance. A run that starts with the ceilings starts the log, and its entry; a later part
-    appends to the log, so its entry keeps the first part's command, machine and commit and adds a line to the note
-    naming the part, its machine and commit (the log is a concatenation: one entry must not describe only its tail)."""
-    import json
-
-    from gpuprof.artifacts import PROVENANCE_FILE, atomic_write_bytes, chapter_output, git_commit, record_file
+    appends to the log, so its entry keeps the first part's (``artifacts.append_to_record``)."""
+    from gpuprof.artifacts import append_to_record, record_file
 
     command = "python3 scripts/capture_ch12.py --only " + ",".join(steps) + " (the decode runs' printed output)"
-    prov_path = chapter_output("ch12") / PROVENANCE_FILE
-    prov = json.loads(prov_path.read_text()) if prov_path.exists() else {"chapter": "ch12", "files": {}}
-    previous = prov["files"].get("run_output.txt")
-    if steps[0] == "ceilings" or previous is None:
-        record_file("ch12", "run_output.txt", command)
-        return
-    part = (f"then {command} appended on {machine.summary()}, commit {git_commit()}, "
-            f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}")
-    previous["note"] = f"{previous['note']}; {part}" if previous.get("note") else part
-    previous["bytes"] = (chapter_output("ch12") / "run_output.txt").stat().st_size
-    atomic_write_bytes(prov_path, (json.dumps(prov, indent=2, sort_keys=True) + "\n").encode(), overwrite=True)
+    (record_file if steps[0] == "ceilings" else append_to_record)("ch12", "run_output.txt", command)
 
 
 @exit_on_error
@@ -642,7 +628,7 @@ def main(argv: list[str] | None = None) -> int:
                 if run_decode(name, run_args, expected, log) != expected:
                     failed.append(name)
             print(f"== step {step}: {time.perf_counter() - t0:.0f} s", flush=True)
-    record_log(args.steps, machine)
+    record_log(args.steps)
     if "notebook" in args.steps:
         code = subprocess.call([sys.executable, str(ROOT / "scripts" / "capture_all.py"), "--notebooks", NOTEBOOK],
                                cwd=ROOT)

@@ -416,8 +416,9 @@ def processes_table(runs: dict[str, tuple[FoundCapture | str | Path | dict[str, 
 def copy_series_table(source: FoundCapture | str | Path | dict[str, Any]) -> pd.DataFrame:
     """``copy_repeats.json`` (``scripts/capture_ch12.py --only copy_repeats``) as a table: one row per measurement of
     the device copy, with its process (1, 2, ...), its place in that process's series (0 first), the seconds since the
-    series began, the GB/s, the measurement's own relative spread, and NVML's SM clock, temperature and power read
-    right after it (None where the driver gave none)."""
+    series began, the GB/s, the measurement's own relative spread, and the NVML readings the series kept after it
+    (SM clock, temperature and power; memory clock and clock-event reasons in series made from commit 06fb914 on;
+    None where the driver gave none)."""
     data = load_results(source)
     rows = [{"process": i + 1, "order": j, **r} for i, series in enumerate(data["processes"]) for j, r in enumerate(series)]
     if not rows:
