@@ -1,3 +1,5 @@
+import types
+
 import pytest
 
 from gpuprof.studies import speed_of_light as sol
@@ -209,6 +211,8 @@ def test_copy_series_measures_the_copy_count_times_with_readings_beside(monkeypa
         return s.Figure("d2d", "copy", 1000.0 + calls["measures"], "GB/s", "test", 0.01)
 
     monkeypatch.setattr(s, "device_copy", fake_copy)
+    clock = iter(range(10**6))  # a clock a millisecond apart at each reading: no real time, so no race on a busy machine
+    monkeypatch.setattr(s, "time", types.SimpleNamespace(monotonic=lambda: next(clock) / 1000))
     rows = s.copy_series(FakeBackend(), 3, 0.01, sample=lambda: {"sm_mhz": 1980, "temp_c": 40}, copy_bytes=4)
     assert [r["gbps"] for r in rows] == [1001.0, 1002.0, 1003.0] and calls["measures"] == 3
     assert rows[0]["t_s"] <= rows[1]["t_s"] <= rows[2]["t_s"] and calls["copies"] >= 40  # two busy spells, 20 a batch
