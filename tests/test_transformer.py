@@ -354,6 +354,10 @@ def test_step_table_separates_warmup_by_name():
     phases = steps[["forward_ms", "backward_ms", "optimizer_ms"]].sum(axis=1)
     assert (phases > 0).all() and (phases <= steps["cpu_ms"] + 1e-6).all()
     assert (steps["launches"] > 0).all() and (steps["gpu_busy_ms"] <= steps["gpu_span_ms"] + 1e-9).all()
+    # the allocator grows its pools in the first two steps of this capture and never after
+    assert steps["mallocs"].tolist()[:3] == [79, 18, 0] and (tr.measured(steps)["mallocs"] == 0).all()
+    runtime = ns.runtime_calls(REF / "all_steps.sqlite")
+    assert steps["mallocs"].sum() <= runtime["name"].str.startswith("cudaMalloc").sum()
 
 
 def test_nsys_stats_nvtx_sum_agrees_with_the_reader():
@@ -710,6 +714,7 @@ def test_checkpoint_table_on_the_h100_records():
         assert run["run_peak_GiB"] == max(run[k] for k in ("earlier_peak_GiB", "forward_peak_GiB", "backward_peak_GiB",
                                                            "optimizer_peak_GiB"))
         assert abs(run["run_peak_GiB"] / run["optimizer_peak_GiB"] - 1) < 1e-3
+        assert run["earlier_peak_GiB"] >= run["optimizer_peak_GiB"]  # set before the last step, as the cell says
         assert run["optimizer_peak_GiB"] > max(run["forward_peak_GiB"], run["backward_peak_GiB"])
     assert abs(c["run_peak_GiB"] / p["run_peak_GiB"] - 1) < 1e-3
     assert c["backward_ms"] > p["backward_ms"]

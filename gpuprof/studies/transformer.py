@@ -112,14 +112,19 @@ def step_table(path: str | Path) -> pd.DataFrame:
     (the range's length: the script synchronises at the end of each step, so this is the
     step's wall time), forward_ms / backward_ms / optimizer_ms (the phase ranges inside it),
     launches (kernels launched in it, any thread: autograd's backward runs on its own),
-    gpu_busy_ms and gpu_span_ms (from :func:`gpuprof.activity.range_busy`).
+    gpu_busy_ms and gpu_span_ms (from :func:`gpuprof.activity.range_busy`), and mallocs (``cudaMalloc*`` calls that
+    began in it, any thread: mostly the caching allocator growing its pools, a one-time cost that launches no kernel;
+    libraries' set-up makes a few, and under ``expandable_segments`` the allocator maps memory with driver calls
+    this count does not see).
     """
     ranges = ns.nvtx_ranges(path)
     steps = ranges[ranges["text"].str.fullmatch(STEP.pattern)].sort_values("start", ignore_index=True)
     if steps.empty:
         return pd.DataFrame(columns=["step", "warmup", "index", "cpu_ms", "forward_ms", "backward_ms", "optimizer_ms",
-                                     "launches", "gpu_busy_ms", "gpu_span_ms"])
-    busy = ta.range_busy(ns.kernels(path), ns.runtime_calls(path), steps[["text", "start", "end", "globalTid"]], rule="window")
+                                     "launches", "gpu_busy_ms", "gpu_span_ms", "mallocs"])
+    runtime = ns.runtime_calls(path)
+    busy = ta.range_busy(ns.kernels(path), runtime, steps[["text", "start", "end", "globalTid"]], rule="window")
+    malloc_starts = np.sort(runtime.loc[runtime["name"].str.startswith("cudaMalloc"), "start"].to_numpy())
     rows = []
     phase_ranges = ranges[ranges["text"].isin(["forward_pass", "backward_pass", "optimizer_step"])]
     for s, b in zip(steps.itertuples(), busy.itertuples()):
@@ -128,7 +133,9 @@ def step_table(path: str | Path) -> pd.DataFrame:
         phase = {f"{p.split('_')[0]}_ms": float(inner.loc[inner["text"] == p, "duration_ns"].sum()) / 1e6
                  for p in ("forward_pass", "backward_pass", "optimizer_step")}
         rows.append({"step": s.text, "warmup": bool(m.group(1)), "index": int(m.group(2)), "cpu_ms": (s.end - s.start) / 1e6,
-                     **phase, "launches": b.launches, "gpu_busy_ms": b.gpu_busy_ms, "gpu_span_ms": b.gpu_span_ms})
+                     **phase, "launches": b.launches, "gpu_busy_ms": b.gpu_busy_ms, "gpu_span_ms": b.gpu_span_ms,
+                     "mallocs": int(np.searchsorted(malloc_starts, s.end, side="right")
+                                    - np.searchsorted(malloc_starts, s.start, side="left"))})
     return pd.DataFrame(rows)
 
 
