@@ -141,7 +141,12 @@ def attend_part(qkv_ptr, qkv_stride, x_ptr, x_stride, k_cache, v_cache, cache_b,
     cannot prove apart, so such a load would be issued late and its latency not overlap the others', in a kernel whose
     time is such latencies, not bytes (not checked in the generated code). The gain was measured only with the whole
     bundle of that change (q loaded once for the group as one tile, one-pass merging with blocks of up to 32 chunks,
-    chunks of 32 positions with 2 warps; artifacts/capture_run.md), not alone."""
+    chunks of 32 positions with 2 warps; artifacts/capture_run.md), not alone.
+
+    Merging the parts here instead (one launch a layer: the last program of each head group, counted by an atomic add,
+    merges the group's parts) was tried and lost: on an H200 (2026-11-28, one process, the same kernels otherwise) the
+    step at 576 positions took 4.330 ms against 4.204 with the two launches, attention alone 1.21x at 576 positions
+    and 1.65x at 131,072 (8 merging programs of 2 warps against attend_combine's 32 of 4; artifacts/capture_run.md)."""
     g = tl.program_id(0)
     c = tl.program_id(1)
     b = tl.program_id(2)
