@@ -112,19 +112,25 @@ def step_table(path: str | Path) -> pd.DataFrame:
     (the range's length: the script synchronises at the end of each step, so this is the
     step's wall time), forward_ms / backward_ms / optimizer_ms (the phase ranges inside it),
     launches (kernels launched in it, any thread: autograd's backward runs on its own),
-    gpu_busy_ms and gpu_span_ms (from :func:`gpuprof.activity.range_busy`), and mallocs (``cudaMalloc*`` calls that
+    gpu_busy_ms and gpu_span_ms (from :func:`gpuprof.activity.range_busy`), mallocs (``cudaMalloc*`` calls that
     began in it, any thread: mostly the caching allocator growing its pools, a one-time cost that launches no kernel;
-    libraries' set-up makes a few, and under ``expandable_segments`` the allocator maps memory with driver calls
-    this count does not see).
+    libraries' set-up makes a few; the count looks at ``cudaMalloc*`` only, so under ``expandable_segments``, where
+    the allocator maps memory with driver calls such as ``cuMemMap``, it does not see the growth), and sync_ms (the
+    ``cudaDeviceSynchronize`` / ``cudaStreamSynchronize`` calls that began in it: the host waiting for the GPU).
+
+    The phase ranges are the host's: each closes when the host has queued that phase's work, not when the GPU has
+    run it. Where the GPU sets the pace the host runs ahead and waits in the step's synchronisation, so the three
+    phases add up to less than the step (:func:`phase_summary` sets them beside the GPU's own phase times).
     """
     ranges = ns.nvtx_ranges(path)
     steps = ranges[ranges["text"].str.fullmatch(STEP.pattern)].sort_values("start", ignore_index=True)
     if steps.empty:
         return pd.DataFrame(columns=["step", "warmup", "index", "cpu_ms", "forward_ms", "backward_ms", "optimizer_ms",
-                                     "launches", "gpu_busy_ms", "gpu_span_ms", "mallocs"])
+                                     "launches", "gpu_busy_ms", "gpu_span_ms", "mallocs", "sync_ms"])
     runtime = ns.runtime_calls(path)
     busy = ta.range_busy(ns.kernels(path), runtime, steps[["text", "start", "end", "globalTid"]], rule="window")
     malloc_starts = np.sort(runtime.loc[runtime["name"].str.startswith("cudaMalloc"), "start"].to_numpy())
+    syncs = runtime[runtime["name"].str.match(r"cuda(Device|Stream)Synchronize")]
     rows = []
     phase_ranges = ranges[ranges["text"].isin(["forward_pass", "backward_pass", "optimizer_step"])]
     for s, b in zip(steps.itertuples(), busy.itertuples()):
@@ -135,7 +141,10 @@ def step_table(path: str | Path) -> pd.DataFrame:
         rows.append({"step": s.text, "warmup": bool(m.group(1)), "index": int(m.group(2)), "cpu_ms": (s.end - s.start) / 1e6,
                      **phase, "launches": b.launches, "gpu_busy_ms": b.gpu_busy_ms, "gpu_span_ms": b.gpu_span_ms,
                      "mallocs": int(np.searchsorted(malloc_starts, s.end, side="right")
-                                    - np.searchsorted(malloc_starts, s.start, side="left"))})
+                                    - np.searchsorted(malloc_starts, s.start, side="left")),
+                     "sync_ms": float((syncs.loc[(syncs["start"] >= s.start) & (syncs["start"] < s.end), "end"]
+                                       - syncs.loc[(syncs["start"] >= s.start) & (syncs["start"] < s.end), "start"]).sum())
+                     / 1e6})
     return pd.DataFrame(rows)
 
 
@@ -144,12 +153,26 @@ def measured(steps: pd.DataFrame) -> pd.DataFrame:
     return steps[~steps["warmup"]].reset_index(drop=True)
 
 
-def phase_summary(steps: pd.DataFrame) -> pd.DataFrame:
-    """Mean ms of forward, backward and optimizer over the measured steps, and their share of the step."""
+def phase_summary(steps: pd.DataFrame, result: dict[str, Any] | None = None) -> pd.DataFrame:
+    """Mean ms of forward, backward and optimizer over the measured steps, by two clocks, with their shares.
+
+    ``host_ms`` / ``host_share``: the NVTX phase ranges against the step's range. They close when the host has queued
+    a phase's work, not when the GPU has run it, so where the GPU sets the pace they measure the host's queueing and
+    leave the rest in the row ``end of step`` (the step's range less its phases; ``sync_ms`` of it in the step's
+    synchronisation, the host waiting for the GPU). ``gpu_ms`` / ``gpu_share`` (where ``result``, the script's JSON,
+    is given): its CUDA events, recorded in the stream between the phases, so each phase's time on the GPU, over the
+    same measured steps; the events' step ends with the optimizer, so ``end of step`` has none."""
     m = measured(steps)
-    out = pd.DataFrame({"ms": m[["forward_ms", "backward_ms", "optimizer_ms"]].mean()})
-    out.index = ["forward", "backward", "optimizer"]
-    out["share"] = out["ms"] / m["cpu_ms"].mean()
+    phases = m[["forward_ms", "backward_ms", "optimizer_ms"]].mean()
+    step = float(m["cpu_ms"].mean())
+    out = pd.DataFrame({"host_ms": [*phases.to_numpy(), step - float(phases.sum())]},
+                       index=["forward", "backward", "optimizer", "end of step"])
+    out["host_share"] = out["host_ms"] / step
+    out["sync_ms"] = [np.nan, np.nan, np.nan, float(m["sync_ms"].mean())] if "sync_ms" in m else np.nan
+    if result is not None:
+        gpu = np.asarray(result["phase_ms_each"], dtype=float).mean(axis=0)
+        out["gpu_ms"] = [*gpu, np.nan]
+        out["gpu_share"] = out["gpu_ms"] / float(np.mean(result["step_ms_each"]))
     return out
 
 
