@@ -385,17 +385,16 @@ def test_events_and_nvtx_agree_on_the_reference():
 
 def test_phase_summary_sets_the_hosts_queueing_beside_the_gpus_phases():
     """The FP32 step is GPU-bound: the NVTX phase ranges (the host queueing) cover two thirds of the step, the rest is
-    mostly the host waiting in the step's synchronisation; the CUDA events give each phase's GPU time, which add up to
-    the events' step, and backward over forward by them (1.89x) is not the ranges' (1.94x)."""
+    mostly the host waiting in the step's synchronisation; the CUDA events give each phase's time in the stream, and
+    backward over forward by them (1.89x) is not the ranges' (1.94x)."""
     result = json.loads((REF / "measured_fp32.json").read_text())
     steps = tr.step_table(REF / "measured_fp32.sqlite")
     ph = tr.phase_summary(steps, result)
-    assert list(ph.index) == ["forward", "backward", "optimizer", "end of step"]
+    assert list(ph.index) == ["forward", "backward", "optimizer", "rest of step"]
     assert ph["host_ms"].sum() == pytest.approx(steps["cpu_ms"].mean())  # the rows add up to the step's range
     assert 0.6 < ph["host_share"].iloc[:3].sum() < 0.7
-    end = ph.loc["end of step"]
+    end = ph.loc["rest of step"]
     assert 0.8 * end["host_ms"] < end["sync_ms"] <= end["host_ms"]  # the wait is inside the rest, and most of it
-    assert ph["gpu_ms"].iloc[:3].sum() == pytest.approx(np.mean(result["step_ms_each"]))
     assert ph.loc["backward", "gpu_ms"] / ph.loc["forward", "gpu_ms"] == pytest.approx(1.895, abs=0.005)
     assert ph.loc["backward", "host_ms"] / ph.loc["forward", "host_ms"] == pytest.approx(1.942, abs=0.005)
     # without the JSON, the host's columns only

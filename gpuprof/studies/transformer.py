@@ -120,7 +120,7 @@ def step_table(path: str | Path) -> pd.DataFrame:
 
     The phase ranges are the host's: each closes when the host has queued that phase's work, not when the GPU has
     run it. Where the GPU sets the pace the host runs ahead and waits in the step's synchronisation, so the three
-    phases add up to less than the step (:func:`phase_summary` sets them beside the GPU's own phase times).
+    phases add up to less than the step (:func:`phase_summary` sets them beside the stream's phase times).
     """
     ranges = ns.nvtx_ranges(path)
     steps = ranges[ranges["text"].str.fullmatch(STEP.pattern)].sort_values("start", ignore_index=True)
@@ -158,15 +158,17 @@ def phase_summary(steps: pd.DataFrame, result: dict[str, Any] | None = None) -> 
 
     ``host_ms`` / ``host_share``: the NVTX phase ranges against the step's range. They close when the host has queued
     a phase's work, not when the GPU has run it, so where the GPU sets the pace they measure the host's queueing and
-    leave the rest in the row ``end of step`` (the step's range less its phases; ``sync_ms`` of it in the step's
-    synchronisation, the host waiting for the GPU). ``gpu_ms`` / ``gpu_share`` (where ``result``, the script's JSON,
-    is given): its CUDA events, recorded in the stream between the phases, so each phase's time on the GPU, over the
-    same measured steps; the events' step ends with the optimizer, so ``end of step`` has none."""
+    leave the rest in the row ``rest of step`` (the step's range less its phases: host work before and between them,
+    and ``sync_ms`` in the step's synchronisation, the host waiting for the GPU). ``gpu_ms`` / ``gpu_share`` (where
+    ``result``, the script's JSON, is given): its CUDA events, recorded in the stream between the phases, so the
+    stream's time from one phase's start to the next, over the same measured steps: the GPU's time for each phase,
+    idle gaps included (forward's holds the wait for the host's first launches); the events' step ends with the
+    optimizer, so ``rest of step`` has none."""
     m = measured(steps)
     phases = m[["forward_ms", "backward_ms", "optimizer_ms"]].mean()
     step = float(m["cpu_ms"].mean())
     out = pd.DataFrame({"host_ms": [*phases.to_numpy(), step - float(phases.sum())]},
-                       index=["forward", "backward", "optimizer", "end of step"])
+                       index=["forward", "backward", "optimizer", "rest of step"])
     out["host_share"] = out["host_ms"] / step
     out["sync_ms"] = [np.nan, np.nan, np.nan, float(m["sync_ms"].mean())] if "sync_ms" in m else np.nan
     if result is not None:
