@@ -138,13 +138,12 @@ def step_table(path: str | Path) -> pd.DataFrame:
         inner = phase_ranges[(phase_ranges["start"] >= s.start) & (phase_ranges["end"] <= s.end)]
         phase = {f"{p.split('_')[0]}_ms": float(inner.loc[inner["text"] == p, "duration_ns"].sum()) / 1e6
                  for p in ("forward_pass", "backward_pass", "optimizer_step")}
+        waits = syncs[(syncs["start"] >= s.start) & (syncs["start"] < s.end)]
         rows.append({"step": s.text, "warmup": bool(m.group(1)), "index": int(m.group(2)), "cpu_ms": (s.end - s.start) / 1e6,
                      **phase, "launches": b.launches, "gpu_busy_ms": b.gpu_busy_ms, "gpu_span_ms": b.gpu_span_ms,
                      "mallocs": int(np.searchsorted(malloc_starts, s.end, side="right")
                                     - np.searchsorted(malloc_starts, s.start, side="left")),
-                     "sync_ms": float((syncs.loc[(syncs["start"] >= s.start) & (syncs["start"] < s.end), "end"]
-                                       - syncs.loc[(syncs["start"] >= s.start) & (syncs["start"] < s.end), "start"]).sum())
-                     / 1e6})
+                     "sync_ms": float((waits["end"] - waits["start"]).sum()) / 1e6})
     return pd.DataFrame(rows)
 
 
