@@ -122,8 +122,7 @@ def record_file(chapter: str, filename: str, command: Sequence[str] | str,
     ``note``: what the command alone does not say (a file derived from another, say).
     """
     folder = chapter_output(chapter)
-    prov_path = folder / PROVENANCE_FILE
-    prov: dict[str, Any] = json.loads(prov_path.read_text()) if prov_path.exists() else {"chapter": chapter, "files": {}}
+    prov_path, prov = _read_provenance(chapter)
     entry: dict[str, Any] = {
         "captured_at": _now(),
         "command": list(command) if not isinstance(command, str) else command,
@@ -147,8 +146,7 @@ def append_to_record(chapter: str, filename: str, command: Sequence[str] | str) 
     refreshed. Without an entry yet, the file is recorded as :func:`record_file` records it. Why not replace the
     entry: the file is a concatenation, and an entry for its last part alone would misdescribe the rest."""
     folder = chapter_output(chapter)
-    prov_path = folder / PROVENANCE_FILE
-    prov: dict[str, Any] = json.loads(prov_path.read_text()) if prov_path.exists() else {"chapter": chapter, "files": {}}
+    prov_path, prov = _read_provenance(chapter)
     entry = prov["files"].get(filename)
     if entry is None:
         return record_file(chapter, filename, command)
@@ -159,6 +157,12 @@ def append_to_record(chapter: str, filename: str, command: Sequence[str] | str) 
         entry["bytes"] = (folder / filename).stat().st_size
     _write_provenance(prov_path, prov)
     return entry
+
+
+def _read_provenance(chapter: str) -> tuple[Path, dict[str, Any]]:
+    """This machine's provenance file for the chapter and its contents (an empty one where none exists yet)."""
+    path = chapter_output(chapter) / PROVENANCE_FILE
+    return path, json.loads(path.read_text()) if path.exists() else {"chapter": chapter, "files": {}}
 
 
 def _write_provenance(path: Path, prov: dict[str, Any]) -> None:
